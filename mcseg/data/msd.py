@@ -1,0 +1,70 @@
+"""Medical Segmentation Decathlon folders: ``dataset.json``, ``imagesTr/``, ``labelsTr/``."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from mcseg.data.base import SegmentationDataset, resolve_root
+from mcseg.data.cases import CaseRef
+
+
+def _case_id(path: str) -> str:
+    name = Path(path).name
+    for ext in (".nii.gz", ".nii", ".mha", ".nrrd"):
+        if name.endswith(ext):
+            return name[: -len(ext)]
+    return Path(name).stem
+
+
+def inside_root(root: Path, relative: str, source: Path) -> Path:
+    """Resolve ``relative`` under ``root``; refuse paths that escape it (``../``, absolute)."""
+    path = (root / relative).resolve()
+    if not path.is_relative_to(root):
+        raise ValueError(f"{source}: path {relative!r} points outside the dataset root {root}")
+    return path
+
+
+class MSDDataset(SegmentationDataset):
+    """Any decathlon-style task; 3D images, or 4D with modalities on the last axis.
+
+    ``num_classes``, ``class_names`` and ``in_channels`` default to what ``dataset.json``
+    declares (``labels``, ``modality``); when given in config they must agree with it.
+    """
+
+    def __init__(self, root: str, name: str = "msd", **kwargs) -> None:
+        self.root = resolve_root(root)
+        self.json_path = self.root / "dataset.json"
+        if not self.json_path.is_file():
+            raise FileNotFoundError(f"dataset.root={root}: no dataset.json in {self.root}")
+        try:
+            self.description = json.loads(self.json_path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{self.json_path}: invalid JSON ({exc})") from exc
+        labels = self.description.get("labels")
+        modality = self.description.get("modality") or self.description.get("channel_names")
+        if not isinstance(labels, dict) or "training" not in self.description:
+            raise ValueError(f"{self.json_path}: expected 'labels' and 'training' entries")
+        declared_names = [labels[k] for k in sorted(labels, key=int)]
+        for key, given, declared in (
+            ("num_classes", kwargs.get("num_classes"), len(declared_names)),
+            ("in_channels", kwargs.get("in_channels"), len(modality) if modality else None),
+        ):
+            if given is not None and declared is not None and given != declared:
+                raise ValueError(f"dataset.{key}={given} but {self.json_path} declares {declared}")
+        kwargs["num_classes"] = kwargs.get("num_classes") or len(declared_names)
+        kwargs["class_names"] = kwargs.get("class_names") or declared_names
+        if kwargs.get("in_channels") is None and modality:
+            kwargs["in_channels"] = len(modality)
+        super().__init__(name=name, **kwargs)
+        self._finalise_classes()
+
+    def case_refs(self) -> list[CaseRef]:
+        refs = []
+        for entry in self.description["training"]:
+            image = inside_root(self.root, entry["image"], self.json_path)
+            label = inside_root(self.root, entry["label"], self.json_path)
+            refs.append(CaseRef(_case_id(entry["image"]), (image,), label))
+        ids = [r.case_id for r in refs]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"{self.json_path}: duplicate case ids in 'training'")
+        return sorted(refs, key=lambda r: r.case_id)

@@ -1,0 +1,129 @@
+"""Training samples: random 2D slices or 3D patches with foreground oversampling.
+
+Each sample is a pure function of ``(seed, epoch, index)``: the same run draws the same
+samples whatever the number of workers, and a resumed run continues the same stream.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, Sampler
+
+from mcseg.data.cases import CaseData
+
+_MAX_FG_POINTS = 4096  # foreground voxels kept per class and case to draw centres from
+
+
+def crop_or_pad(array: np.ndarray, start: Sequence[int], size: Sequence[int], fill: float = 0.0) -> np.ndarray:
+    """Cut ``array[..., start:start+size]`` over its last ``len(size)`` axes, padding with ``fill``."""
+    lead = array.ndim - len(size)
+    out = np.full(array.shape[:lead] + tuple(size), fill, dtype=array.dtype)
+    src, dst = [slice(None)] * lead, [slice(None)] * lead
+    for s0, n, dim in zip(start, size, array.shape[lead:]):
+        lo, hi = max(s0, 0), min(s0 + n, dim)
+        src.append(slice(lo, max(lo, hi)))
+        dst.append(slice(lo - s0, lo - s0 + max(0, hi - lo)))
+    out[tuple(dst)] = array[tuple(src)]
+    return out
+
+
+class PatchDataset(Dataset):
+    """Random training samples from in-memory cases.
+
+    Args:
+        cases: loaded training cases (``image`` C x *S, ``label`` *S).
+        dims: 2 for slices (of 3D volumes, along ``slice_axis``; 2D cases are used whole), 3 for patches.
+        patch_size: spatial size of a sample (2 or 3 values); volumes are padded when smaller.
+        samples_per_epoch: samples drawn per epoch.
+        foreground_ratio: share of samples centred on a voxel of a random foreground class.
+        flip_axes: sample axes that are randomly flipped.
+        intensity: amplitude of random intensity scale (1 +- a) and shift (+- a); 0 disables.
+    """
+
+    def __init__(
+        self, cases: list[CaseData], dims: int, patch_size: Sequence[int], samples_per_epoch: int,
+        foreground_ratio: float = 0.33, flip_axes: Sequence[int] = (), intensity: float = 0.0,
+        slice_axis: int = -1, seed: int = 0,
+    ) -> None:
+        if dims not in (2, 3) or len(patch_size) != dims:
+            raise ValueError(f"dataset.sampling: patch_size={list(patch_size)} does not match dims={dims}")
+        if not 0 <= foreground_ratio <= 1:
+            raise ValueError(f"dataset.sampling.foreground_ratio={foreground_ratio}: expected a value in [0, 1]")
+        if any(not 0 <= a < dims for a in flip_axes):
+            raise ValueError(f"dataset.sampling.flip_axes={list(flip_axes)}: axes must lie in [0, {dims})")
+        if dims == 3 and any(c.image.ndim != 4 for c in cases):
+            raise ValueError("dataset.sampling.dims=3 needs 3D volumes; this dataset is 2D")
+        self.cases, self.dims, self.patch_size = cases, dims, tuple(int(p) for p in patch_size)
+        self.samples_per_epoch, self.foreground_ratio = int(samples_per_epoch), float(foreground_ratio)
+        self.flip_axes, self.intensity, self.seed = tuple(flip_axes), float(intensity), int(seed)
+        self.slice_axis = slice_axis
+        rng = np.random.default_rng(seed)
+        # Per case and foreground class: a subsample of voxel coordinates to centre samples on.
+        self.fg_points = []
+        for case in cases:
+            points = {}
+            for k in np.unique(case.label):
+                if k == 0:
+                    continue
+                idx = np.flatnonzero(case.label.ravel() == k)
+                if len(idx) > _MAX_FG_POINTS:
+                    idx = rng.choice(idx, _MAX_FG_POINTS, replace=False)
+                points[int(k)] = np.stack(np.unravel_index(idx, case.label.shape), axis=1)
+            self.fg_points.append(points)
+
+    def __len__(self) -> int:
+        return self.samples_per_epoch
+
+    def __getitem__(self, index: int) -> dict:
+        epoch, i = divmod(int(index), self.samples_per_epoch)
+        rng = np.random.default_rng([self.seed, epoch, i])
+        c = int(rng.integers(len(self.cases)))
+        case, points = self.cases[c], self.fg_points[c]
+        image, label = case.image, case.label
+        centre = None
+        if points and rng.random() < self.foreground_ratio:
+            cls = list(points)[int(rng.integers(len(points)))]
+            centre = points[cls][int(rng.integers(len(points[cls])))]
+        if self.dims == 2 and label.ndim == 3:  # a slice of a volume
+            axis = self.slice_axis % 3
+            z = int(centre[axis]) if centre is not None else int(rng.integers(label.shape[axis]))
+            image, label = np.take(image, z, axis=axis + 1), np.take(label, z, axis=axis)
+            if centre is not None:
+                centre = np.delete(centre, axis)
+        shape = label.shape
+        start = []
+        for d, (n, p) in enumerate(zip(shape, self.patch_size)):
+            lo, hi = min(0, n - p), max(0, n - p)
+            s = int(centre[d]) - p // 2 if centre is not None else int(rng.integers(lo, hi + 1))
+            start.append(int(np.clip(s, lo, hi)))
+        image = crop_or_pad(image, start, self.patch_size)
+        label = crop_or_pad(label, start, self.patch_size)
+        for axis in self.flip_axes:
+            if rng.random() < 0.5:
+                image, label = np.flip(image, axis + 1), np.flip(label, axis)
+        if self.intensity > 0:
+            scale = 1 + rng.uniform(-self.intensity, self.intensity)
+            image = image * scale + rng.uniform(-self.intensity, self.intensity)
+        return {
+            "image": torch.from_numpy(np.ascontiguousarray(image, dtype=np.float32)),
+            "label": torch.from_numpy(np.ascontiguousarray(label, dtype=np.int64)),
+            "case_index": c,
+        }
+
+
+class EpochSampler(Sampler[int]):
+    """Yields ``epoch * n + i``: sample identity depends on the epoch, not on worker state."""
+
+    def __init__(self, samples_per_epoch: int) -> None:
+        self.n, self.epoch = int(samples_per_epoch), 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.epoch * self.n, (self.epoch + 1) * self.n))
+
+    def __len__(self) -> int:
+        return self.n

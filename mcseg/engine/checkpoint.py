@@ -1,0 +1,73 @@
+"""Checkpoints: written atomically, read without unpickling code.
+
+A checkpoint is a dict of tensors, numbers, strings and containers only, so
+``torch.load(weights_only=True)`` reads it: a file shared between labs cannot run code.
+"""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mcseg.data.io import atomic_write
+
+REQUIRED_KEYS = ("model", "optimizer", "epoch", "config")
+
+
+def rng_states() -> dict:
+    """Python, NumPy and torch RNG states in a ``weights_only``-loadable form."""
+    np_state = np.random.get_state()
+    states = {
+        "python": list(random.getstate()[1]) + [random.getstate()[2] or 0],
+        "python_version": random.getstate()[0],
+        "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2])},
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def restore_rng_states(states: dict) -> None:
+    py = states["python"]
+    random.setstate((states["python_version"], tuple(py[:-1]), py[-1] or None))
+    np.random.set_state(("MT19937", states["numpy"]["keys"].numpy().astype(np.uint32), states["numpy"]["pos"], 0, 0.0))
+    torch.set_rng_state(states["torch"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def save_checkpoint(path: str | Path, state: dict) -> None:
+    """Write ``state`` to ``path`` through a temporary file and a rename."""
+    atomic_write(Path(path), lambda tmp: torch.save(state, tmp))
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
+    """Load a checkpoint with ``weights_only=True`` and check its structure."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:
+        raise ValueError(f"{path}: not a loadable mcseg checkpoint ({type(exc).__name__}: {exc})") from exc
+    missing = [k for k in REQUIRED_KEYS if not isinstance(state, dict) or k not in state]
+    if missing:
+        raise ValueError(f"{path}: checkpoint lacks keys {missing}")
+    return state
+
+
+def load_model_weights(model: torch.nn.Module, weights: dict, source: str | Path) -> None:
+    """Load ``weights`` into ``model`` strictly, naming mismatched keys and shapes on failure."""
+    own = model.state_dict()
+    bad = [k for k, v in weights.items() if k in own and tuple(own[k].shape) != tuple(v.shape)]
+    missing = [k for k in own if k not in weights]
+    unexpected = [k for k in weights if k not in own]
+    if bad or missing or unexpected:
+        details = [f"shape mismatch {k}: {tuple(weights[k].shape)} vs model {tuple(own[k].shape)}" for k in bad[:3]]
+        details += [f"missing {missing[:3]}"] if missing else []
+        details += [f"unexpected {unexpected[:3]}"] if unexpected else []
+        raise ValueError(f"{source}: weights do not fit the configured model: " + "; ".join(details))
+    model.load_state_dict(weights)

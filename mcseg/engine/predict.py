@@ -1,0 +1,74 @@
+"""Predict a list of cases and feed the evaluator: the one path for validation and evaluation."""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mcseg.data.cases import CaseData
+from mcseg.data.io import write_nifti
+from mcseg.engine.evaluator import Evaluator, entropy_map
+from mcseg.engine.inference import InferenceConfig, predict_logits
+
+
+class SegmentationPredictor:
+    """A model with what it takes to segment whole cases: dims, size divisor, link function."""
+
+    def __init__(self, model: torch.nn.Module, model_dims: int, divisor: int, link: Callable, multilabel: bool,
+                 cfg: InferenceConfig, roi_size: list[int] | None, precision: str, device: torch.device) -> None:
+        self.model, self.model_dims, self.divisor, self.link = model, model_dims, divisor, link
+        self.multilabel, self.cfg, self.roi_size, self.precision, self.device = multilabel, cfg, roi_size, precision, device
+
+    def logits(self, case: CaseData) -> torch.Tensor:
+        image = torch.from_numpy(case.image).to(self.device)
+        return predict_logits(self.model, image, self.model_dims, self.divisor, self.cfg, self.roi_size, self.precision)
+
+    def probabilities(self, logits: torch.Tensor) -> torch.Tensor:
+        return self.link(logits[None])[0]
+
+    def label_map(self, probs: torch.Tensor) -> torch.Tensor:
+        return (probs > 0.5).to(torch.uint8) if self.multilabel else probs.argmax(0).to(torch.uint8)
+
+
+def evaluate_cases(
+    predictor: SegmentationPredictor, cases: Iterable[CaseData], evaluator: Evaluator,
+    out_dir: Path | None = None, save_predictions: bool = False, save_probabilities: bool = False,
+    save_uncertainty: bool = False, on_logits: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
+    keep: int = 0,
+) -> list[tuple[CaseData, torch.Tensor]]:
+    """Segment each case, add it to ``evaluator`` and write the requested NIfTI files.
+
+    ``on_logits(logits, label)`` receives ``1 x K x *S`` logits and the ``1 x *S`` label
+    (the loss's validation hook). Returns the first ``keep`` cases with their predicted
+    label maps (for image logging).
+    """
+    predictor.model.eval()
+    kept = []
+    pred_dir = (out_dir / "predictions") if out_dir is not None else None
+    for case in cases:
+        logits = predictor.logits(case)
+        label = torch.from_numpy(case.label).to(logits.device)
+        if on_logits is not None:
+            on_logits(logits[None], label[None])
+        probs = predictor.probabilities(logits)
+        evaluator.add_case(case.case_id, probs, label, case.spacing)
+        pred = predictor.label_map(probs)
+        if pred_dir is not None and save_predictions:
+            arr = pred.cpu().numpy()
+            write_nifti(pred_dir / f"{case.case_id}.nii.gz", _channel_last(arr) if predictor.multilabel else arr,
+                        case.affine)
+        if pred_dir is not None and save_probabilities:
+            write_nifti(pred_dir / f"{case.case_id}_probs.nii.gz", _channel_last(probs.float().cpu().numpy()), case.affine)
+        if pred_dir is not None and save_uncertainty:
+            unc = entropy_map(probs, multilabel=predictor.multilabel)
+            write_nifti(pred_dir / f"{case.case_id}_entropy.nii.gz", unc.float().cpu().numpy(), case.affine)
+        if len(kept) < keep:
+            kept.append((case, pred.cpu()))
+    return kept
+
+
+def _channel_last(arr: np.ndarray) -> np.ndarray:
+    """``C x *S`` to ``*S x C``: NIfTI keeps channels (time, components) on the last axis."""
+    return np.moveaxis(arr, 0, -1)

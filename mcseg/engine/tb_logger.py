@@ -1,0 +1,70 @@
+"""TensorBoard scalars, figures and image/label/prediction overlays (a no-op when disabled)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+# Distinct colours for up to 10 classes (background transparent).
+_PALETTE = np.array(
+    [[0, 0, 0], [230, 25, 75], [60, 180, 75], [255, 225, 25], [0, 130, 200], [245, 130, 48],
+     [145, 30, 180], [70, 240, 240], [240, 50, 230], [210, 245, 60]], dtype=np.float32
+) / 255
+
+
+def overlay(image: np.ndarray, label: np.ndarray, alpha: float = 0.45) -> np.ndarray:
+    """RGB ``3 x H x W`` of a grey image with a coloured label map on top."""
+    lo, hi = np.percentile(image, (1, 99))
+    grey = np.clip((image - lo) / max(hi - lo, 1e-6), 0, 1)
+    rgb = np.repeat(grey[..., None], 3, axis=-1)
+    colours = _PALETTE[label % len(_PALETTE)]
+    mask = (label > 0)[..., None]
+    rgb = np.where(mask, (1 - alpha) * rgb + alpha * colours, rgb)
+    return np.moveaxis(rgb, -1, 0)
+
+
+def busiest_slice(label: np.ndarray) -> int | None:
+    """Index (last axis) of the 3D label's slice with the most foreground; None for 2D."""
+    if label.ndim == 2:
+        return None
+    return int(np.argmax((label > 0).reshape(-1, label.shape[-1]).sum(0)))
+
+
+class TensorBoardLogger:
+    def __init__(self, log_dir: Path | None) -> None:
+        self.writer = None
+        if log_dir is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(str(log_dir))
+
+    def scalars(self, values: dict[str, float], step: int) -> None:
+        if self.writer is not None:
+            for key, value in values.items():
+                if value is not None and np.isfinite(value):
+                    self.writer.add_scalar(key, value, step)
+
+    def figure(self, tag: str, fig, step: int) -> None:
+        if self.writer is not None:
+            self.writer.add_figure(tag, fig, step, close=True)
+
+    def overlays(self, tag: str, cases: list, step: int) -> None:
+        """``cases``: (CaseData, predicted label map tensor) pairs; logs image, label, prediction side by side."""
+        if self.writer is None:
+            return
+        for case, pred in cases:
+            pred = pred.numpy().astype(np.int64)
+            label = case.label
+            if pred.ndim == case.image.ndim:  # multi-label R x *S: show how many regions cover a voxel
+                pred, label = pred.sum(0), label.sum(0)
+            z = busiest_slice(label)
+            image, label, pred = ((a if z is None else a[..., z]) for a in (case.image[0], label, pred))
+            panel = np.concatenate(
+                [overlay(image, np.zeros_like(label)), overlay(image, label), overlay(image, pred)], axis=2
+            )
+            self.writer.add_image(f"{tag}/{case.case_id}", torch.from_numpy(panel), step)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()

@@ -1,0 +1,182 @@
+"""The training loop: epochs of random samples, validation on whole volumes, checkpoints.
+
+Loss objects may take part through optional hooks (a general callback mechanism, used by
+losses with state such as CALS): ``on_train_epoch_start(epoch)``, ``on_validation_start()``,
+``on_validation_batch(logits, target)`` and ``on_validation_end(epoch)``. Their state is
+checkpointed through ``loss.state_dict()``.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from mcseg.config import TrainerConfig
+from mcseg.engine.checkpoint import load_checkpoint, load_model_weights, restore_rng_states, rng_states, save_checkpoint
+from mcseg.engine.data import to_device
+from mcseg.engine.evaluator import EvalProtocol, Evaluator, reliability_figure
+from mcseg.engine.inference import autocast_context
+from mcseg.engine.predict import SegmentationPredictor, evaluate_cases
+from mcseg.engine.tb_logger import TensorBoardLogger
+from mcseg.errors import NonFiniteLossError
+
+log = logging.getLogger(__name__)
+
+HEADLINE = ("mean_foreground_dice", "mean_foreground_hd95_mm", "mean_ece", "mean_classwise_ece")
+
+
+def call_hook(obj, name: str, *args) -> None:
+    hook = getattr(obj, name, None)
+    if callable(hook):
+        hook(*args)
+
+
+class Trainer:
+    """Runs epochs; owns model, loss, optimiser, scheduler and the run's checkpoints."""
+
+    def __init__(
+        self, cfg: TrainerConfig, run_dir: Path, model, loss_fn, optimizer, scheduler, loader, sampler,
+        predictor: SegmentationPredictor, val_cases: list, num_classes: int, class_names: list[str],
+        protocol: EvalProtocol, tb: TensorBoardLogger, config_container: dict, images: int = 2,
+    ) -> None:
+        if cfg.monitor_mode not in ("min", "max"):
+            raise ValueError(f"trainer.monitor_mode={cfg.monitor_mode!r}: expected 'min' or 'max'")
+        if cfg.max_epochs < 1 or cfg.val_every < 1:
+            raise ValueError("trainer.max_epochs and trainer.val_every must be >= 1")
+        self.cfg, self.run_dir = cfg, run_dir
+        self.model, self.loss_fn, self.optimizer, self.scheduler = model, loss_fn, optimizer, scheduler
+        self.loader, self.sampler, self.predictor = loader, sampler, predictor
+        self.val_cases = val_cases[: cfg.val_max_cases] if cfg.val_max_cases else val_cases
+        self.num_classes, self.class_names, self.protocol = num_classes, class_names, protocol
+        self.tb, self.config_container, self.images = tb, config_container, images
+        self.device = predictor.device
+        self.ckpt_dir = run_dir / "checkpoints"
+        self.epoch = 0  # epochs completed
+        self.global_step = 0
+        self.best_value: float | None = None
+        self.best_epoch: int | None = None
+        self.history: list[dict] = []
+
+    # ----------------------------------------------------------------- state
+    def state_dict(self) -> dict:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "loss": self.loss_fn.state_dict(),
+            "scaler": None,  # bf16 autocast needs no gradient scaler
+            "epoch": self.epoch,
+            "global_step": self.global_step,
+            "best_value": self.best_value,
+            "best_epoch": self.best_epoch,
+            "history": self.history,
+            "rng": rng_states(),
+            "config": self.config_container,
+        }
+
+    def resume(self, path: Path) -> None:
+        state = load_checkpoint(path, map_location=self.device)
+        load_model_weights(self.model, state["model"], path)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.loss_fn.load_state_dict(state.get("loss", {}))
+        self.epoch, self.global_step = int(state["epoch"]), int(state.get("global_step", 0))
+        self.best_value, self.best_epoch = state.get("best_value"), state.get("best_epoch")
+        self.history = list(state.get("history", []))
+        restore_rng_states(state["rng"])
+        log.info("resumed %s at epoch %d (best %s at epoch %s)", path, self.epoch, self.best_value, self.best_epoch)
+
+    def _improved(self, value: float) -> bool:
+        if value is None or not math.isfinite(value):
+            return False
+        if self.best_value is None:
+            return True
+        return value > self.best_value if self.cfg.monitor_mode == "max" else value < self.best_value
+
+    # ----------------------------------------------------------------- loop
+    def fit(self) -> None:
+        while self.epoch < self.cfg.max_epochs:
+            epoch = self.epoch
+            train_metrics = self.train_epoch(epoch)
+            metrics = {"epoch": epoch, **train_metrics}
+            if (epoch + 1) % self.cfg.val_every == 0 or epoch + 1 == self.cfg.max_epochs:
+                metrics.update(self.validate(epoch))
+            self.scheduler.step()
+            self.epoch = epoch + 1
+            self.history.append(metrics)
+            monitored = metrics.get(self.cfg.monitor)
+            if self.cfg.monitor in metrics and self._improved(monitored):
+                self.best_value, self.best_epoch = float(monitored), epoch
+                save_checkpoint(self.ckpt_dir / "best.pt", self.state_dict())
+            save_checkpoint(self.ckpt_dir / "last.pt", self.state_dict())
+            shown = {k: round(v, 4) for k, v in metrics.items() if k != "epoch" and isinstance(v, float)}
+            log.info("epoch %d/%d %s", epoch + 1, self.cfg.max_epochs, shown)
+        if not (self.ckpt_dir / "best.pt").is_file():
+            log.warning("monitor %s was never finite; best.pt is the last epoch", self.cfg.monitor)
+            save_checkpoint(self.ckpt_dir / "best.pt", self.state_dict())
+
+    def train_epoch(self, epoch: int) -> dict:
+        self.model.train()
+        self.sampler.set_epoch(epoch)
+        call_hook(self.loss_fn, "on_train_epoch_start", epoch)
+        total = torch.zeros((), device=self.device)
+        window = torch.zeros((), device=self.device)
+        n_steps, n_samples, start = 0, 0, time.perf_counter()
+        bar = tqdm(self.loader, desc=f"epoch {epoch + 1}", leave=False, disable=not self.cfg.progress_bar,
+                   dynamic_ncols=True)
+        for step, batch in enumerate(bar):
+            image, label = to_device(batch, self.device)
+            self.optimizer.zero_grad(set_to_none=True)
+            with autocast_context(self.device, self.cfg.precision):
+                logits = self.model(image)
+            loss = self.loss_fn(logits.float(), label)
+            if not torch.isfinite(loss):
+                cases = sorted({int(i) for i in batch["case_index"]})
+                raise NonFiniteLossError(
+                    f"non-finite loss {loss.item()} at epoch {epoch + 1}, step {step}, training cases {cases}"
+                )
+            loss.backward()
+            if self.cfg.grad_clip:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+            self.optimizer.step()
+            total += loss.detach()
+            window += loss.detach()
+            n_steps += 1
+            n_samples += image.shape[0]
+            self.global_step += 1
+            if self.global_step % self.cfg.log_every_n_steps == 0:
+                value = (window / self.cfg.log_every_n_steps).item()  # one host sync per interval
+                window.zero_()
+                rate = n_samples / (time.perf_counter() - start)
+                bar.set_postfix(loss=f"{value:.4f}", samples_s=f"{rate:.1f}")
+                self.tb.scalars({"train/loss_step": value}, self.global_step)
+        seconds = time.perf_counter() - start
+        mean_loss = (total / max(n_steps, 1)).item()
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.tb.scalars({"train/loss": mean_loss, "train/lr": lr, "train/samples_per_s": n_samples / seconds}, epoch)
+        return {"train/loss": mean_loss, "train/lr": lr, "train/samples_per_s": n_samples / seconds}
+
+    def validate(self, epoch: int) -> dict:
+        """Segment the validation volumes; Dice, HD95 and calibration through the evaluator."""
+        evaluator = Evaluator(self.num_classes, self.class_names, self.protocol, self.predictor.multilabel)
+        call_hook(self.loss_fn, "on_validation_start")
+        hook = getattr(self.loss_fn, "on_validation_batch", None)
+        kept = evaluate_cases(self.predictor, self.val_cases, evaluator, on_logits=hook, keep=self.images)
+        call_hook(self.loss_fn, "on_validation_end", epoch)
+        summary = evaluator.summary()
+        metrics = {f"val/{k}": float(summary[k]) for k in HEADLINE if summary.get(k) is not None}
+        self.tb.scalars(metrics, epoch)
+        if self.images:
+            self.tb.overlays("val", kept, epoch)
+            self.tb.figure("val/reliability", reliability_figure(evaluator), epoch)
+        return metrics
+
+    def load_best(self) -> None:
+        path = self.ckpt_dir / "best.pt"
+        state = load_checkpoint(path, map_location=self.device)
+        load_model_weights(self.model, state["model"], path)
+        self.loss_fn.load_state_dict(state.get("loss", {}))

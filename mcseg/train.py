@@ -1,0 +1,100 @@
+"""``train(cfg) -> dict``: build everything from the config, train, evaluate the test split.
+
+The CLI (``train.py``), tests and sweeps (an Optuna sweeper optimises the return value)
+all call this one function.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from mcseg.config import LoggerConfig, TrainerConfig, typed, validate_train_config
+from mcseg.engine.data import build_dataset, build_train_loader, load_cases, record_dataset_facts, resolve_split, sampling_config
+from mcseg.engine.evaluator import EvalProtocol
+from mcseg.engine.inference import InferenceConfig
+from mcseg.engine.predict import SegmentationPredictor
+from mcseg.engine.tb_logger import TensorBoardLogger
+from mcseg.engine.trainer import HEADLINE, Trainer
+from mcseg.evaluate import evaluate_split, format_summary
+from mcseg.models import MbLSUNet2D, size_divisor
+from mcseg.runtime import resolve_device, seed_everything
+
+log = logging.getLogger(__name__)
+
+
+def build_predictor(cfg: DictConfig, model, loss_fn, device, inference: InferenceConfig, precision: str) -> SegmentationPredictor:
+    sampling = sampling_config(cfg.dataset)
+    if isinstance(model, MbLSUNet2D) and sampling.dims != 2:
+        raise ValueError("model=mbls_unet is a 2D network: set dataset.sampling.dims=2")
+    divisor = size_divisor(model)
+    if any(p % divisor for p in sampling.patch_size):
+        raise ValueError(
+            f"dataset.sampling.patch_size={sampling.patch_size}: each size must be a multiple of {divisor} "
+            f"(the network downsamples by {divisor})"
+        )
+    return SegmentationPredictor(
+        model, sampling.dims, divisor, loss_fn.probabilities, bool(getattr(loss_fn, "multilabel", False)),
+        inference, sampling.patch_size, precision, device,
+    )
+
+
+def train(cfg: DictConfig) -> dict:
+    """Train and evaluate as configured; return validation and test metrics."""
+    validate_train_config(cfg)
+    run_dir = Path(cfg.paths.output_dir)
+    tcfg: TrainerConfig = typed(cfg.trainer, TrainerConfig, "trainer")
+    lcfg: LoggerConfig = typed(cfg.logger, LoggerConfig, "logger")
+    inference: InferenceConfig = typed(cfg.inference, InferenceConfig, "inference")
+    protocol: EvalProtocol = typed(cfg.evaluation, EvalProtocol, "evaluation")
+    seed_everything(int(cfg.seed), tcfg.deterministic)
+    device = resolve_device(tcfg.device)
+
+    dataset = build_dataset(cfg.dataset)
+    record_dataset_facts(cfg, dataset)
+    splits = resolve_split(dataset, cfg.dataset, run_dir)
+    log.info("dataset %s: %s", dataset.name, {k: len(v) for k, v in splits.refs.items()})
+    train_cases = load_cases(dataset, splits["train"])
+    val_cases = load_cases(dataset, splits["val"][: tcfg.val_max_cases] if tcfg.val_max_cases else splits["val"])
+
+    model = instantiate(cfg.model).to(device)
+    loss_fn = instantiate(cfg.loss).to(device)
+    if getattr(loss_fn, "multilabel", False) != dataset.multilabel:
+        raise ValueError(f"loss {cfg.loss._target_} and dataset {dataset.name} disagree on multi-label outputs")
+    optimizer = instantiate(cfg.optim)(params=model.parameters())
+    scheduler = instantiate(cfg.scheduler)(optimizer=optimizer)
+    predictor = build_predictor(cfg, model, loss_fn, device, inference, tcfg.precision)
+    loader, sampler = build_train_loader(train_cases, cfg.dataset, int(cfg.seed), device.type == "cuda")
+
+    tb = TensorBoardLogger(run_dir / "tensorboard" if lcfg.tensorboard else None)
+    container = OmegaConf.to_container(cfg, resolve=True)
+    trainer = Trainer(
+        tcfg, run_dir, model, loss_fn, optimizer, scheduler, loader, sampler, predictor, val_cases,
+        dataset.num_classes, dataset.class_names, protocol, tb, container, lcfg.images,
+    )
+    last = run_dir / "checkpoints" / "last.pt"
+    if tcfg.resume:
+        if not last.is_file():
+            raise FileNotFoundError(f"trainer.resume=true but {last} does not exist")
+        trainer.resume(last)
+    elif last.is_file():
+        raise FileExistsError(f"{last} exists: pass trainer.resume=true to continue this run, or use a new run directory")
+    try:
+        trainer.fit()
+        trainer.load_best()
+        del train_cases
+        summary = evaluate_split(
+            predictor, dataset, splits["test"], protocol, run_dir / "eval" / "test",
+            inference.save_predictions, inference.save_probabilities,
+        )
+    finally:
+        tb.close()
+    print(format_summary(summary, dataset.class_names, title=f"{dataset.name} test split"))
+    result = {f"test/{k}": summary.get(k) for k in HEADLINE}
+    result.update({k: v for k, v in trainer.history[-1].items() if k.startswith("val/")} if trainer.history else {})
+    result["best_epoch"] = trainer.best_epoch
+    result[f"best/{tcfg.monitor}"] = trainer.best_value
+    return result
