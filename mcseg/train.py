@@ -72,7 +72,7 @@ def train(cfg: DictConfig) -> dict:
     tb = TensorBoardLogger(run_dir / "tensorboard" if lcfg.tensorboard else None)
     container = OmegaConf.to_container(cfg, resolve=True)
     trainer = Trainer(
-        tcfg, run_dir, model, loss_fn, optimizer, scheduler, loader, sampler, predictor, val_cases,
+        tcfg, run_dir, model, loss_fn, optimizer, scheduler, loader, sampler, predictor, val_cases, dataset.restore,
         dataset.num_classes, dataset.class_names, protocol, tb, container, lcfg.images,
     )
     last = run_dir / "checkpoints" / "last.pt"

@@ -11,6 +11,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
+
 from mcseg.data.cases import CaseData, CaseRef, load_case
 from mcseg.data.normalize import normalize
 
@@ -71,6 +73,15 @@ class SegmentationDataset(ABC):
             )
         case.image = normalize(case.image, **self.normalization)
         return case
+
+    def restore(self, case: CaseData, probs):
+        """Map ``probs`` (C x *S, in the space :meth:`load` returned) back to the case's original
+        geometry; return ``(probs, label, spacing, affine)`` there, for evaluation and writing.
+
+        Datasets that resample, reorient or crop in :meth:`load` override this; metrics are
+        always computed in the original space, in mm.
+        """
+        return probs, case.label, case.spacing, np.asarray(case.affine)
 
 
 def resolve_root(root: str | os.PathLike | None, key: str = "dataset.root") -> Path:

@@ -33,14 +33,16 @@ class SegmentationPredictor:
 
 
 def evaluate_cases(
-    predictor: SegmentationPredictor, cases: Iterable[CaseData], evaluator: Evaluator,
+    predictor: SegmentationPredictor, cases: Iterable[CaseData], evaluator: Evaluator, restore: Callable,
     out_dir: Path | None = None, save_predictions: bool = False, save_probabilities: bool = False,
     save_uncertainty: bool = False, on_logits: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
     keep: int = 0,
 ) -> list[tuple[CaseData, torch.Tensor]]:
     """Segment each case, add it to ``evaluator`` and write the requested NIfTI files.
 
-    ``on_logits(logits, label)`` receives ``1 x K x *S`` logits and the ``1 x *S`` label
+    ``restore(case, probs)`` maps probabilities back to the original geometry (the dataset's
+    :meth:`~mcseg.data.base.SegmentationDataset.restore`). ``on_logits(logits, label)``
+    receives ``1 x K x *S`` logits and the ``1 x *S`` label
     (the loss's validation hook). Returns the first ``keep`` cases with their predicted
     label maps (for image logging).
     """
@@ -49,23 +51,24 @@ def evaluate_cases(
     pred_dir = (out_dir / "predictions") if out_dir is not None else None
     for case in cases:
         logits = predictor.logits(case)
-        label = torch.from_numpy(case.label).to(logits.device)
         if on_logits is not None:
-            on_logits(logits[None], label[None])
+            on_logits(logits[None], torch.from_numpy(case.label).to(logits.device)[None])
         probs = predictor.probabilities(logits)
-        evaluator.add_case(case.case_id, probs, label, case.spacing)
+        if len(kept) < keep:  # for image logging, in the network's space
+            kept.append((case, predictor.label_map(probs).cpu()))
+        probs, label, spacing, affine = restore(case, probs)
+        label = torch.as_tensor(label, device=probs.device)
+        evaluator.add_case(case.case_id, probs, label, spacing)
         pred = predictor.label_map(probs)
         if pred_dir is not None and save_predictions:
             arr = pred.cpu().numpy()
             write_nifti(pred_dir / f"{case.case_id}.nii.gz", _channel_last(arr) if predictor.multilabel else arr,
-                        case.affine)
+                        affine)
         if pred_dir is not None and save_probabilities:
-            write_nifti(pred_dir / f"{case.case_id}_probs.nii.gz", _channel_last(probs.float().cpu().numpy()), case.affine)
+            write_nifti(pred_dir / f"{case.case_id}_probs.nii.gz", _channel_last(probs.float().cpu().numpy()), affine)
         if pred_dir is not None and save_uncertainty:
             unc = entropy_map(probs, multilabel=predictor.multilabel)
-            write_nifti(pred_dir / f"{case.case_id}_entropy.nii.gz", unc.float().cpu().numpy(), case.affine)
-        if len(kept) < keep:
-            kept.append((case, pred.cpu()))
+            write_nifti(pred_dir / f"{case.case_id}_entropy.nii.gz", unc.float().cpu().numpy(), affine)
     return kept
 
 

@@ -40,7 +40,7 @@ class Trainer:
 
     def __init__(
         self, cfg: TrainerConfig, run_dir: Path, model, loss_fn, optimizer, scheduler, loader, sampler,
-        predictor: SegmentationPredictor, val_cases: list, num_classes: int, class_names: list[str],
+        predictor: SegmentationPredictor, val_cases: list, restore, num_classes: int, class_names: list[str],
         protocol: EvalProtocol, tb: TensorBoardLogger, config_container: dict, images: int = 2,
     ) -> None:
         if cfg.monitor_mode not in ("min", "max"):
@@ -49,7 +49,7 @@ class Trainer:
             raise ValueError("trainer.max_epochs and trainer.val_every must be >= 1")
         self.cfg, self.run_dir = cfg, run_dir
         self.model, self.loss_fn, self.optimizer, self.scheduler = model, loss_fn, optimizer, scheduler
-        self.loader, self.sampler, self.predictor = loader, sampler, predictor
+        self.loader, self.sampler, self.predictor, self.restore = loader, sampler, predictor, restore
         self.val_cases = val_cases[: cfg.val_max_cases] if cfg.val_max_cases else val_cases
         self.num_classes, self.class_names, self.protocol = num_classes, class_names, protocol
         self.tb, self.config_container, self.images = tb, config_container, images
@@ -165,7 +165,7 @@ class Trainer:
         evaluator = Evaluator(self.num_classes, self.class_names, self.protocol, self.predictor.multilabel)
         call_hook(self.loss_fn, "on_validation_start")
         hook = getattr(self.loss_fn, "on_validation_batch", None)
-        kept = evaluate_cases(self.predictor, self.val_cases, evaluator, on_logits=hook, keep=self.images)
+        kept = evaluate_cases(self.predictor, self.val_cases, evaluator, self.restore, on_logits=hook, keep=self.images)
         call_hook(self.loss_fn, "on_validation_end", epoch)
         summary = evaluator.summary()
         metrics = {f"val/{k}": float(summary[k]) for k in HEADLINE if summary.get(k) is not None}

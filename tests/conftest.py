@@ -1,0 +1,65 @@
+"""Shared fixtures: compose the real configs and shrink them (lightning-hydra-template style)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, open_dict
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG_DIR = str(ROOT / "configs")
+HIPPOCAMPUS = ROOT.parent / "shared" / "data" / "hippocampus"
+
+# A tiny synthetic 2D task and network: seconds per run on a CPU.
+TINY_2D = [
+    "debug=fast", "logger.images=1", "dataset.n_cases=8", "dataset.shape=[32,32]",
+    "dataset.sampling.patch_size=[32,32]", "model.channels=[8,16,32]", "model.strides=[2,2]",
+    "model.num_res_units=1",
+]
+TINY_3D = [
+    "dataset=synthetic3d", "debug=fast", "logger.images=1", "dataset.n_cases=6", "dataset.shape=[24,24,20]",
+    "dataset.sampling.patch_size=[16,16,16]", "model.channels=[8,16,32]", "model.strides=[2,2]",
+    "model.num_res_units=1", "inference.overlap=0.25",
+]
+
+
+def compose_config(config_name: str, overrides: list[str], output_dir: Path) -> DictConfig:
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose(config_name=config_name, overrides=overrides, return_hydra_config=True)
+    HydraConfig().set_config(cfg)
+    with open_dict(cfg):
+        cfg.paths.output_dir = str(output_dir)
+        del cfg.hydra
+    return cfg
+
+
+@pytest.fixture
+def make_cfg(tmp_path):
+    def _make(overrides=(), config_name="train", output_dir=None):
+        return compose_config(config_name, list(overrides), Path(output_dir or tmp_path / "run"))
+
+    return _make
+
+
+@pytest.fixture
+def hippocampus_root() -> Path:
+    if not (HIPPOCAMPUS / "dataset.json").is_file():
+        pytest.skip(f"hippocampus data not found at {HIPPOCAMPUS} (the shared MSD Task04 copy)")
+    return HIPPOCAMPUS
+
+
+def run_cli(script: str, args: list[str], cwd: Path = ROOT, timeout: int = 300) -> subprocess.CompletedProcess:
+    """Run ``python <script> args`` as a user would; returns the finished process."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("MCSEG_TRACEBACK", None)
+    return subprocess.run(
+        [sys.executable, str(ROOT / script), *args], cwd=cwd, env=env, capture_output=True, text=True,
+        timeout=timeout,
+    )

@@ -1,0 +1,114 @@
+"""Every config option composes and builds; bad keys fail at start naming the key."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from hydra.utils import instantiate
+from omegaconf import OmegaConf, open_dict
+
+from mcseg.config import validate_train_config
+from mcseg.errors import ConfigError
+
+from .conftest import CONFIG_DIR, TINY_2D
+
+GROUPS = ["dataset", "model", "loss", "optim", "scheduler", "trainer", "inference", "evaluation", "logger", "debug"]
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (Path(CONFIG_DIR) / group).glob("*.yaml"))
+
+
+@pytest.mark.parametrize(
+    "group,option", [(g, o) for g in GROUPS for o in options(g)], ids=lambda v: str(v)
+)
+def test_every_option_composes_and_validates(make_cfg, hippocampus_root, group, option):
+    cfg = make_cfg([f"{group}={option}"])
+    assert cfg[group] is not None or group == "debug"
+    if group == "dataset" and option == "msd":
+        with open_dict(cfg):
+            cfg.dataset.root = str(hippocampus_root)
+    validate_train_config(cfg)
+
+
+@pytest.mark.parametrize("option", options("model"))
+@pytest.mark.parametrize("dims", [2, 3])
+def test_every_model_builds_and_runs(make_cfg, option, dims):
+    if option == "mbls_unet" and dims == 3:
+        pytest.skip("the margin-loss study's U-Net is 2D only")
+    cfg = make_cfg([f"model={option}", f"dataset.sampling.dims={dims}"])
+    model = instantiate(cfg.model)
+    x = torch.randn(1, cfg.dataset.in_channels, *([32] * dims))
+    assert model(x).shape == (1, cfg.dataset.num_classes, *([32] * dims))
+
+
+@pytest.mark.parametrize("option", options("loss"))
+def test_every_loss_builds_and_runs(make_cfg, option):
+    cfg = make_cfg([f"loss={option}"])
+    loss = instantiate(cfg.loss)
+    k = cfg.dataset.num_classes
+    logits = torch.randn(2, k, 8, 8, requires_grad=True)
+    if getattr(loss, "multilabel", False):
+        target = torch.randint(0, 2, (2, k, 8, 8)).float()
+    else:
+        target = torch.randint(0, k, (2, 8, 8))
+    value = loss(logits, target)
+    value.backward()
+    assert value.ndim == 0 and torch.isfinite(value)
+
+
+@pytest.mark.parametrize("optim", options("optim"))
+@pytest.mark.parametrize("scheduler", options("scheduler"))
+def test_optimisers_and_schedulers_build(make_cfg, optim, scheduler):
+    cfg = make_cfg([f"optim={optim}", f"scheduler={scheduler}"])
+    params = [torch.nn.Parameter(torch.zeros(3))]
+    opt = instantiate(cfg.optim)(params=params)
+    sched = instantiate(cfg.scheduler)(optimizer=opt)
+    opt.step()
+    sched.step()
+
+
+def test_evaluate_config_requires_ckpt(make_cfg):
+    from omegaconf.errors import MissingMandatoryValue
+
+    cfg = make_cfg([], config_name="evaluate")
+    with pytest.raises(MissingMandatoryValue):
+        _ = cfg.ckpt
+
+
+def _set_key(cfg, path: str, value) -> None:
+    """Write ``path`` even where it is not a known key, as a user's YAML file could."""
+    node_path, _, key = path.rpartition(".")
+    node = OmegaConf.select(cfg, node_path)
+    with open_dict(node):
+        node[key] = value
+
+
+@pytest.mark.parametrize(
+    "path,value,expected",
+    [
+        ("trainer.max_epoch", 3, "trainer.max_epoch"),
+        ("dataset.sampling.batchsize", 2, "dataset.sampling.batchsize"),
+        ("loss.margn", 5.0, "loss.margn"),
+        ("model.chanels", [8], "model.chanels"),
+        ("evaluation.regoin", "all", "evaluation.regoin"),
+        ("dataset.nosie", 0.1, "dataset.nosie"),
+    ],
+)
+def test_misspelt_key_in_a_yaml_is_named(make_cfg, path, value, expected):
+    cfg = make_cfg(TINY_2D + (["loss=margin"] if path.startswith("loss") else []))
+    _set_key(cfg, path, value)
+    with pytest.raises(ConfigError, match=expected.replace(".", r"\.")):
+        validate_train_config(cfg)
+
+
+@pytest.mark.parametrize(
+    "path,value,expected",
+    [("trainer.max_epochs", "many", "trainer.max_epochs"), ("dataset.sampling.patch_size", "big", "patch_size")],
+)
+def test_wrong_type_is_named(make_cfg, path, value, expected):
+    cfg = make_cfg(TINY_2D)
+    _set_key(cfg, path, value)
+    with pytest.raises(ConfigError, match=expected):
+        validate_train_config(cfg)

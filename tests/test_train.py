@@ -1,0 +1,123 @@
+"""End-to-end runs on tiny synthetic tasks and the real hippocampus data."""
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+import pytest
+import torch
+from omegaconf import open_dict
+
+from mcseg.engine.checkpoint import load_checkpoint
+from mcseg.engine.trainer import Trainer
+from mcseg.evaluate import evaluate
+from mcseg.train import train
+
+from .conftest import TINY_2D, TINY_3D, run_cli
+
+
+def _check_run_dir(run_dir, n_test: int) -> dict:
+    for path in ("checkpoints/last.pt", "checkpoints/best.pt", "split.json", "eval/test/per_case.csv",
+                 "eval/test/summary.json"):
+        assert (run_dir / path).is_file(), path
+    assert any((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    split = json.loads((run_dir / "split.json").read_text())
+    assert len(split["test"]) == n_test
+    assert not set(split["train"]) & set(split["test"]) and not set(split["val"]) & set(split["test"])
+    predictions = sorted((run_dir / "eval/test/predictions").glob("*.nii.gz"))
+    assert [p.name for p in predictions] == [f"{c}.nii.gz" for c in split["test"]]
+    summary = json.loads((run_dir / "eval/test/summary.json").read_text())
+    for key in ("mean_foreground_dice", "mean_foreground_hd95_mm", "mean_ece", "mean_classwise_ece"):
+        assert summary[key] is not None and math.isfinite(summary[key])
+    with open(run_dir / "eval/test/per_case.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert {r["case"] for r in rows} == set(split["test"])
+    return summary
+
+
+def test_synthetic_2d_run_produces_the_run_directory(make_cfg, tmp_path):
+    cfg = make_cfg(TINY_2D)
+    result = train(cfg)
+    summary = _check_run_dir(tmp_path / "run", n_test=2)
+    assert result["test/mean_foreground_dice"] == pytest.approx(summary["mean_foreground_dice"])
+    state = load_checkpoint(tmp_path / "run/checkpoints/last.pt")
+    assert state["epoch"] == 2 and {"optimizer", "scheduler", "loss", "rng", "config"} <= set(state)
+
+
+def test_synthetic_3d_run_uses_sliding_window(make_cfg, tmp_path):
+    cfg = make_cfg(TINY_3D + ["inference.save_probabilities=true"])
+    train(cfg)
+    _check_run_dir(tmp_path / "run", n_test=1)
+    import nibabel as nib
+
+    test_case = json.loads((tmp_path / "run/split.json").read_text())["test"][0]
+    probs = nib.load(tmp_path / f"run/eval/test/predictions/{test_case}_probs.nii.gz").get_fdata()
+    assert probs.shape == (24, 24, 20, 4)
+    assert probs.sum(-1) == pytest.approx(1.0, abs=1e-4)
+
+
+def test_resume_continues_at_the_right_epoch_with_saved_optimizer(make_cfg, tmp_path, monkeypatch):
+    common = TINY_2D + ["trainer.max_epochs=3", "scheduler=constant", "trainer.deterministic=true"]
+    train(make_cfg(common, output_dir=tmp_path / "straight"))
+    straight = load_checkpoint(tmp_path / "straight/checkpoints/last.pt")
+
+    original = Trainer.train_epoch
+
+    def killed_at_epoch_2(self, epoch):
+        if epoch == 2:
+            raise KeyboardInterrupt("simulated interruption")
+        return original(self, epoch)
+
+    monkeypatch.setattr(Trainer, "train_epoch", killed_at_epoch_2)
+    with pytest.raises(KeyboardInterrupt):
+        train(make_cfg(common, output_dir=tmp_path / "resumed"))
+    interrupted = load_checkpoint(tmp_path / "resumed/checkpoints/last.pt")
+    assert interrupted["epoch"] == 2 and interrupted["optimizer"]["state"]
+    monkeypatch.setattr(Trainer, "train_epoch", original)
+
+    started = []
+    monkeypatch.setattr(Trainer, "train_epoch", lambda self, epoch: started.append(epoch) or original(self, epoch))
+    with pytest.raises(FileExistsError):  # an existing run is never silently overwritten
+        train(make_cfg(common, output_dir=tmp_path / "resumed"))
+    train(make_cfg(common + ["trainer.resume=true"], output_dir=tmp_path / "resumed"))
+    assert started == [2]
+    resumed = load_checkpoint(tmp_path / "resumed/checkpoints/last.pt")
+    assert resumed["epoch"] == 3
+    for key, value in straight["model"].items():
+        torch.testing.assert_close(resumed["model"][key], value, rtol=0, atol=1e-6, msg=key)
+    assert [h["epoch"] for h in resumed["history"]] == [0, 1, 2]
+
+
+def test_evaluate_reproduces_the_runs_own_evaluation(make_cfg, tmp_path):
+    train(make_cfg(TINY_2D))
+    run = tmp_path / "run"
+    own = json.loads((run / "eval/test/summary.json").read_text())
+    cfg = make_cfg([f"ckpt={run}/checkpoints/best.pt", f"eval_dir={tmp_path}/again"], config_name="evaluate",
+                   output_dir=tmp_path / "evaluate")
+    again = evaluate(cfg)
+    for key in ("mean_foreground_dice", "mean_foreground_hd95_mm", "mean_ece", "mean_classwise_ece"):
+        assert again[key] == pytest.approx(own[key], rel=1e-6, abs=1e-9), key
+    assert (tmp_path / "again/per_case.csv").read_text() == (run / "eval/test/per_case.csv").read_text()
+
+
+def test_hippocampus_preset_trains_on_the_shared_copy(make_cfg, tmp_path, hippocampus_root):
+    cfg = make_cfg(["dataset=hippocampus", f"dataset.root={hippocampus_root}", "debug=fast",
+                    "model.channels=[8,16,32]", "model.strides=[2,2]", "model.num_res_units=1",
+                    "dataset.sampling.patch_size=[32,32]", "logger.images=1"])
+    train(cfg)
+    summary = _check_run_dir(tmp_path / "run", n_test=31)
+    assert cfg.dataset.class_names == ["background", "Anterior", "Posterior"]
+    assert summary["n_cases"] == 31
+
+
+def test_cli_trains_and_evaluates(tmp_path):
+    run = tmp_path / "cli_run"
+    done = run_cli("train.py", TINY_2D + [f"hydra.run.dir={run}"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "foreground mean" in done.stdout and "ECE" in done.stdout
+    assert (run / ".hydra/config.yaml").is_file() and (run / "train.log").is_file()
+    done = run_cli("evaluate.py", [f"ckpt={run}/checkpoints/best.pt", "split=val",
+                                   f"hydra.run.dir={tmp_path / 'eval_job'}"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (run / "eval/val/summary.json").is_file()
