@@ -1,0 +1,39 @@
+"""Calibration losses for segmentation: every loss is an ``nn.Module`` called as ``loss(logits, target)``.
+
+Softmax losses (``multilabel = False``): logits ``B x C x spatial``, integer labels
+``B x spatial``. Multi-label losses (``multilabel = True``: ``SigmoidBCELoss``, ``SPALoss``):
+logits and 0/1 targets ``B x R x spatial``. ``loss.probabilities(logits)`` gives the
+probabilities to evaluate. See ``docs/losses.md`` for formulas, defaults and papers.
+"""
+
+from .base import SegmentationLoss
+from .brier import BrierLoss
+from .cross_entropy import CELoss, ECPLoss, LabelSmoothingLoss
+from .dice import CEDiceLoss, SoftDice
+from .focal import DualFocalLoss, FCLLoss, FLSDLoss, FocalLoss
+from .margin import CALSLoss, MarginDiceLoss, MarginLoss
+from .multilabel import MultiLabelLoss, SigmoidBCELoss, SPALoss
+from .nacl import NACLLoss
+from .svls import SVLSLoss
+
+__all__ = [
+    "BrierLoss",
+    "CALSLoss",
+    "CEDiceLoss",
+    "CELoss",
+    "DualFocalLoss",
+    "ECPLoss",
+    "FCLLoss",
+    "FLSDLoss",
+    "FocalLoss",
+    "LabelSmoothingLoss",
+    "MarginDiceLoss",
+    "MarginLoss",
+    "MultiLabelLoss",
+    "NACLLoss",
+    "SPALoss",
+    "SVLSLoss",
+    "SegmentationLoss",
+    "SigmoidBCELoss",
+    "SoftDice",
+]

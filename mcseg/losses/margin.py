@@ -1,0 +1,303 @@
+"""Logit-margin losses: MbLS (margin), MbLS + Dice, and CALS (class-adaptive margins by augmented Lagrangian)."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import Tensor
+
+from .base import (
+    SegmentationLoss,
+    check_bool,
+    check_choice,
+    check_float,
+    check_int,
+    masked_mean,
+    no_autocast,
+)
+from .cross_entropy import nll
+from .dice import SoftDice
+
+__all__ = ["CALSLoss", "MarginDiceLoss", "MarginLoss", "logit_distances", "margin_penalty"]
+
+
+def logit_distances(logits: Tensor) -> Tensor:
+    """``d_k = max_j z_j - z_k`` (``B x C x spatial``; 0 for the arg-max class)."""
+    return logits.amax(dim=1, keepdim=True) - logits
+
+
+def margin_penalty(logits: Tensor, margin: float) -> Tensor:
+    """Per-voxel MbLS penalty ``mean_k ReLU(d_k - m)`` (``B x spatial``); ``m = inf`` gives 0."""
+    return torch.relu(logit_distances(logits) - margin).mean(dim=1)
+
+
+class MarginLoss(SegmentationLoss):
+    """Margin-based label smoothing, MbLS (Liu et al., CVPR 2022; segmentation: Murugesan
+    et al., MedIA 2023).
+
+    ``CE + alpha * mean_k ReLU(max_j z_j - z_k - m)`` on the raw logits z, i.e. the penalty
+    is averaged over the non-ignored voxels AND all K classes (as the official code,
+    ``F.relu(diff - margin).mean()``). The distance is to the MAX logit (not the true-class
+    logit), so the arg-max class contributes 0. ``m -> inf`` gives CE.
+
+    Optional schedule of alpha (lambda), as the official ``schedule_alpha``, which the
+    official trainer calls at the END of each epoch; here the trainer calls
+    ``on_train_epoch_start(epoch)`` (0-based) and alpha is recomputed from the initial alpha
+    as if ``schedule_alpha(e)`` had run at the end of every epoch ``e < epoch``:
+    ``"add"``: ``alpha <- min(alpha + mu, max_alpha)`` every epoch; ``"multiply"``:
+    ``alpha <- min(alpha * mu, max_alpha)`` every epoch; ``"step"``: the multiplication only
+    when ``(e + 1) % step_size == 0``. The current value is the buffer ``current_alpha``
+    (saved in ``state_dict``). The paper's results use no schedule.
+
+    Args:
+        margin: m >= 0 (``inf`` allowed); default 10 (paper; the segmentation README uses 5 on ACDC).
+        alpha: lambda >= 0; default 0.1.
+        schedule: None (default), ``"add"``, ``"multiply"`` or ``"step"``.
+        mu: schedule increment / factor >= 0; default 0.
+        max_alpha: cap of the schedule; default 100.
+        step_size: epochs between ``"step"`` updates (>= 1); default 100.
+        ignore_index, reduction: see :class:`~mcseg.losses.base.SegmentationLoss`.
+    """
+
+    def __init__(
+        self,
+        margin: float = 10.0,
+        alpha: float = 0.1,
+        schedule: str | None = None,
+        mu: float = 0.0,
+        max_alpha: float = 100.0,
+        step_size: int = 100,
+        ignore_index: int | None = None,
+        reduction: str = "mean",
+    ) -> None:
+        super().__init__(ignore_index=ignore_index, reduction=reduction)
+        self.margin = check_float("margin", margin, low=0.0, allow_inf=True)
+        self.alpha = check_float("alpha", alpha, low=0.0)
+        self.schedule = check_choice("schedule", schedule, (None, "add", "multiply", "step"))
+        self.mu = check_float("mu", mu, low=0.0)
+        self.max_alpha = check_float("max_alpha", max_alpha, low=0.0)
+        self.step_size = check_int("step_size", step_size, low=1)
+        self.register_buffer("current_alpha", torch.tensor(self.alpha, dtype=torch.float64))
+
+    def scheduled_alpha(self, epoch: int) -> float:
+        """alpha in effect during (0-based) ``epoch``."""
+        epoch = check_int("epoch", epoch, low=0)
+        a = self.alpha
+        for e in range(epoch):
+            if self.schedule == "add":
+                a = min(a + self.mu, self.max_alpha)
+            elif self.schedule == "multiply" or (self.schedule == "step" and (e + 1) % self.step_size == 0):
+                a = min(a * self.mu, self.max_alpha)
+        return a
+
+    def on_train_epoch_start(self, epoch: int) -> None:
+        self.current_alpha.fill_(self.scheduled_alpha(epoch))
+
+    def per_voxel(self, logits: Tensor, log_probs: Tensor, target: Tensor, ce_weight: float = 1.0) -> Tensor:
+        alpha = self.current_alpha.to(logits.dtype)
+        return ce_weight * nll(log_probs, target) + alpha * margin_penalty(logits, self.margin)
+
+    def compute(self, logits: Tensor, target: Tensor, valid: Tensor | None) -> Tensor:
+        return self.reduce(self.per_voxel(logits, torch.log_softmax(logits, dim=1), target), valid)
+
+    def extra_repr(self) -> str:
+        s = f"margin={self.margin}, alpha={self.alpha}, "
+        if self.schedule is not None:
+            s += f"schedule={self.schedule!r}, mu={self.mu}, max_alpha={self.max_alpha}, step_size={self.step_size}, "
+        return s + super().extra_repr()
+
+
+class MarginDiceLoss(MarginLoss):
+    """``lambda_ce * CE + lambda_dice * soft Dice + alpha * MbLS margin penalty``.
+
+    CE and the penalty as in :class:`MarginLoss` (mean over non-ignored voxels, penalty
+    also over the K classes); the Dice term as :class:`~mcseg.losses.dice.SoftDice`
+    (background included by default). Defaults m = 10, alpha = 0.1, 1:1 CE:Dice.
+
+    Args:
+        margin, alpha, schedule, mu, max_alpha, step_size: see :class:`MarginLoss`.
+        lambda_ce, lambda_dice: weights of CE and Dice (default 1.0 and 1.0).
+        include_background, batch, smooth_nr, smooth_dr: see :class:`~mcseg.losses.dice.SoftDice`.
+        ignore_index: label excluded from all three terms (default None).
+        reduction: ``"mean"`` only.
+    """
+
+    reductions = ("mean",)
+
+    def __init__(
+        self,
+        margin: float = 10.0,
+        alpha: float = 0.1,
+        lambda_ce: float = 1.0,
+        lambda_dice: float = 1.0,
+        include_background: bool = True,
+        batch: bool = False,
+        smooth_nr: float = 1e-5,
+        smooth_dr: float = 1e-5,
+        schedule: str | None = None,
+        mu: float = 0.0,
+        max_alpha: float = 100.0,
+        step_size: int = 100,
+        ignore_index: int | None = None,
+        reduction: str = "mean",
+    ) -> None:
+        super().__init__(margin, alpha, schedule, mu, max_alpha, step_size, ignore_index, reduction)
+        self.lambda_ce = check_float("lambda_ce", lambda_ce, low=0.0)
+        self.lambda_dice = check_float("lambda_dice", lambda_dice, low=0.0)
+        self.dice = SoftDice(include_background, batch, smooth_nr, smooth_dr)
+
+    def compute(self, logits: Tensor, target: Tensor, valid: Tensor | None) -> Tensor:
+        log_probs = torch.log_softmax(logits, dim=1)
+        ce_and_margin = masked_mean(self.per_voxel(logits, log_probs, target, self.lambda_ce), valid)
+        return ce_and_margin + self.lambda_dice * self.dice(log_probs.exp(), target, valid)
+
+    def extra_repr(self) -> str:
+        return f"lambda_ce={self.lambda_ce}, lambda_dice={self.lambda_dice}, {super().extra_repr()}"
+
+
+def phr_penalty(h: Tensor, lambd: Tensor, rho: Tensor) -> Tensor:
+    """PHR penalty ``[max(0, lambda + rho h)^2 - lambda^2] / (2 rho)``; lambda, rho broadcast over h."""
+    return (torch.relu(lambd + rho * h).square() - lambd.square()) / (2.0 * rho)
+
+
+class CALSLoss(SegmentationLoss):
+    """Class-adaptive label smoothing, CALS (Liu et al., CVPR 2023), with the PHR penalty.
+
+    ``CE + mean_{voxels, k} P(h_k; lambda_k, rho_k)`` with the normalised margin constraint
+    ``h_k = (max_j z_j - z_k - m) / m`` (``normalize=False``: not divided by m) and
+    ``P(h; lambda, rho) = [max(0, lambda + rho h)^2 - lambda^2] / (2 rho)``; one multiplier
+    lambda_k and one rho_k per class, constants for the gradient (buffers).
+
+    Multipliers are updated once per epoch from the VALIDATION pass, as the official code:
+    the trainer calls ``on_validation_start()``, ``on_validation_batch(logits, target)`` for
+    every validation volume (non-ignored voxels pooled) and ``on_validation_end(epoch)``
+    (0-based epoch). Then, when ``(epoch + 1) % lambd_step == 0``,
+    ``lambda_k = clip(mean_voxels clip(P'(h_k), lambd_min, lambd_max), lambd_min, lambd_max)``
+    with ``P' = max(0, lambda + rho h)`` evaluated with the multipliers in effect during the
+    pass (the official code clips per voxel before the mean too). With ``rho_step > 0`` the
+    per-class mean constraint ``c_k = mean h_k`` is computed every epoch and, when
+    ``(epoch + 1) % rho_step == 0`` and a previous value exists,
+    ``rho_k <- clip(gamma * rho_k, rho_min, rho_max)`` for the classes with
+    ``c_k > tao * max(c_k_prev, 0)``; ``c_prev`` is the previous epoch's value.
+
+    State in ``state_dict`` (buffers): ``lambd``, ``rho``, ``prev_constraint``,
+    ``has_prev_constraint``. Initial: lambda = lambd_min, rho = rho_min.
+
+    Args:
+        num_classes: K (the multipliers are per class); use ``${dataset.num_classes}``.
+        margin: m > 0; default 10 (README; the official config file has 20).
+        lambd_min, lambd_max: multiplier bounds; default 1e-6 and 1e6.
+        lambd_step: epochs between multiplier updates; default 1.
+        rho_min, rho_max: rho bounds (rho starts at rho_min); default 1 and 10.
+        rho_step: epochs between rho updates (0 disables them); default 10.
+        gamma: rho growth factor > 1; default 1.2.
+        tao: required constraint decrease ratio; default 0.9.
+        normalize: divide the constraint by m; default True.
+        ignore_index: label excluded from CE, penalty and the multiplier statistics.
+        reduction: ``"mean"`` only.
+    """
+
+    reductions = ("mean",)
+
+    def __init__(
+        self,
+        num_classes: int,
+        margin: float = 10.0,
+        lambd_min: float = 1e-6,
+        lambd_max: float = 1e6,
+        lambd_step: int = 1,
+        rho_min: float = 1.0,
+        rho_max: float = 10.0,
+        rho_step: int = 10,
+        gamma: float = 1.2,
+        tao: float = 0.9,
+        normalize: bool = True,
+        ignore_index: int | None = None,
+        reduction: str = "mean",
+    ) -> None:
+        super().__init__(ignore_index=ignore_index, reduction=reduction)
+        self.num_classes = check_int("num_classes", num_classes, low=2)
+        self.margin = check_float("margin", margin, low=0.0, low_open=True)
+        self.lambd_min = check_float("lambd_min", lambd_min, low=0.0)
+        self.lambd_max = check_float("lambd_max", lambd_max, low=self.lambd_min)
+        self.lambd_step = check_int("lambd_step", lambd_step, low=1)
+        self.rho_min = check_float("rho_min", rho_min, low=0.0, low_open=True)
+        self.rho_max = check_float("rho_max", rho_max, low=self.rho_min)
+        self.rho_step = check_int("rho_step", rho_step, low=0)
+        self.gamma = check_float("gamma", gamma, low=1.0)
+        self.tao = check_float("tao", tao, low=0.0)
+        self.normalize = check_bool("normalize", normalize)
+        k = self.num_classes
+        f64 = torch.float64
+        self.register_buffer("lambd", torch.full((k,), self.lambd_min, dtype=f64))
+        self.register_buffer("rho", torch.full((k,), self.rho_min, dtype=f64))
+        self.register_buffer("prev_constraint", torch.zeros(k, dtype=f64))
+        self.register_buffer("has_prev_constraint", torch.tensor(False))
+        # statistics of the running validation pass (not checkpointed)
+        self.register_buffer("_grad_sum", torch.zeros(k, dtype=f64), persistent=False)
+        self.register_buffer("_constraint_sum", torch.zeros(k, dtype=f64), persistent=False)
+        self.register_buffer("_count", torch.zeros((), dtype=f64), persistent=False)
+
+    def constraints(self, logits: Tensor) -> Tensor:
+        """``h`` (``B x C x spatial``)."""
+        h = logit_distances(logits) - self.margin
+        return h / self.margin if self.normalize else h
+
+    def _per_class(self, t: Tensor, like: Tensor) -> Tensor:
+        return t.to(like.dtype).view(1, -1, *([1] * (like.ndim - 2)))
+
+    def _check_classes(self, logits: Tensor) -> None:
+        if logits.shape[1] != self.num_classes:
+            raise ValueError(f"CALSLoss has num_classes={self.num_classes} but logits have C={logits.shape[1]}.")
+
+    def compute(self, logits: Tensor, target: Tensor, valid: Tensor | None) -> Tensor:
+        self._check_classes(logits)
+        h = self.constraints(logits)
+        penalty = phr_penalty(h, self._per_class(self.lambd, h), self._per_class(self.rho, h)).mean(dim=1)
+        return masked_mean(nll(torch.log_softmax(logits, dim=1), target) + penalty, valid)
+
+    # -- trainer hooks ----------------------------------------------------------------
+    def on_validation_start(self) -> None:
+        self._grad_sum.zero_()
+        self._constraint_sum.zero_()
+        self._count.zero_()
+
+    @torch.no_grad()
+    def on_validation_batch(self, logits: Tensor, target: Tensor) -> None:
+        with no_autocast(logits.device.type):
+            logits, target, valid = self.prepare(logits, target)
+            self._check_classes(logits)
+            h = self.constraints(logits.double())
+            grad = torch.relu(self._per_class(self.lambd, h) + self._per_class(self.rho, h) * h)
+            grad = grad.clamp(self.lambd_min, self.lambd_max)
+            h, grad = h.movedim(1, -1).reshape(-1, self.num_classes), grad.movedim(1, -1).reshape(-1, self.num_classes)
+            if valid is not None:
+                keep = valid.reshape(-1)
+                h, grad = h[keep], grad[keep]
+            self._grad_sum += grad.sum(dim=0)
+            self._constraint_sum += h.sum(dim=0)
+            self._count += h.shape[0]
+
+    @torch.no_grad()
+    def on_validation_end(self, epoch: int) -> None:
+        epoch = check_int("epoch", epoch, low=0)
+        if self._count.item() == 0:
+            warnings.warn("CALSLoss: no validation voxels were seen; multipliers left unchanged.", stacklevel=2)
+            return
+        if (epoch + 1) % self.lambd_step == 0:
+            self.lambd.copy_((self._grad_sum / self._count).clamp(self.lambd_min, self.lambd_max))
+        if self.rho_step > 0:
+            current = self._constraint_sum / self._count
+            if (epoch + 1) % self.rho_step == 0 and bool(self.has_prev_constraint):
+                grow = current > self.prev_constraint.clamp(min=0) * self.tao
+                self.rho.copy_(torch.where(grow, self.gamma * self.rho, self.rho).clamp(self.rho_min, self.rho_max))
+            self.prev_constraint.copy_(current)
+            self.has_prev_constraint.fill_(True)
+
+    def extra_repr(self) -> str:
+        return (
+            f"num_classes={self.num_classes}, margin={self.margin}, lambd=[{self.lambd_min}, {self.lambd_max}] "
+            f"step {self.lambd_step}, rho=[{self.rho_min}, {self.rho_max}] step {self.rho_step}, "
+            f"gamma={self.gamma}, tao={self.tao}, normalize={self.normalize}, {super().extra_repr()}"
+        )
