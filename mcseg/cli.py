@@ -11,12 +11,20 @@ from omegaconf import DictConfig
 
 CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
 # Errors that are the user's input, not a bug: one clear line and a non-zero exit.
-USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, FloatingPointError, PermissionError)
+# OSError covers a full disk and unwritable output directories (the message names the path).
+USER_ERRORS = (ValueError, OSError, FloatingPointError)
+EXIT_INTERRUPTED = 143  # 128 + SIGTERM, what schedulers expect from a terminated job
 
 
 def run_reporting_errors(fn, cfg: DictConfig):
+    from mcseg.errors import TrainingInterrupted
+
     try:
         return fn(cfg)
+    except TrainingInterrupted as exc:
+        logging.getLogger("mcseg").warning("%s", exc)
+        print(f"interrupted: {exc}", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)
     except USER_ERRORS as exc:
         if os.environ.get("MCSEG_TRACEBACK"):
             raise

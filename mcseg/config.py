@@ -52,6 +52,10 @@ class TrainerConfig:
     monitor: str = "val/mean_foreground_dice"
     monitor_mode: str = "max"
     resume: bool = False
+    auto_resume: bool = False  # resume without asking when the run directory holds last.pt
+    checkpoint_every_n_steps: int | None = None  # also checkpoint mid-epoch (long epochs, pre-emption)
+    nonfinite: str = "stop"  # stop | skip: what a NaN/inf loss or gradient does
+    max_nonfinite_skips: int = 5
     log_every_n_steps: int = 20
     progress_bar: bool = True
 
@@ -123,6 +127,9 @@ def validate_train_config(cfg: DictConfig) -> None:
     unknown = sorted(set(cfg.keys()) - TOP_LEVEL)
     if unknown:
         raise ConfigError(f"config key '{unknown[0]}' is unknown (top-level keys: {', '.join(sorted(TOP_LEVEL))})")
+    from mcseg.targets import check_targets
+
+    check_targets(cfg)
     for key in ("model", "loss", "optim", "scheduler"):
         check_target_keys(cfg[key], key)
     check_target_keys(cfg.dataset, "dataset", ignore=("split", "sampling"))

@@ -8,3 +8,7 @@ class ConfigError(ValueError):
 
 class NonFiniteLossError(FloatingPointError):
     """A loss or gradient became NaN/inf; the message names the epoch, step and cases."""
+
+
+class TrainingInterrupted(RuntimeError):
+    """The run was asked to stop (SIGTERM) and wrote its checkpoint first."""

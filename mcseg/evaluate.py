@@ -5,7 +5,6 @@ import logging
 import math
 from pathlib import Path
 
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from mcseg.config import typed
@@ -16,6 +15,7 @@ from mcseg.engine.evaluator import EvalProtocol, Evaluator
 from mcseg.engine.inference import InferenceConfig
 from mcseg.engine.predict import SegmentationPredictor, evaluate_cases
 from mcseg.runtime import resolve_device
+from mcseg.targets import instantiate_checked
 
 log = logging.getLogger(__name__)
 
@@ -77,9 +77,9 @@ def evaluate(cfg: DictConfig) -> dict:
         splits = resolve_split(dataset, run_cfg.dataset, split_dir)
     else:
         splits = resolve_split(dataset, run_cfg.dataset, run_dir)
-    model = instantiate(run_cfg.model).to(device)
+    model = instantiate_checked(run_cfg.model, "model").to(device)
     load_model_weights(model, state["model"], ckpt_path)
-    loss_fn = instantiate(run_cfg.loss).to(device)
+    loss_fn = instantiate_checked(run_cfg.loss, "loss").to(device)
     loss_fn.load_state_dict(state.get("loss", {}))
     inference = typed(run_cfg.inference, InferenceConfig, "inference")
     protocol = typed(cfg.evaluation, EvalProtocol, "evaluation")

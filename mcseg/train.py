@@ -9,7 +9,6 @@ import logging
 from pathlib import Path
 
 import torch
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from mcseg.config import LoggerConfig, TrainerConfig, typed, validate_train_config
@@ -22,6 +21,7 @@ from mcseg.engine.trainer import HEADLINE, Trainer
 from mcseg.evaluate import evaluate_split, format_summary
 from mcseg.models import MbLSUNet2D, size_divisor
 from mcseg.runtime import resolve_device, seed_everything
+from mcseg.targets import instantiate_checked
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ def build_predictor(cfg: DictConfig, model, loss_fn, device, inference: Inferenc
         )
     return SegmentationPredictor(
         model, sampling.dims, divisor, loss_fn.probabilities, bool(getattr(loss_fn, "multilabel", False)),
-        inference, sampling.patch_size, precision, device,
+        inference, sampling.patch_size, precision, device, sampling.slice_axis,
     )
 
 
@@ -60,12 +60,12 @@ def train(cfg: DictConfig) -> dict:
     train_cases = load_cases(dataset, splits["train"])
     val_cases = load_cases(dataset, splits["val"][: tcfg.val_max_cases] if tcfg.val_max_cases else splits["val"])
 
-    model = instantiate(cfg.model).to(device)
-    loss_fn = instantiate(cfg.loss).to(device)
+    model = instantiate_checked(cfg.model, "model").to(device)
+    loss_fn = instantiate_checked(cfg.loss, "loss").to(device)
     if getattr(loss_fn, "multilabel", False) != dataset.multilabel:
         raise ValueError(f"loss {cfg.loss._target_} and dataset {dataset.name} disagree on multi-label outputs")
-    optimizer = instantiate(cfg.optim)(params=model.parameters())
-    scheduler = instantiate(cfg.scheduler)(optimizer=optimizer)
+    optimizer = instantiate_checked(cfg.optim, "optim")(params=model.parameters())
+    scheduler = instantiate_checked(cfg.scheduler, "scheduler")(optimizer=optimizer)
     predictor = build_predictor(cfg, model, loss_fn, device, inference, tcfg.precision)
     loader, sampler = build_train_loader(train_cases, cfg.dataset, int(cfg.seed), device.type == "cuda")
 
@@ -76,12 +76,12 @@ def train(cfg: DictConfig) -> dict:
         dataset.num_classes, dataset.class_names, protocol, tb, container, lcfg.images,
     )
     last = run_dir / "checkpoints" / "last.pt"
-    if tcfg.resume:
-        if not last.is_file():
-            raise FileNotFoundError(f"trainer.resume=true but {last} does not exist")
-        trainer.resume(last)
-    elif last.is_file():
+    if tcfg.resume and not last.is_file():
+        raise FileNotFoundError(f"trainer.resume=true but {last} does not exist")
+    if last.is_file() and not (tcfg.resume or tcfg.auto_resume):
         raise FileExistsError(f"{last} exists: pass trainer.resume=true to continue this run, or use a new run directory")
+    if last.is_file():
+        trainer.resume(last)
     try:
         trainer.fit()
         trainer.load_best()

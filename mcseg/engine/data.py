@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 from torch.utils.data import DataLoader
 
@@ -17,6 +16,7 @@ from mcseg.data.base import SegmentationDataset
 from mcseg.data.cases import CaseData, CaseRef
 from mcseg.data.sampling import EpochSampler, PatchDataset
 from mcseg.data.split import load_split, make_split, save_split
+from mcseg.targets import instantiate_checked
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ def build_dataset(node: DictConfig) -> SegmentationDataset:
     args = OmegaConf.to_container(node, resolve=True)
     args.pop("split", None)
     args.pop("sampling", None)
-    return instantiate(args, _convert_="all")
+    return instantiate_checked(args, "dataset", _convert_="all")
 
 
 def record_dataset_facts(cfg: DictConfig, dataset: SegmentationDataset) -> None:
@@ -95,6 +95,8 @@ def build_train_loader(
         dataset, batch_size=s.batch_size, sampler=sampler, num_workers=workers, pin_memory=pin_memory,
         persistent_workers=workers > 0, drop_last=s.samples_per_epoch >= s.batch_size,
         prefetch_factor=4 if workers > 0 else None,
+        # Its own generator: worker seeding must not consume the global RNG (exact resumes).
+        generator=torch.Generator().manual_seed(seed),
     )
     return loader, sampler
 

@@ -6,12 +6,15 @@ float32 logits ``K x *S`` in the case's own geometry.
 """
 from __future__ import annotations
 
+import logging
 from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from monai.inferers import sliding_window_inference
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -22,7 +25,6 @@ class InferenceConfig:
     overlap: float = 0.5
     blend_mode: str = "gaussian"
     roi_size: list[int] | None = None  # 3D window; defaults to the training patch size
-    slice_axis: int = -1
     save_predictions: bool = True
     save_probabilities: bool = False
 
@@ -47,14 +49,18 @@ def autocast_context(device: torch.device, precision: str):
 @torch.no_grad()
 def predict_logits(
     model: torch.nn.Module, image: torch.Tensor, model_dims: int, divisor: int, cfg: InferenceConfig,
-    roi_size: list[int] | None = None, precision: str = "32",
+    roi_size: list[int] | None = None, precision: str = "32", slice_axis: int = -1,
 ) -> torch.Tensor:
-    """Logits ``K x *S`` (float32) for one image ``C x *S`` already on the model's device."""
+    """Logits ``K x *S`` (float32) for one image ``C x *S`` already on the model's device.
+
+    A 2D model segments a 3D image slice by slice along spatial axis ``slice_axis`` (the
+    axis it was trained across, ``dataset.sampling.slice_axis``).
+    """
     device = image.device
     spatial_dims = image.ndim - 1
     with autocast_context(device, precision):
         if model_dims == 2 and spatial_dims == 3:
-            axis = cfg.slice_axis % 3 + 1
+            axis = slice_axis % 3 + 1
             slices = image.movedim(axis, 0)  # Z x C x X x Y
             outs = []
             for start in range(0, slices.shape[0], cfg.sw_batch_size):
@@ -69,8 +75,14 @@ def predict_logits(
         roi = list(cfg.roi_size or roi_size or [])
         if len(roi) != 3 or any(r % divisor for r in roi):
             raise ValueError(f"inference.roi_size={roi}: expected 3 sizes, each a multiple of {divisor}")
-        logits = sliding_window_inference(
-            image[None], roi_size=roi, sw_batch_size=cfg.sw_batch_size, predictor=model,
-            overlap=cfg.overlap, mode=cfg.blend_mode,
-        )
-        return logits[0].float()
+        window = dict(roi_size=roi, sw_batch_size=cfg.sw_batch_size, predictor=model, overlap=cfg.overlap,
+                      mode=cfg.blend_mode)
+        try:
+            return sliding_window_inference(image[None], **window)[0].float()
+        except torch.OutOfMemoryError:
+            if device.type == "cpu":
+                raise
+            # As nnU-Net does: keep the windows on the accelerator, stitch the volume in host memory.
+            log.warning("out of memory stitching a %s volume on %s; stitching on the CPU", tuple(image.shape), device)
+            torch.cuda.empty_cache()
+            return sliding_window_inference(image[None], sw_device=device, device="cpu", **window)[0].float()

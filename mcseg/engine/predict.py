@@ -17,13 +17,16 @@ class SegmentationPredictor:
     """A model with what it takes to segment whole cases: dims, size divisor, link function."""
 
     def __init__(self, model: torch.nn.Module, model_dims: int, divisor: int, link: Callable, multilabel: bool,
-                 cfg: InferenceConfig, roi_size: list[int] | None, precision: str, device: torch.device) -> None:
+                 cfg: InferenceConfig, roi_size: list[int] | None, precision: str, device: torch.device,
+                 slice_axis: int = -1) -> None:
         self.model, self.model_dims, self.divisor, self.link = model, model_dims, divisor, link
+        self.slice_axis = slice_axis
         self.multilabel, self.cfg, self.roi_size, self.precision, self.device = multilabel, cfg, roi_size, precision, device
 
     def logits(self, case: CaseData) -> torch.Tensor:
         image = torch.from_numpy(case.image).to(self.device)
-        return predict_logits(self.model, image, self.model_dims, self.divisor, self.cfg, self.roi_size, self.precision)
+        return predict_logits(self.model, image, self.model_dims, self.divisor, self.cfg, self.roi_size,
+                              self.precision, self.slice_axis)
 
     def probabilities(self, logits: torch.Tensor) -> torch.Tensor:
         return self.link(logits[None])[0]

@@ -4,11 +4,18 @@ Loss objects may take part through optional hooks (a general callback mechanism,
 losses with state such as CALS): ``on_train_epoch_start(epoch)``, ``on_validation_start()``,
 ``on_validation_batch(logits, target)`` and ``on_validation_end(epoch)``. Their state is
 checkpointed through ``loss.state_dict()``.
+
+Resumability: samples are a pure function of (seed, epoch, index), so a run restored from
+``last.pt`` (RNG states, optimiser, scheduler, loss state and the position inside the
+epoch) continues exactly where the checkpoint was taken. SIGTERM (what SLURM sends before
+pre-emption) writes ``last.pt`` at the next step boundary and stops the run.
 """
 from __future__ import annotations
 
 import logging
 import math
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -22,11 +29,13 @@ from mcseg.engine.evaluator import EvalProtocol, Evaluator, reliability_figure
 from mcseg.engine.inference import autocast_context
 from mcseg.engine.predict import SegmentationPredictor, evaluate_cases
 from mcseg.engine.tb_logger import TensorBoardLogger
-from mcseg.errors import NonFiniteLossError
+from mcseg.errors import NonFiniteLossError, TrainingInterrupted
 
 log = logging.getLogger(__name__)
 
 HEADLINE = ("mean_foreground_dice", "mean_foreground_hd95_mm", "mean_ece", "mean_classwise_ece")
+# Config sections that must match between a checkpoint and the run resuming from it.
+RESUME_MUST_MATCH = ("model", "loss", "optim", "scheduler", "seed")
 
 
 def call_hook(obj, name: str, *args) -> None:
@@ -45,8 +54,10 @@ class Trainer:
     ) -> None:
         if cfg.monitor_mode not in ("min", "max"):
             raise ValueError(f"trainer.monitor_mode={cfg.monitor_mode!r}: expected 'min' or 'max'")
-        if cfg.max_epochs < 1 or cfg.val_every < 1:
-            raise ValueError("trainer.max_epochs and trainer.val_every must be >= 1")
+        if cfg.nonfinite not in ("stop", "skip"):
+            raise ValueError(f"trainer.nonfinite={cfg.nonfinite!r}: expected 'stop' or 'skip'")
+        if cfg.max_epochs < 1 or cfg.val_every < 1 or cfg.log_every_n_steps < 1:
+            raise ValueError("trainer.max_epochs, trainer.val_every and trainer.log_every_n_steps must be >= 1")
         self.cfg, self.run_dir = cfg, run_dir
         self.model, self.loss_fn, self.optimizer, self.scheduler = model, loss_fn, optimizer, scheduler
         self.loader, self.sampler, self.predictor, self.restore = loader, sampler, predictor, restore
@@ -56,10 +67,14 @@ class Trainer:
         self.device = predictor.device
         self.ckpt_dir = run_dir / "checkpoints"
         self.epoch = 0  # epochs completed
+        self.step_in_epoch = 0  # batches completed in the current epoch (mid-epoch checkpoints)
+        self.epoch_loss_sum = 0.0
         self.global_step = 0
+        self.nonfinite_skips = 0
         self.best_value: float | None = None
         self.best_epoch: int | None = None
         self.history: list[dict] = []
+        self._stop_requested = False
 
     # ----------------------------------------------------------------- state
     def state_dict(self) -> dict:
@@ -70,7 +85,10 @@ class Trainer:
             "loss": self.loss_fn.state_dict(),
             "scaler": None,  # bf16 autocast needs no gradient scaler
             "epoch": self.epoch,
+            "step_in_epoch": self.step_in_epoch,
+            "epoch_loss_sum": self.epoch_loss_sum,
             "global_step": self.global_step,
+            "nonfinite_skips": self.nonfinite_skips,
             "best_value": self.best_value,
             "best_epoch": self.best_epoch,
             "history": self.history,
@@ -80,15 +98,24 @@ class Trainer:
 
     def resume(self, path: Path) -> None:
         state = load_checkpoint(path, map_location=self.device)
+        for key in RESUME_MUST_MATCH:
+            saved, now = state["config"].get(key), self.config_container.get(key)
+            if saved != now:
+                raise ValueError(f"{path}: config '{key}' differs from the checkpoint's ({saved} vs {now}); "
+                                 "resume with the run's own config")
         load_model_weights(self.model, state["model"], path)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.loss_fn.load_state_dict(state.get("loss", {}))
         self.epoch, self.global_step = int(state["epoch"]), int(state.get("global_step", 0))
+        self.step_in_epoch = int(state.get("step_in_epoch", 0))
+        self.epoch_loss_sum = float(state.get("epoch_loss_sum", 0.0))
+        self.nonfinite_skips = int(state.get("nonfinite_skips", 0))
         self.best_value, self.best_epoch = state.get("best_value"), state.get("best_epoch")
         self.history = list(state.get("history", []))
         restore_rng_states(state["rng"])
-        log.info("resumed %s at epoch %d (best %s at epoch %s)", path, self.epoch, self.best_value, self.best_epoch)
+        log.info("resumed %s at epoch %d, step %d (best %s at epoch %s)", path, self.epoch, self.step_in_epoch,
+                 self.best_value, self.best_epoch)
 
     def _improved(self, value: float) -> bool:
         if value is None or not math.isfinite(value):
@@ -99,73 +126,125 @@ class Trainer:
 
     # ----------------------------------------------------------------- loop
     def fit(self) -> None:
-        while self.epoch < self.cfg.max_epochs:
-            epoch = self.epoch
-            train_metrics = self.train_epoch(epoch)
-            metrics = {"epoch": epoch, **train_metrics}
-            if (epoch + 1) % self.cfg.val_every == 0 or epoch + 1 == self.cfg.max_epochs:
-                metrics.update(self.validate(epoch))
-            self.scheduler.step()
-            self.epoch = epoch + 1
-            self.history.append(metrics)
-            monitored = metrics.get(self.cfg.monitor)
-            if self.cfg.monitor in metrics and self._improved(monitored):
-                self.best_value, self.best_epoch = float(monitored), epoch
-                save_checkpoint(self.ckpt_dir / "best.pt", self.state_dict())
-            save_checkpoint(self.ckpt_dir / "last.pt", self.state_dict())
-            shown = {k: round(v, 4) for k, v in metrics.items() if k != "epoch" and isinstance(v, float)}
-            log.info("epoch %d/%d %s", epoch + 1, self.cfg.max_epochs, shown)
+        previous = None
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.signal(signal.SIGTERM, self._request_stop)
+        try:
+            while self.epoch < self.cfg.max_epochs:
+                self._run_epoch(self.epoch)
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
         if not (self.ckpt_dir / "best.pt").is_file():
             log.warning("monitor %s was never finite; best.pt is the last epoch", self.cfg.monitor)
             save_checkpoint(self.ckpt_dir / "best.pt", self.state_dict())
 
+    def _request_stop(self, signum, frame) -> None:
+        log.warning("SIGTERM received: writing a checkpoint at the next step and stopping")
+        self._stop_requested = True
+
+    def _run_epoch(self, epoch: int) -> None:
+        train_metrics = self.train_epoch(epoch)
+        metrics = {"epoch": epoch, **train_metrics}
+        if (epoch + 1) % self.cfg.val_every == 0 or epoch + 1 == self.cfg.max_epochs:
+            metrics.update(self.validate(epoch))
+        self.scheduler.step()
+        self.epoch, self.step_in_epoch, self.epoch_loss_sum = epoch + 1, 0, 0.0
+        self.history.append(metrics)
+        monitored = metrics.get(self.cfg.monitor)
+        if self.cfg.monitor in metrics and self._improved(monitored):
+            self.best_value, self.best_epoch = float(monitored), epoch
+            save_checkpoint(self.ckpt_dir / "best.pt", self.state_dict())
+        save_checkpoint(self.ckpt_dir / "last.pt", self.state_dict())
+        shown = {k: round(v, 4) for k, v in metrics.items() if k != "epoch" and isinstance(v, float)}
+        log.info("epoch %d/%d %s", epoch + 1, self.cfg.max_epochs, shown)
+
+    def _nonfinite(self, what: str, epoch: int, step: int, batch: dict) -> None:
+        cases = sorted(set(batch.get("case_id", [])))
+        message = f"non-finite {what} at epoch {epoch + 1}, step {step} (batch of training cases {cases})"
+        if self.cfg.nonfinite == "skip" and self.nonfinite_skips < self.cfg.max_nonfinite_skips:
+            self.nonfinite_skips += 1
+            log.warning("%s: step skipped (%d of at most %d)", message, self.nonfinite_skips,
+                        self.cfg.max_nonfinite_skips)
+            return
+        raise NonFiniteLossError(f"{message}; the last good checkpoint is {self.ckpt_dir / 'last.pt'}")
+
     def train_epoch(self, epoch: int) -> dict:
         self.model.train()
-        self.sampler.set_epoch(epoch)
-        call_hook(self.loss_fn, "on_train_epoch_start", epoch)
-        total = torch.zeros((), device=self.device)
-        window = torch.zeros((), device=self.device)
-        n_steps, n_samples, start = 0, 0, time.perf_counter()
+        first_step = self.step_in_epoch
+        self.sampler.set_epoch(epoch, skip=first_step * self.loader.batch_size)
+        if first_step == 0:
+            call_hook(self.loss_fn, "on_train_epoch_start", epoch)
+        window = torch.zeros((), device=self.device)  # losses summed on the device between log points
+        window_steps, n_samples, start = 0, 0, time.perf_counter()
+
+        def flush() -> float | None:
+            nonlocal window_steps
+            if window_steps == 0:
+                return None
+            total = float(window.item())  # the one host sync per logging interval
+            self.epoch_loss_sum += total
+            value, window_steps = total / window_steps, 0
+            window.zero_()
+            return value
+
         bar = tqdm(self.loader, desc=f"epoch {epoch + 1}", leave=False, disable=not self.cfg.progress_bar,
                    dynamic_ncols=True)
-        for step, batch in enumerate(bar):
-            image, label = to_device(batch, self.device)
-            self.optimizer.zero_grad(set_to_none=True)
-            with autocast_context(self.device, self.cfg.precision):
-                logits = self.model(image)
-            loss = self.loss_fn(logits.float(), label)
-            if not torch.isfinite(loss):
-                cases = sorted({int(i) for i in batch["case_index"]})
-                raise NonFiniteLossError(
-                    f"non-finite loss {loss.item()} at epoch {epoch + 1}, step {step}, training cases {cases}"
-                )
-            loss.backward()
-            if self.cfg.grad_clip:
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
-            self.optimizer.step()
-            total += loss.detach()
-            window += loss.detach()
-            n_steps += 1
-            n_samples += image.shape[0]
-            self.global_step += 1
-            if self.global_step % self.cfg.log_every_n_steps == 0:
-                value = (window / self.cfg.log_every_n_steps).item()  # one host sync per interval
-                window.zero_()
-                rate = n_samples / (time.perf_counter() - start)
-                bar.set_postfix(loss=f"{value:.4f}", samples_s=f"{rate:.1f}")
-                self.tb.scalars({"train/loss_step": value}, self.global_step)
+        for step, batch in enumerate(bar, start=first_step):
+            loss = self._train_step(batch, epoch, step)
+            self.step_in_epoch = step + 1
+            if loss is not None:
+                window += loss
+                window_steps += 1
+                n_samples += batch["image"].shape[0]
+                self.global_step += 1
+                if self.global_step % self.cfg.log_every_n_steps == 0:
+                    value = flush()
+                    rate = n_samples / (time.perf_counter() - start)
+                    bar.set_postfix(loss=f"{value:.4f}", samples_s=f"{rate:.1f}")
+                    self.tb.scalars({"train/loss_step": value}, self.global_step)
+            every = self.cfg.checkpoint_every_n_steps
+            if self._stop_requested or (every and self.step_in_epoch % every == 0):
+                flush()
+                save_checkpoint(self.ckpt_dir / "last.pt", self.state_dict())
+                if self._stop_requested:
+                    raise TrainingInterrupted(
+                        f"stopped by SIGTERM at epoch {epoch + 1}, step {self.step_in_epoch}; "
+                        f"{self.ckpt_dir / 'last.pt'} written: rerun with trainer.resume=true"
+                    )
+        flush()
         seconds = time.perf_counter() - start
-        mean_loss = (total / max(n_steps, 1)).item()
+        mean_loss = self.epoch_loss_sum / max(self.step_in_epoch, 1)
         lr = self.optimizer.param_groups[0]["lr"]
-        self.tb.scalars({"train/loss": mean_loss, "train/lr": lr, "train/samples_per_s": n_samples / seconds}, epoch)
-        return {"train/loss": mean_loss, "train/lr": lr, "train/samples_per_s": n_samples / seconds}
+        metrics = {"train/loss": mean_loss, "train/lr": lr, "train/samples_per_s": n_samples / max(seconds, 1e-9)}
+        self.tb.scalars(metrics, epoch)
+        return metrics
+
+    def _train_step(self, batch: dict, epoch: int, step: int) -> torch.Tensor | None:
+        """One optimiser step; returns the detached loss, or None when a non-finite step was skipped."""
+        image, label = to_device(batch, self.device)
+        self.optimizer.zero_grad(set_to_none=True)
+        with autocast_context(self.device, self.cfg.precision):
+            logits = self.model(image)
+        loss = self.loss_fn(logits.float(), label)
+        if not torch.isfinite(loss):  # the one host sync per step: a bad step must never be applied
+            self._nonfinite(f"loss {loss.item()}", epoch, step, batch)
+            return None
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip or math.inf)
+        if not torch.isfinite(grad_norm):
+            self._nonfinite("gradient", epoch, step, batch)
+            return None
+        self.optimizer.step()
+        return loss.detach()
 
     def validate(self, epoch: int) -> dict:
         """Segment the validation volumes; Dice, HD95 and calibration through the evaluator."""
         evaluator = Evaluator(self.num_classes, self.class_names, self.protocol, self.predictor.multilabel)
         call_hook(self.loss_fn, "on_validation_start")
         hook = getattr(self.loss_fn, "on_validation_batch", None)
-        kept = evaluate_cases(self.predictor, self.val_cases, evaluator, self.restore, on_logits=hook, keep=self.images)
+        kept = evaluate_cases(self.predictor, self.val_cases, evaluator, self.restore, on_logits=hook,
+                              keep=self.images)
         call_hook(self.loss_fn, "on_validation_end", epoch)
         summary = evaluator.summary()
         metrics = {f"val/{k}": float(summary[k]) for k in HEADLINE if summary.get(k) is not None}

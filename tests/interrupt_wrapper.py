@@ -1,0 +1,55 @@
+"""Runs ``train.py`` with a SIGKILL planted at a chosen point (used by test_reliability.py).
+
+MCSEG_KILL_AT_STEP=N   kill the process just before the N-th optimiser step (1-based)
+MCSEG_KILL_IN_SAVE=N   kill it in the middle of writing the N-th checkpoint (half a file on disk)
+MCSEG_TERM_AT_STEP=N   send SIGTERM to itself before the N-th step (pre-emption)
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+from mcseg.engine import checkpoint, trainer  # noqa: E402
+
+kill_step = int(os.environ.get("MCSEG_KILL_AT_STEP", 0))
+term_step = int(os.environ.get("MCSEG_TERM_AT_STEP", 0))
+kill_save = int(os.environ.get("MCSEG_KILL_IN_SAVE", 0))
+counts = {"step": 0, "save": 0}
+
+original_step = trainer.Trainer._train_step
+
+
+def planted_step(self, batch, epoch, step):
+    counts["step"] += 1
+    if counts["step"] == kill_step:
+        os.kill(os.getpid(), signal.SIGKILL)
+    if counts["step"] == term_step:
+        os.kill(os.getpid(), signal.SIGTERM)
+    return original_step(self, batch, epoch, step)
+
+
+original_save = torch.save
+
+
+def planted_save(obj, f, *args, **kwargs):
+    counts["save"] += 1
+    if counts["save"] == kill_save:
+        original_save(obj, f, *args, **kwargs)
+        with open(f, "r+b") as fh:  # leave a truncated file, as a kill mid-write would
+            fh.truncate(os.path.getsize(f) // 2)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return original_save(obj, f, *args, **kwargs)
+
+
+trainer.Trainer._train_step = planted_step
+checkpoint.torch.save = planted_save
+
+from mcseg.cli import train_main  # noqa: E402
+
+train_main()

@@ -1,0 +1,201 @@
+"""Runs survive being killed, checkpoints never corrupt, untrusted files cannot run code."""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import open_dict
+
+from mcseg.config import validate_train_config
+from mcseg.data.sampling import PatchDataset
+from mcseg.engine import checkpoint
+from mcseg.engine.checkpoint import load_checkpoint, save_checkpoint
+from mcseg.errors import ConfigError, NonFiniteLossError
+from mcseg.train import train
+
+from .conftest import ROOT, TINY_2D
+
+# Deterministic CPU runs: single-process loading, deterministic algorithms, 3 epochs of 4 steps.
+EXACT = TINY_2D + ["trainer.deterministic=true", "trainer.max_epochs=3", "dataset.sampling.samples_per_epoch=8",
+                   "trainer.checkpoint_every_n_steps=2", "scheduler=cosine"]
+
+
+def _train_subprocess(run_dir: Path, extra: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
+    return subprocess.run(
+        [sys.executable, str(ROOT / "tests/interrupt_wrapper.py"), *EXACT, *extra, f"hydra.run.dir={run_dir}"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("straight") / "run"
+    done = _train_subprocess(run, [])
+    assert done.returncode == 0, done.stderr[-3000:]
+    return run
+
+
+def _assert_same_run(a: Path, b: Path) -> None:
+    sa, sb = load_checkpoint(a / "checkpoints/last.pt"), load_checkpoint(b / "checkpoints/last.pt")
+    assert sa["epoch"] == sb["epoch"] == 3
+    for key in sa["model"]:
+        assert torch.equal(sa["model"][key], sb["model"][key]), f"weights differ at {key}"
+    summary_a = json.loads((a / "eval/test/summary.json").read_text())
+    summary_b = json.loads((b / "eval/test/summary.json").read_text())
+    for key in ("mean_foreground_dice", "mean_foreground_hd95_mm", "mean_ece", "mean_classwise_ece"):
+        assert summary_a[key] == summary_b[key], key
+
+
+@pytest.mark.parametrize(
+    "plant",
+    [
+        {"MCSEG_KILL_AT_STEP": "6"},  # mid-epoch 2, after the mid-epoch checkpoint at step 2 of that epoch
+        {"MCSEG_KILL_AT_STEP": "9"},  # first step of epoch 3
+        {"MCSEG_KILL_IN_SAVE": "4"},  # while writing a checkpoint
+    ],
+    ids=["mid-epoch", "epoch-start", "during-checkpoint-write"],
+)
+def test_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path, uninterrupted, plant):
+    run = tmp_path / "run"
+    killed = _train_subprocess(run, [], env=plant)
+    assert killed.returncode == -signal.SIGKILL
+    load_checkpoint(run / "checkpoints/last.pt")  # the previous checkpoint is intact
+    resumed = _train_subprocess(run, ["trainer.resume=true"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    _assert_same_run(uninterrupted, run)
+
+
+def test_sigterm_writes_a_checkpoint_and_resume_finishes(tmp_path, uninterrupted):
+    run = tmp_path / "run"
+    stopped = _train_subprocess(run, [], env={"MCSEG_TERM_AT_STEP": "7"})
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    assert "trainer.resume=true" in stopped.stderr
+    state = load_checkpoint(run / "checkpoints/last.pt")
+    assert (state["epoch"], state["step_in_epoch"]) == (1, 3)
+    resumed = _train_subprocess(run, ["trainer.auto_resume=true"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    _assert_same_run(uninterrupted, run)
+
+
+class _RunsCode:
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_checkpoint_that_runs_code_on_unpickling_is_refused(tmp_path):
+    evil = _RunsCode()
+    evil.marker = tmp_path / "pwned"
+    path = tmp_path / "evil.pt"
+    with open(path, "wb") as f:
+        pickle.dump({"model": evil, "optimizer": {}, "epoch": 0, "config": {}}, f)
+    with pytest.raises(ValueError, match="evil.pt"):
+        load_checkpoint(path)
+    assert not evil.marker.exists()
+
+
+@pytest.mark.parametrize("target", ["os.system", "subprocess.run", "builtins.eval", "torch.hub.load"])
+def test_target_outside_the_allow_list_is_refused(make_cfg, target):
+    cfg = make_cfg(TINY_2D)
+    with open_dict(cfg):
+        cfg.model._target_ = target
+    with pytest.raises(ConfigError, match="not an allowed target"):
+        validate_train_config(cfg)
+
+
+def test_evaluate_refuses_a_checkpoint_config_with_a_foreign_target(make_cfg, tmp_path):
+    from mcseg.evaluate import evaluate
+
+    train(make_cfg(TINY_2D))
+    state = load_checkpoint(tmp_path / "run/checkpoints/best.pt")
+    state["config"]["loss"]["_target_"] = "os.system"
+    save_checkpoint(tmp_path / "tampered.pt", state)
+    (tmp_path / "eval").mkdir()
+    cfg = make_cfg([f"ckpt={tmp_path / 'tampered.pt'}"], config_name="evaluate", output_dir=tmp_path / "eval")
+    with pytest.raises(ConfigError, match="os.system"):
+        evaluate(cfg)
+
+
+def test_full_disk_during_checkpoint_write_keeps_the_previous_one(tmp_path, monkeypatch):
+    path = tmp_path / "last.pt"
+    good = {"model": {"w": torch.ones(3)}, "optimizer": {}, "epoch": 1, "config": {}}
+    save_checkpoint(path, good)
+
+    def disk_full(obj, f, *args, **kwargs):
+        with open(f, "wb") as fh:
+            fh.write(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpoint.torch, "save", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        save_checkpoint(path, {**good, "epoch": 2})
+    assert load_checkpoint(path)["epoch"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]  # no temporary file left behind
+
+
+def _poison(monkeypatch, at_sample: int) -> None:
+    original = PatchDataset.__getitem__
+
+    def getitem(self, index):
+        sample = original(self, index)
+        if index == at_sample:
+            sample["image"][:] = float("nan")
+        return sample
+
+    monkeypatch.setattr(PatchDataset, "__getitem__", getitem)
+
+
+def test_nan_batch_stops_the_run_naming_epoch_step_and_cases(make_cfg, tmp_path, monkeypatch):
+    _poison(monkeypatch, at_sample=4 + 2)  # epoch 2 (4 samples an epoch), batch 1
+    with pytest.raises(NonFiniteLossError, match=r"epoch 2, step 1 \(batch of training cases \['synthetic2d_"):
+        train(make_cfg(TINY_2D))
+    assert load_checkpoint(tmp_path / "run/checkpoints/last.pt")["epoch"] == 1  # the last good one
+
+
+def test_nan_batch_is_skipped_when_configured(make_cfg, tmp_path, monkeypatch):
+    _poison(monkeypatch, at_sample=1)
+    train(make_cfg(TINY_2D + ["trainer.nonfinite=skip"]))
+    state = load_checkpoint(tmp_path / "run/checkpoints/last.pt")
+    assert state["nonfinite_skips"] == 1
+    assert all(torch.isfinite(v).all() for v in state["model"].values() if v.is_floating_point())
+
+
+def test_unwritable_output_directory_is_a_clear_error(tmp_path):
+    from .conftest import run_cli
+
+    if os.geteuid() == 0:
+        blocked = tmp_path / "file_not_dir"
+        blocked.write_text("")
+        run_dir = blocked / "run"  # a path below a regular file cannot be created, even by root
+    else:
+        run_dir = Path("/proc/mcseg_run")
+    done = run_cli("train.py", TINY_2D + [f"hydra.run.dir={run_dir}"])
+    assert done.returncode != 0
+    assert "file_not_dir" in done.stderr or "mcseg_run" in done.stderr
+
+
+def test_out_of_memory_in_sliding_window_falls_back_to_cpu_stitching(monkeypatch):
+    from mcseg.engine import inference
+
+    calls = []
+
+    def fake_swi(inputs, roi_size, sw_batch_size, predictor, overlap, mode, **kwargs):
+        calls.append(kwargs.get("device"))
+        if kwargs.get("device") != "cpu":
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return torch.zeros(1, 2, *inputs.shape[2:])
+
+    monkeypatch.setattr(inference, "sliding_window_inference", fake_swi)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    image = torch.zeros(1, 16, 16, 16, device="meta")  # stands for an accelerator: not the CPU
+    cfg = inference.InferenceConfig(roi_size=[16, 16, 16])
+    out = inference.predict_logits(torch.nn.Identity(), image, 3, 16, cfg)
+    assert calls == [None, "cpu"] and out.shape == (2, 16, 16, 16) and out.device.type == "cpu"
