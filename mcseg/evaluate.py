@@ -28,6 +28,7 @@ def evaluate_split(
     if not refs:
         raise ValueError(f"dataset {dataset.name}: the split to evaluate has no cases")
     evaluator = Evaluator(dataset.num_classes, dataset.class_names, protocol, predictor.multilabel)
+    dataset.prepare(refs)
     cases = (dataset.load(ref) for ref in refs)  # one case in memory at a time
     evaluate_cases(predictor, cases, evaluator, dataset.restore, out_dir, save_predictions, save_probabilities, protocol.save_uncertainty)
     summary = evaluator.write(out_dir)

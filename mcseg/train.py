@@ -57,6 +57,7 @@ def train(cfg: DictConfig) -> dict:
     record_dataset_facts(cfg, dataset)
     splits = resolve_split(dataset, cfg.dataset, run_dir)
     log.info("dataset %s: %s", dataset.name, {k: len(v) for k, v in splits.refs.items()})
+    dataset.prepare(splits["all"])  # preprocess and cache once (no-op when preprocessing is off)
     train_cases = load_cases(dataset, splits["train"])
     val_cases = load_cases(dataset, splits["val"][: tcfg.val_max_cases] if tcfg.val_max_cases else splits["val"])
 

@@ -25,7 +25,8 @@ def options(group: str) -> list[str]:
 )
 def test_every_option_composes_and_validates(make_cfg, hippocampus_root, group, option):
     cfg = make_cfg([f"{group}={option}"])
-    assert cfg[group] is not None or group == "debug"
+    if group != "debug":  # debug presets are global deltas, not a node of their own
+        assert cfg[group] is not None
     if group == "dataset" and option == "msd":
         with open_dict(cfg):
             cfg.dataset.root = str(hippocampus_root)

@@ -25,7 +25,8 @@ def _check_run_dir(run_dir, n_test: int) -> dict:
     split = json.loads((run_dir / "split.json").read_text())
     assert len(split["test"]) == n_test
     assert not set(split["train"]) & set(split["test"]) and not set(split["val"]) & set(split["test"])
-    predictions = sorted((run_dir / "eval/test/predictions").glob("*.nii.gz"))
+    predictions = sorted(p for p in (run_dir / "eval/test/predictions").glob("*.nii.gz")
+                         if not p.name.endswith(("_probs.nii.gz", "_entropy.nii.gz")))
     assert [p.name for p in predictions] == [f"{c}.nii.gz" for c in split["test"]]
     summary = json.loads((run_dir / "eval/test/summary.json").read_text())
     for key in ("mean_foreground_dice", "mean_foreground_hd95_mm", "mean_ece", "mean_classwise_ece"):

@@ -4,8 +4,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mcseg.data.base import SegmentationDataset, resolve_root
+from mcseg.data.base import SegmentationDataset, inside_root, resolve_root
 from mcseg.data.cases import CaseRef
+
+__all__ = ["MSDDataset", "inside_root"]  # inside_root moved to base; kept importable here
 
 
 def _case_id(path: str) -> str:
@@ -14,14 +16,6 @@ def _case_id(path: str) -> str:
         if name.endswith(ext):
             return name[: -len(ext)]
     return Path(name).stem
-
-
-def inside_root(root: Path, relative: str, source: Path) -> Path:
-    """Resolve ``relative`` under ``root``; refuse paths that escape it (``../``, absolute)."""
-    path = (root / relative).resolve()
-    if not path.is_relative_to(root):
-        raise ValueError(f"{source}: path {relative!r} points outside the dataset root {root}")
-    return path
 
 
 class MSDDataset(SegmentationDataset):
@@ -45,17 +39,20 @@ class MSDDataset(SegmentationDataset):
         if not isinstance(labels, dict) or "training" not in self.description:
             raise ValueError(f"{self.json_path}: expected 'labels' and 'training' entries")
         declared_names = [labels[k] for k in sorted(labels, key=int)]
+        region_view = bool(kwargs.get("regions"))  # multi-label view: classes are regions of the labels
         for key, given, declared in (
-            ("num_classes", kwargs.get("num_classes"), len(declared_names)),
+            ("num_classes", None if region_view else kwargs.get("num_classes"), len(declared_names)),
             ("in_channels", kwargs.get("in_channels"), len(modality) if modality else None),
         ):
             if given is not None and declared is not None and given != declared:
                 raise ValueError(f"dataset.{key}={given} but {self.json_path} declares {declared}")
-        kwargs["num_classes"] = kwargs.get("num_classes") or len(declared_names)
-        kwargs["class_names"] = kwargs.get("class_names") or declared_names
+        if not region_view:
+            kwargs["num_classes"] = kwargs.get("num_classes") or len(declared_names)
+            kwargs["class_names"] = kwargs.get("class_names") or declared_names
         if kwargs.get("in_channels") is None and modality:
             kwargs["in_channels"] = len(modality)
         super().__init__(name=name, **kwargs)
+        self.label_classes = len(declared_names)
         self._finalise_classes()
 
     def case_refs(self) -> list[CaseRef]:

@@ -2,6 +2,9 @@
 
 Each sample is a pure function of ``(seed, epoch, index)``: the same run draws the same
 samples whatever the number of workers, and a resumed run continues the same stream.
+Labels are ``*S`` class maps or, for multi-label datasets, ``R x *S`` region masks; a
+share ``foreground_ratio`` of samples is centred on a voxel of a random foreground class
+(region). Augmentation (:mod:`mcseg.data.augment`) is drawn from the same per-sample seed.
 """
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, Sampler
 
+from mcseg.data.augment import AugmentConfig, Augmenter, augment_config
 from mcseg.data.cases import CaseData
 
 _MAX_FG_POINTS = 4096  # foreground voxels kept per class and case to draw centres from
@@ -30,22 +34,24 @@ def crop_or_pad(array: np.ndarray, start: Sequence[int], size: Sequence[int], fi
 
 
 class PatchDataset(Dataset):
-    """Random training samples from in-memory cases.
+    """Random training samples from loaded (in-memory or memory-mapped) cases.
 
     Args:
-        cases: loaded training cases (``image`` C x *S, ``label`` *S).
+        cases: loaded training cases (``image`` C x *S, ``label`` *S, or R x *S region masks).
         dims: 2 for slices (of 3D volumes, along ``slice_axis``; 2D cases are used whole), 3 for patches.
         patch_size: spatial size of a sample (2 or 3 values); volumes are padded when smaller.
         samples_per_epoch: samples drawn per epoch.
         foreground_ratio: share of samples centred on a voxel of a random foreground class.
         flip_axes: sample axes that are randomly flipped.
         intensity: amplitude of random intensity scale (1 +- a) and shift (+- a); 0 disables.
+        augment: MONAI rotation/scaling/gamma/noise (:class:`~mcseg.data.augment.AugmentConfig`
+            or its mapping); ``None`` disables.
     """
 
     def __init__(
         self, cases: list[CaseData], dims: int, patch_size: Sequence[int], samples_per_epoch: int,
         foreground_ratio: float = 0.33, flip_axes: Sequence[int] = (), intensity: float = 0.0,
-        slice_axis: int = -1, seed: int = 0,
+        slice_axis: int = -1, seed: int = 0, augment: AugmentConfig | dict | None = None,
     ) -> None:
         if dims not in (2, 3) or len(patch_size) != dims:
             raise ValueError(f"dataset.sampling: patch_size={list(patch_size)} does not match dims={dims}")
@@ -59,19 +65,35 @@ class PatchDataset(Dataset):
         self.samples_per_epoch, self.foreground_ratio = int(samples_per_epoch), float(foreground_ratio)
         self.flip_axes, self.intensity, self.seed = tuple(flip_axes), float(intensity), int(seed)
         self.slice_axis = slice_axis
+        cfg = augment_config(augment)
+        self.augmenter = Augmenter(cfg, dims) if cfg is not None else None
         rng = np.random.default_rng(seed)
         # Per case and foreground class: a subsample of voxel coordinates to centre samples on.
-        self.fg_points = []
-        for case in cases:
-            points = {}
-            for k in np.unique(case.label):
-                if k == 0:
-                    continue
-                idx = np.flatnonzero(case.label.ravel() == k)
-                if len(idx) > _MAX_FG_POINTS:
-                    idx = rng.choice(idx, _MAX_FG_POINTS, replace=False)
-                points[int(k)] = np.stack(np.unravel_index(idx, case.label.shape), axis=1)
-            self.fg_points.append(points)
+        self.fg_points = [self._foreground_points(case, rng) for case in cases]
+
+    @staticmethod
+    def _foreground_points(case: CaseData, rng: np.random.Generator) -> dict[int, np.ndarray]:
+        cached = case.meta.get("fg_points") if case.meta else None
+        if cached is not None:  # computed once by preprocessing
+            return cached
+        label = case.label
+        points = {}
+        if _has_channels(case):  # multi-label: one entry per region
+            for r in range(label.shape[0]):
+                idx = np.flatnonzero(label[r].ravel())
+                if len(idx):
+                    if len(idx) > _MAX_FG_POINTS:
+                        idx = rng.choice(idx, _MAX_FG_POINTS, replace=False)
+                    points[r + 1] = np.stack(np.unravel_index(idx, label.shape[1:]), axis=1)
+            return points
+        for k in np.unique(label):
+            if k == 0:
+                continue
+            idx = np.flatnonzero(label.ravel() == k)
+            if len(idx) > _MAX_FG_POINTS:
+                idx = rng.choice(idx, _MAX_FG_POINTS, replace=False)
+            points[int(k)] = np.stack(np.unravel_index(idx, label.shape), axis=1)
+        return points
 
     def __len__(self) -> int:
         return self.samples_per_epoch
@@ -82,27 +104,41 @@ class PatchDataset(Dataset):
         c = int(rng.integers(len(self.cases)))
         case, points = self.cases[c], self.fg_points[c]
         image, label = case.image, case.label
+        lead = 1 if _has_channels(case) else 0  # label axes before the spatial ones
         centre = None
         if points and rng.random() < self.foreground_ratio:
             cls = list(points)[int(rng.integers(len(points)))]
             centre = points[cls][int(rng.integers(len(points[cls])))]
-        if self.dims == 2 and label.ndim == 3:  # a slice of a volume
+        if self.dims == 2 and label.ndim - lead == 3:  # a slice of a volume
             axis = self.slice_axis % 3
-            z = int(centre[axis]) if centre is not None else int(rng.integers(label.shape[axis]))
-            image, label = np.take(image, z, axis=axis + 1), np.take(label, z, axis=axis)
+            z = int(centre[axis]) if centre is not None else int(rng.integers(label.shape[lead + axis]))
+            image, label = np.take(image, z, axis=axis + 1), np.take(label, z, axis=axis + lead)
             if centre is not None:
                 centre = np.delete(centre, axis)
-        shape = label.shape
+        shape = label.shape[lead:]
         start = []
         for d, (n, p) in enumerate(zip(shape, self.patch_size)):
             lo, hi = min(0, n - p), max(0, n - p)
             s = int(centre[d]) - p // 2 if centre is not None else int(rng.integers(lo, hi + 1))
             start.append(int(np.clip(s, lo, hi)))
-        image = crop_or_pad(image, start, self.patch_size)
-        label = crop_or_pad(label, start, self.patch_size)
+        angles = zoom = None
+        if self.augmenter is not None:
+            angles, zoom = self.augmenter.draw_spatial(rng)
+        if angles is not None or zoom is not None:
+            size = self.augmenter.source_size(self.patch_size, angles, zoom)
+            region = [s + (p - q) // 2 for s, p, q in zip(start, self.patch_size, size)]
+            image, label = self.augmenter.warp(
+                crop_or_pad(image, region, size), crop_or_pad(label, region, size), self.patch_size, angles, zoom,
+                label_has_channels=bool(lead),
+            )
+        else:
+            image = crop_or_pad(image, start, self.patch_size)
+            label = crop_or_pad(label, start, self.patch_size)
         for axis in self.flip_axes:
             if rng.random() < 0.5:
-                image, label = np.flip(image, axis + 1), np.flip(label, axis)
+                image, label = np.flip(image, axis + 1), np.flip(label, axis + lead)
+        if self.augmenter is not None:
+            image = self.augmenter.intensity(image, rng)
         if self.intensity > 0:
             scale = 1 + rng.uniform(-self.intensity, self.intensity)
             image = image * scale + rng.uniform(-self.intensity, self.intensity)
@@ -110,20 +146,27 @@ class PatchDataset(Dataset):
             "image": torch.from_numpy(np.ascontiguousarray(image, dtype=np.float32)),
             "label": torch.from_numpy(np.ascontiguousarray(label, dtype=np.int64)),
             "case_index": c,
+            "case_id": case.case_id,
         }
+
+
+def _has_channels(case: CaseData) -> bool:
+    """Multi-label cases carry ``R x *S`` labels: as many axes as the ``C x *S`` image."""
+    return case.label is not None and case.label.ndim == case.image.ndim
 
 
 class EpochSampler(Sampler[int]):
     """Yields ``epoch * n + i``: sample identity depends on the epoch, not on worker state."""
 
     def __init__(self, samples_per_epoch: int) -> None:
-        self.n, self.epoch = int(samples_per_epoch), 0
+        self.n, self.epoch, self.skip = int(samples_per_epoch), 0, 0
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = int(epoch)
+    def set_epoch(self, epoch: int, skip: int = 0) -> None:
+        """Draw the samples of ``epoch``, leaving out its first ``skip`` (a resumed epoch)."""
+        self.epoch, self.skip = int(epoch), int(skip)
 
     def __iter__(self) -> Iterator[int]:
-        return iter(range(self.epoch * self.n, (self.epoch + 1) * self.n))
+        return iter(range(self.epoch * self.n + self.skip, (self.epoch + 1) * self.n))
 
     def __len__(self) -> int:
-        return self.n
+        return self.n - self.skip

@@ -16,7 +16,7 @@ from scipy.ndimage import gaussian_filter
 
 from mcseg.data.base import SegmentationDataset
 from mcseg.data.cases import CaseData, CaseRef
-from mcseg.data.normalize import normalize
+from mcseg.data.normalize import normalize_image
 
 CLASS_NAMES = ("background", "crescent", "ring", "pool")
 # Mean intensity per class: ring and background overlap strongly, crescent and pool less.
@@ -87,6 +87,8 @@ class SyntheticDataset(SegmentationDataset):
         kwargs.setdefault("num_classes", len(CLASS_NAMES))
         kwargs.setdefault("class_names", list(CLASS_NAMES))
         super().__init__(name=name, spatial_dims=len(shape), **kwargs)
+        if not self.preprocess.identity:
+            raise ValueError("dataset.preprocess: phantoms are generated on their final grid; leave preprocessing off")
         self._finalise_classes()
         self.shape, self.n_cases, self.seed, self.noise = shape, n_cases, seed, noise
         self.spacing = tuple(float(s) for s in (spacing or (1.0,) * len(shape)))
@@ -98,4 +100,4 @@ class SyntheticDataset(SegmentationDataset):
         index = int(ref.case_id.rsplit("_", 1)[1])
         image, label = phantom(self.shape, self.seed, index, self.noise)
         affine = np.diag(list(self.spacing) + [1.0] * (4 - len(self.spacing)))
-        return CaseData(ref.case_id, normalize(image[None], **self.normalization), label, self.spacing, affine)
+        return CaseData(ref.case_id, normalize_image(image[None], self.normalization), label, self.spacing, affine)

@@ -15,7 +15,7 @@ from mcseg.config import SamplingConfig, SplitConfig, typed
 from mcseg.data.base import SegmentationDataset
 from mcseg.data.cases import CaseData, CaseRef
 from mcseg.data.sampling import EpochSampler, PatchDataset
-from mcseg.data.split import load_split, make_split, save_split
+from mcseg.data.split import load_split, make_dataset_split, save_split
 from mcseg.targets import instantiate_checked
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ def resolve_split(dataset: SegmentationDataset, node: DictConfig, run_dir: Path)
     elif cfg.file:
         split = load_split(cfg.file, ids)
     else:
-        split = make_split(ids, cfg.val_fraction, cfg.test_fraction, cfg.seed)
+        split = make_dataset_split(dataset, ids, cfg.val_fraction, cfg.test_fraction, cfg.seed)
     save_split(split, run_split)
     return Splits({name: [by_id[c] for c in split[name]] for name in split})
 
@@ -87,7 +87,7 @@ def build_train_loader(
     s = typed(node.get("sampling"), SamplingConfig, "dataset.sampling")
     dataset = PatchDataset(
         cases, s.dims, s.patch_size, s.samples_per_epoch, s.foreground_ratio, s.flip_axes, s.intensity,
-        s.slice_axis, seed,
+        s.slice_axis, seed, augment=node.get("augment"),
     )
     sampler = EpochSampler(s.samples_per_epoch)
     workers = default_workers() if s.num_workers is None else s.num_workers

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from loss_zoo import random_inputs
+from .loss_zoo import random_inputs
 from mcseg.losses import CALSLoss
 
 LMIN = 1e-6

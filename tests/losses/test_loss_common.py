@@ -10,7 +10,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from loss_zoo import CONFIG_CLASSES, MULTILABEL_CASES, NUM_CLASSES, SOFTMAX_CASES, random_inputs
+from .loss_zoo import CONFIG_CLASSES, MULTILABEL_CASES, NUM_CLASSES, SOFTMAX_CASES, random_inputs
 from mcseg import losses as L
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from loss_zoo import random_inputs
+from .loss_zoo import random_inputs
 from mcseg.losses import BrierLoss, CELoss, DualFocalLoss, FCLLoss, FLSDLoss, FocalLoss
 
 

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from monai.losses import DiceCELoss
 
-from loss_zoo import random_inputs
+from .loss_zoo import random_inputs
 from mcseg.losses import CEDiceLoss, CELoss, MarginDiceLoss, MarginLoss
 
 

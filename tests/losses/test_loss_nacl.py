@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from monai.losses import NACLLoss as MonaiNACL
 
-from loss_zoo import random_inputs
+from .loss_zoo import random_inputs
 from mcseg.losses import CELoss, NACLLoss
 from mcseg.losses.neighbourhood import make_kernel
 

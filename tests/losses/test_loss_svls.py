@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from loss_zoo import random_inputs
+from .loss_zoo import random_inputs
 from mcseg.losses import CELoss, SVLSLoss
 from mcseg.losses.neighbourhood import make_kernel
 

@@ -1,0 +1,132 @@
+"""Spatial and intensity augmentation of training samples with MONAI transforms.
+
+Every random draw comes from the sample's own ``numpy`` generator (seeded by
+``(seed, epoch, index)`` in :class:`mcseg.data.sampling.PatchDataset`); MONAI's randomizable
+transforms are re-seeded from it for each sample, so a sample stays a pure function of its
+seed, epoch and index whatever the number of loader workers.
+
+Rotation and scaling are applied to a region cut around the sample's centre that is just
+large enough to hold the rotated, scaled patch, then resampled to the patch size by MONAI's
+``Affine`` (images bilinear, labels nearest), so patches have no empty corners where the
+volume continues.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class AugmentConfig:
+    """The ``dataset.augment`` node (off by default)."""
+
+    rotate_deg: float = 0.0  # maximum rotation angle, degrees, drawn uniformly in [-a, a]
+    rotate_axes: list[int] | None = None  # 3D: axes rotated about (null: all three); 2D: in-plane
+    scale: list[float] | None = None  # [min, max] zoom factor (> 1 enlarges), isotropic
+    spatial_prob: float = 0.2  # probability of rotating, and (independently) of scaling a sample
+    gamma: list[float] | None = None  # [min, max] gamma of MONAI's RandAdjustContrast
+    noise_std: float = 0.0  # maximum standard deviation of MONAI's RandGaussianNoise
+    intensity_prob: float = 0.15  # probability of each intensity transform
+
+    @property
+    def active(self) -> bool:
+        return self.rotate_deg > 0 or self.scale is not None or self.gamma is not None or self.noise_std > 0
+
+
+def augment_config(node: Mapping | AugmentConfig | None) -> AugmentConfig | None:
+    """Check a ``dataset.augment`` node (``None`` or all-off gives ``None``); errors name the key."""
+    if node is None:
+        return None
+    from mcseg.config import typed
+
+    cfg = node if isinstance(node, AugmentConfig) else typed(node, AugmentConfig, "dataset.augment")
+    if not 0 <= cfg.rotate_deg <= 180:
+        raise ValueError(f"dataset.augment.rotate_deg={cfg.rotate_deg}: expected an angle in [0, 180]")
+    if cfg.rotate_axes is not None and any(a not in (0, 1, 2) for a in cfg.rotate_axes):
+        raise ValueError(f"dataset.augment.rotate_axes={cfg.rotate_axes}: expected axes among 0, 1, 2")
+    for key in ("scale", "gamma"):
+        value = getattr(cfg, key)
+        if value is not None and (len(value) != 2 or not 0 < value[0] <= value[1]):
+            raise ValueError(f"dataset.augment.{key}={list(value)}: expected [min, max] with 0 < min <= max")
+    for key in ("spatial_prob", "intensity_prob"):
+        if not 0 <= getattr(cfg, key) <= 1:
+            raise ValueError(f"dataset.augment.{key}={getattr(cfg, key)}: expected a probability in [0, 1]")
+    if cfg.noise_std < 0:
+        raise ValueError(f"dataset.augment.noise_std={cfg.noise_std}: expected >= 0")
+    return cfg if cfg.active else None
+
+
+class Augmenter:
+    """Draws and applies one sample's augmentation for ``dims``-D samples."""
+
+    def __init__(self, cfg: AugmentConfig, dims: int) -> None:
+        self.cfg, self.dims = cfg, dims
+
+    def draw_spatial(self, rng: np.random.Generator) -> tuple[list[float] | None, float | None]:
+        """Rotation angles (radians, MONAI's order) and a zoom factor, or ``None`` for each."""
+        cfg, angles, zoom = self.cfg, None, None
+        if cfg.rotate_deg > 0 and rng.random() < cfg.spatial_prob:
+            limit = math.radians(cfg.rotate_deg)
+            if self.dims == 2:
+                angles = [float(rng.uniform(-limit, limit))]
+            else:
+                axes = cfg.rotate_axes if cfg.rotate_axes is not None else (0, 1, 2)
+                angles = [float(rng.uniform(-limit, limit)) if a in axes else 0.0 for a in range(3)]
+        if cfg.scale is not None and rng.random() < cfg.spatial_prob:
+            zoom = float(rng.uniform(cfg.scale[0], cfg.scale[1]))
+        return angles, zoom
+
+    def _matrix(self, angles: list[float] | None, zoom: float | None) -> np.ndarray:
+        """Output-voxel offsets to input-voxel offsets, as MONAI's ``Affine`` builds it."""
+        from monai.transforms.utils import create_rotate
+
+        m = np.eye(self.dims)
+        if angles is not None:
+            m = np.asarray(create_rotate(self.dims, angles))[: self.dims, : self.dims] @ m
+        if zoom is not None:
+            m = m / zoom
+        return m
+
+    def source_size(self, patch: Sequence[int], angles, zoom) -> list[int]:
+        """Size of the region that holds the transformed patch (same parity as the patch, so centres agree)."""
+        m = np.abs(self._matrix(angles, zoom))
+        need = m @ np.asarray(patch, dtype=np.float64)
+        sizes = []
+        for n, p in zip(need, patch):
+            q = int(math.ceil(n)) + 2
+            q += (q - p) % 2
+            sizes.append(q)
+        return sizes
+
+    def warp(self, image: np.ndarray, label: np.ndarray, patch: Sequence[int], angles, zoom,
+             label_has_channels: bool) -> tuple[np.ndarray, np.ndarray]:
+        """Rotate/scale the centred region to ``patch`` (image bilinear, label nearest)."""
+        import torch
+        from monai.transforms import Affine
+
+        kwargs = dict(rotate_params=angles, scale_params=None if zoom is None else [1.0 / zoom] * self.dims,
+                      spatial_size=list(patch), padding_mode="zeros", image_only=True)
+        img = Affine(mode="bilinear", **kwargs)(torch.from_numpy(np.ascontiguousarray(image, dtype=np.float32)))
+        lab = np.ascontiguousarray(label if label_has_channels else label[None], dtype=np.float32)
+        lab = Affine(mode="nearest", **kwargs)(torch.from_numpy(lab))
+        lab = np.rint(np.asarray(lab)).astype(np.int64)
+        return np.asarray(img, dtype=np.float32), lab if label_has_channels else lab[0]
+
+    def intensity(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """MONAI's RandAdjustContrast (gamma) and RandGaussianNoise, seeded from ``rng``."""
+        import torch
+        from monai.transforms import RandAdjustContrast, RandGaussianNoise
+
+        cfg = self.cfg
+        if cfg.gamma is not None and rng.random() < cfg.intensity_prob:
+            t = RandAdjustContrast(prob=1.0, gamma=tuple(cfg.gamma))
+            t.set_random_state(seed=int(rng.integers(2**31)))
+            image = np.asarray(t(torch.from_numpy(np.ascontiguousarray(image, dtype=np.float32))), dtype=np.float32)
+        if cfg.noise_std > 0 and rng.random() < cfg.intensity_prob:
+            t = RandGaussianNoise(prob=1.0, std=cfg.noise_std)
+            t.set_random_state(seed=int(rng.integers(2**31)))
+            image = np.asarray(t(torch.from_numpy(np.ascontiguousarray(image, dtype=np.float32))), dtype=np.float32)
+        return image

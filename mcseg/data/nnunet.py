@@ -1,0 +1,88 @@
+"""nnU-Net v2 raw dataset folders: ``dataset.json``, ``imagesTr/<case>_XXXX<ending>``, ``labelsTr/<case><ending>``.
+
+``dataset.json`` gives ``channel_names`` (``{"0": "T2", "1": "ADC"}``), ``labels`` (name ->
+value, ``{"background": 0, "PZ": 1, "TZ": 2}``; region-based datasets give lists,
+``{"background": 0, "whole tumor": [1, 2, 3], ...}``), ``file_ending`` and ``numTraining``;
+an optional ``dataset`` entry lists each case's ``images`` and ``label`` explicitly
+(paths relative to the dataset folder). Region-based datasets are read as multi-label
+(one sigmoid per region) unless ``multilabel: false`` asks for the plain label values.
+"""
+from __future__ import annotations
+
+import json
+
+from mcseg.data.base import SegmentationDataset, inside_root, resolve_root
+from mcseg.data.cases import CaseRef
+from mcseg.data.files import channel_cases
+
+
+class NnUNetDataset(SegmentationDataset):
+    """An nnU-Net v2 raw dataset (``nnUNet_raw/DatasetXXX_Name``).
+
+    ``num_classes``, ``class_names``, ``in_channels`` and the regions come from
+    ``dataset.json`` when not given; when given they must agree with it.
+    """
+
+    def __init__(self, root: str, name: str = "nnunet", multilabel: bool | None = None, **kwargs) -> None:
+        self.root = resolve_root(root)
+        self.json_path = self.root / "dataset.json"
+        if not self.json_path.is_file():
+            raise FileNotFoundError(f"dataset.root={root}: no dataset.json in {self.root}")
+        try:
+            desc = json.loads(self.json_path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{self.json_path}: invalid JSON ({exc})") from exc
+        self.description = desc
+        channels = desc.get("channel_names") or desc.get("modality")
+        labels = desc.get("labels")
+        if not isinstance(channels, dict) or not channels or not isinstance(labels, dict) or not labels:
+            raise ValueError(f"{self.json_path}: expected 'channel_names' and 'labels' entries (nnU-Net v2 format)")
+        self.file_ending = str(desc.get("file_ending", ".nii.gz"))
+        try:
+            values = {str(k): ([int(x) for x in v] if isinstance(v, list) else int(v)) for k, v in labels.items()}
+        except (TypeError, ValueError):
+            raise ValueError(f"{self.json_path}: 'labels' must map names to integers or lists of integers") from None
+        ints = sorted({x for v in values.values() for x in (v if isinstance(v, list) else [v])})
+        region_based = any(isinstance(v, list) for v in values.values())
+        n_channels = len(channels)
+        if kwargs.get("in_channels") not in (None, n_channels):
+            raise ValueError(f"dataset.in_channels={kwargs['in_channels']} but {self.json_path} declares {n_channels}")
+        kwargs["in_channels"] = n_channels
+        multilabel = region_based if multilabel is None else bool(multilabel)
+        if multilabel:
+            if not region_based and not kwargs.get("regions"):
+                raise ValueError(f"dataset.multilabel=true but {self.json_path} declares no regions (label lists)")
+            if not kwargs.get("regions"):
+                kwargs["regions"] = {k: (v if isinstance(v, list) else [v]) for k, v in values.items()
+                                     if v != 0 and v != [0]}
+            kwargs.setdefault("num_classes", None)
+        else:
+            declared = len(ints) if not region_based else max(ints) + 1
+            if not region_based and ints != list(range(len(ints))):
+                raise ValueError(f"{self.json_path}: label values {ints} must be consecutive from 0")
+            if kwargs.get("num_classes") not in (None, declared):
+                raise ValueError(f"dataset.num_classes={kwargs['num_classes']} but {self.json_path} declares {declared}")
+            kwargs["num_classes"] = declared
+            if kwargs.get("class_names") is None:
+                by_value = {v: k for k, v in values.items() if not isinstance(v, list)}
+                kwargs["class_names"] = [by_value.get(i, f"label_{i}") for i in range(declared)]
+        super().__init__(name=name, multilabel=multilabel, **kwargs)
+        self.label_classes = max(ints) + 1
+        self._finalise_classes()
+
+    def scan(self) -> tuple[list[CaseRef], list[str]]:
+        listed = self.description.get("dataset")
+        if isinstance(listed, dict):
+            refs = []
+            for case_id, entry in sorted(listed.items()):
+                images = tuple(inside_root(self.root, p, self.json_path) for p in entry.get("images", []))
+                label = entry.get("label")
+                refs.append(CaseRef(str(case_id), images,
+                                    inside_root(self.root, label, self.json_path) if label else None))
+            return refs, []
+        refs, problems = channel_cases(self.root / "imagesTr", self.root / "labelsTr", self.in_channels,
+                                       self.file_ending)
+        declared = self.description.get("numTraining")
+        if isinstance(declared, int) and declared != len(refs):
+            self.note(f"{self.json_path}: numTraining={declared} but {len(refs)} cases found in imagesTr/labelsTr")
+        return refs, problems
