@@ -67,3 +67,8 @@ def test_dataset_json_cannot_point_outside_root(tmp_path):
     desc["training"][0]["image"] = "../../etc/passwd"
     (root / "dataset.json").write_text(json.dumps(desc))
     _fails_with(MSD_TINY + [f"dataset.root={root}"], tmp_path, "outside the dataset root")
+
+
+def test_dataset_without_root_names_the_key(tmp_path, monkeypatch):
+    monkeypatch.delenv("MCSEG_ACDC_ROOT", raising=False)
+    _fails_with(["dataset=acdc", "debug=fast"], tmp_path, "dataset.root")

@@ -9,9 +9,11 @@ from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import MissingMandatoryValue
 from torch.utils.data import DataLoader
 
 from mcseg.config import SamplingConfig, SplitConfig, typed
+from mcseg.errors import ConfigError
 from mcseg.data.base import SegmentationDataset
 from mcseg.data.cases import CaseData, CaseRef
 from mcseg.data.sampling import EpochSampler, PatchDataset
@@ -23,7 +25,10 @@ log = logging.getLogger(__name__)
 
 def build_dataset(node: DictConfig) -> SegmentationDataset:
     """Instantiate the dataset of a ``dataset`` node (its ``split``/``sampling`` keys are not its arguments)."""
-    args = OmegaConf.to_container(node, resolve=True)
+    try:
+        args = OmegaConf.to_container(node, resolve=True, throw_on_missing=True)
+    except MissingMandatoryValue as exc:
+        raise ConfigError(f"dataset.{exc.full_key} is not set: give dataset.{exc.full_key}=...") from None
     args.pop("split", None)
     args.pop("sampling", None)
     return instantiate_checked(args, "dataset", _convert_="all")
