@@ -25,13 +25,13 @@ log = logging.getLogger(__name__)
 
 def build_dataset(node: DictConfig) -> SegmentationDataset:
     """Instantiate the dataset of a ``dataset`` node (its ``split``/``sampling`` keys are not its arguments)."""
-    try:
+    try:  # a mandatory value can surface while resolving (``???``) or once passed on (oc.env's default)
         args = OmegaConf.to_container(node, resolve=True, throw_on_missing=True)
+        args.pop("split", None)
+        args.pop("sampling", None)
+        return instantiate_checked(args, "dataset", _convert_="all")
     except MissingMandatoryValue as exc:
         raise ConfigError(f"dataset.{exc.full_key} is not set: give dataset.{exc.full_key}=...") from None
-    args.pop("split", None)
-    args.pop("sampling", None)
-    return instantiate_checked(args, "dataset", _convert_="all")
 
 
 def record_dataset_facts(cfg: DictConfig, dataset: SegmentationDataset) -> None:
