@@ -1,0 +1,395 @@
+"""The evaluation protocol: per-case overlap, distance and calibration, pooled calibration,
+summary statistics over cases, reliability diagrams. See docs/protocol.md.
+
+One :class:`Evaluator` serves validation during training, ``evaluate.py`` and the folder
+evaluator: ``add_case`` once per case (probabilities on any device), then ``summary`` or
+``write``. Calibration is accumulated as per-bin sums, so the memory does not grow with the
+number of voxels evaluated, only with the number of cases (one row of numbers each).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import warnings
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from matplotlib.figure import Figure
+
+from mcseg.data.io import atomic_write
+from mcseg.errors import ConfigError
+from mcseg.metrics.binning import BinSums
+from mcseg.metrics.calibration import NLL_FLOOR, CalibrationStats, case_calibration, top_label
+from mcseg.metrics.empty import StructureStatus, status_counts
+from mcseg.metrics.overlap import dice_score, overlap_counts
+from mcseg.metrics.regions import REGIONS, region_mask
+from mcseg.metrics.reliability import TABLE_COLUMNS, reliability_table
+from mcseg.metrics.reliability import reliability_figure as _figure
+from mcseg.metrics.statistics import describe
+from mcseg.metrics.surface import HD_DEFINITIONS, surface_distances
+
+__all__ = ["EvalProtocol", "Evaluator", "entropy_map", "reliability_figure", "CASE_COLUMNS", "ROW_COLUMNS"]
+
+ROW_COLUMNS = ("case", "class_index", "class_name", "dice", "hd95_mm", "assd_mm", "status", "class_ece")
+CASE_COLUMNS = ("ece", "mce", "classwise_ece", "adaptive_ece", "nll", "brier", "n_region_voxels", "region")
+CALIBRATION_KEYS = ("ece", "mce", "classwise_ece", "adaptive_ece", "nll", "brier")
+CLASS_KEYS = ("dice", "hd95_mm", "assd_mm", "class_ece")
+
+
+@dataclass
+class EvalProtocol:
+    """Mirrors the Hydra config node ``evaluation`` (configs/evaluation/default.yaml)."""
+
+    region: str = "union_foreground"  # label_foreground | union_foreground | all | boundary
+    n_bins: int = 15
+    boundary_width_mm: float = 2.0
+    hd_percentile: float = 95.0
+    hd_definition: str = "max_directed"  # or "pooled"
+    bootstrap_samples: int = 1000
+    save_uncertainty: bool = False
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        checks = {
+            "region": (self.region in REGIONS, f"one of {', '.join(REGIONS)}"),
+            "n_bins": (self.n_bins >= 1, "an integer >= 1"),
+            "boundary_width_mm": (self.boundary_width_mm >= 0, "a width in mm >= 0"),
+            "hd_percentile": (0 <= self.hd_percentile <= 100, "a percentile in [0, 100]"),
+            "hd_definition": (self.hd_definition in HD_DEFINITIONS, f"one of {', '.join(HD_DEFINITIONS)}"),
+            "bootstrap_samples": (self.bootstrap_samples >= 0, "an integer >= 0"),
+        }
+        for key, (ok, expected) in checks.items():
+            if not ok:
+                raise ConfigError(f"config key 'evaluation.{key}': expected {expected}, got {getattr(self, key)!r}")
+
+
+def entropy_map(probs: torch.Tensor, multilabel: bool = False) -> torch.Tensor:
+    """Voxelwise entropy (nats) of the predictive distribution, ``*spatial`` float32.
+
+    Softmax: H = -sum_k p_k log p_k (0 log 0 = 0), at most log K. Multilabel (independent
+    sigmoids): the entropy of the joint distribution, sum_r H_b(p_r) with the binary entropy
+    H_b(p) = -p log p - (1-p) log(1-p), at most R log 2.
+    """
+    p = probs.float()
+    h = torch.special.entr(p)
+    if multilabel:
+        h = h + torch.special.entr(1.0 - p)
+    return h.sum(0)
+
+
+def _nanmean(values: Sequence[float]) -> float:
+    v = np.asarray(values, dtype=np.float64)
+    return float(v[~np.isnan(v)].mean()) if (~np.isnan(v)).any() else math.nan
+
+
+def _json_safe(obj):
+    """NaN and inf become null (strict JSON; equal across runs, unlike NaN)."""
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    if isinstance(obj, (float, np.floating)):
+        return float(obj) if math.isfinite(obj) else None
+    if isinstance(obj, np.integer):
+        return int(obj)
+    return obj
+
+
+def _fmt(value) -> str:
+    return repr(float(value)) if isinstance(value, (float, np.floating)) else str(value)
+
+
+class Evaluator:
+    """Per-case and pooled evaluation of one split under an :class:`EvalProtocol`.
+
+    Softmax tasks: ``probs`` is ``K x *spatial``, the prediction its argmax, per-class rows for
+    the foreground classes 1..K-1. Multilabel tasks: ``probs`` is ``R x *spatial`` of sigmoid
+    probabilities, the prediction ``probs > 0.5`` per region, one row per region, and each
+    calibration value is the mean over regions of that region's binary value (docs/protocol.md).
+    """
+
+    def __init__(self, num_classes: int, class_names: list[str], protocol: EvalProtocol,
+                 multilabel: bool = False) -> None:
+        if len(class_names) != num_classes:
+            raise ValueError(f"{len(class_names)} class names for num_classes={num_classes}: {class_names}")
+        if num_classes < (1 if multilabel else 2):
+            raise ValueError(f"num_classes={num_classes} is too small for a {'multilabel' if multilabel else 'softmax'} task")
+        if len(set(class_names)) != len(class_names):
+            raise ValueError(f"class names must be unique, got {class_names}")
+        self.num_classes, self.class_names, self.protocol, self.multilabel = (
+            num_classes, list(class_names), protocol, multilabel)
+        self.foreground = list(range(num_classes)) if multilabel else list(range(1, num_classes))
+        self.reset()
+
+    def reset(self) -> None:
+        self._cases: list[dict] = []
+        self._ids: set[str] = set()
+        self._pooled: list[CalibrationStats | None] = [None] * (self.num_classes if self.multilabel else 1)
+        self._empty_regions = 0
+
+    @property
+    def n_cases(self) -> int:
+        return len(self._cases)
+
+    # ---------------------------------------------------------------- one case
+    def add_case(self, case_id: str, probs: torch.Tensor | None, label: torch.Tensor, spacing: Sequence[float],
+                 prediction: torch.Tensor | None = None) -> dict:
+        """Evaluate one case; returns its metrics as a flat dict (also kept for per_case.csv).
+
+        Args:
+            probs: ``C x *spatial`` probabilities on any device (softmax, or one sigmoid per
+                region when multilabel); None to evaluate a label map without calibration.
+            label: ``*spatial`` integer labels (``R x *spatial`` binary when multilabel).
+            spacing: voxel size in mm per spatial axis, in the array's axis order.
+            prediction: the label map to score (same layout as ``label``); default: argmax of
+                ``probs`` (``probs > 0.5`` when multilabel). Calibration always uses ``probs``.
+        """
+        if case_id in self._ids:
+            raise ValueError(f"case {case_id!r} was already added to this evaluator")
+        if probs is None and prediction is None:
+            raise ValueError(f"case {case_id}: give probabilities, a prediction, or both")
+        device = probs.device if probs is not None else prediction.device
+        label = torch.as_tensor(label, device=device)
+        spatial = tuple(label.shape[1:] if self.multilabel else label.shape)
+        spacing = tuple(float(s) for s in spacing)
+        self._check(case_id, probs, label, spacing, spatial)
+        if probs is not None and probs.dtype in (torch.float16, torch.bfloat16):
+            probs = probs.float()
+        top = top_label(probs) if probs is not None and not self.multilabel else None
+        if prediction is None:
+            prediction = probs > 0.5 if self.multilabel else top[1].view(spatial)
+        prediction = torch.as_tensor(prediction, device=device)
+        if prediction.shape != label.shape:
+            raise ValueError(f"case {case_id}: prediction shape {tuple(prediction.shape)} != label shape "
+                             f"{tuple(label.shape)}")
+        try:
+            counts = overlap_counts(prediction, label, self.num_classes, self.multilabel)
+            dist = surface_distances(prediction, label, self.num_classes, spacing, self.protocol.hd_percentile,
+                                     self.protocol.hd_definition, self.multilabel)
+            calib, stats = self._calibration(probs, label, prediction, spacing, top)
+        except ValueError as exc:
+            raise ValueError(f"case {case_id}: {exc}") from None
+        # commit only a fully evaluated case
+        self._pooled = [s if p is None else p + s for p, s in zip(self._pooled, stats)] + self._pooled[len(stats):]
+        self._empty_regions += bool(stats) and any(s.n_voxels == 0 for s in stats)
+        if int(counts.n_label.sum() if self.multilabel else counts.n_label[1:].sum()) == 0:
+            warnings.warn(f"case {case_id}: the label has no foreground voxel", stacklevel=2)
+        dice = dice_score(counts)
+        case = {"case": case_id, "dice": dice.tolist(), "hd95_mm": dist.hd.tolist(), "assd_mm": dist.assd.tolist(),
+                "status": [s.value for s in counts.status()], **calib}
+        self._cases.append(case)
+        self._ids.add(case_id)
+        return self._flat(case)
+
+    def _check(self, case_id, probs, label, spacing, spatial) -> None:
+        if len(spacing) != len(spatial) or not all(math.isfinite(s) and s > 0 for s in spacing):
+            raise ValueError(f"case {case_id}: spacing {spacing} does not fit the spatial shape {spatial}")
+        if self.multilabel and label.shape[0] != self.num_classes:
+            raise ValueError(f"case {case_id}: multilabel label has {label.shape[0]} regions, "
+                             f"expected {self.num_classes}")
+        if probs is None:
+            return
+        if tuple(probs.shape) != (self.num_classes, *spatial):
+            raise ValueError(f"case {case_id}: probabilities of shape {tuple(probs.shape)}, expected "
+                             f"{(self.num_classes, *spatial)} (channels first, {self.num_classes} classes)")
+        # cheap sanity check on a strided subsample: probabilities, not logits
+        sample = probs.reshape(probs.shape[0], -1)[:, ::97].float()
+        if not bool(torch.isfinite(sample).all()) or sample.min() < 0 or sample.max() > 1:
+            raise ValueError(f"case {case_id}: probabilities must be finite and in [0, 1] (logits given?)")
+        if not self.multilabel and bool((sample.sum(0) - 1).abs().max() > 1e-3):
+            raise ValueError(f"case {case_id}: softmax probabilities do not sum to 1 over the channels")
+
+    def _calibration(self, probs, label, prediction, spacing, top) -> tuple[dict, list[CalibrationStats]]:
+        """The case's calibration values and its statistics (one per region when multilabel)."""
+        k, region, n_bins = self.num_classes, self.protocol.region, self.protocol.n_bins
+        if probs is None:
+            return {**{key: math.nan for key in CALIBRATION_KEYS}, "class_ece": [math.nan] * k,
+                    "n_region_voxels": 0}, []
+        if not self.multilabel:
+            mask = region_mask(region, label, prediction, spacing, self.protocol.boundary_width_mm)
+            cal = case_calibration(probs, label, n_bins, mask, top)
+            v = cal.values
+            return {**{key: v[key] for key in CALIBRATION_KEYS}, "class_ece": v["class_ece"],
+                    "n_region_voxels": v["n_voxels"]}, [cal.stats]
+        cals = [self._binary_calibration(probs[r], label[r], prediction[r], spacing) for r in range(k)]
+        per_region = [self._binary_values(cal.values) for cal in cals]
+        return {**{key: _nanmean([v[key] for v in per_region]) for key in CALIBRATION_KEYS},
+                "class_ece": [v["class_ece"] for v in per_region],
+                "n_region_voxels": sum(v["n_voxels"] for v in per_region)}, [cal.stats for cal in cals]
+
+    def _binary_calibration(self, p, y, pred, spacing):
+        """Region r of a multilabel task as a two-class problem (1 - p_r, p_r) on its own voxels."""
+        mask = region_mask(self.protocol.region, y.long(), pred.long(), spacing, self.protocol.boundary_width_mm)
+        return case_calibration(torch.stack([1.0 - p, p]), y.long(), self.protocol.n_bins, mask)
+
+    @staticmethod
+    def _binary_values(values: dict) -> dict:
+        """Binary reading of two-class values: classwise ECE of the region = ECE of p_r (class 1);
+        Brier = (p - y)^2, half the two-class sum."""
+        return {**values, "classwise_ece": values["class_ece"][1], "class_ece": values["class_ece"][1],
+                "brier": values["brier"] / 2}
+
+    def _flat(self, case: dict) -> dict:
+        flat = {"case": case["case"], **{key: case[key] for key in CALIBRATION_KEYS},
+                "n_region_voxels": case["n_region_voxels"], "region": self.protocol.region}
+        for key in ("dice", "hd95_mm", "assd_mm"):
+            flat[f"mean_foreground_{key}"] = _nanmean([case[key][k] for k in self.foreground])
+        for k in self.foreground:
+            name = self.class_names[k]
+            flat.update({f"{key}/{name}": case[key][k] for key in (*CLASS_KEYS, "status")})
+        return flat
+
+    # ---------------------------------------------------------------- over cases
+    def pooled_values(self) -> dict:
+        """Calibration pooled over every voxel of every case (from the summed bin sums)."""
+        stats = [s for s in self._pooled if s is not None]
+        if not stats:
+            return {key: math.nan for key in (*CALIBRATION_KEYS, "adaptive_ece_max_error")} | {"n_voxels": 0}
+        values = [s.values() for s in stats]
+        if self.multilabel:
+            values = [self._binary_values(v) for v in values]
+            pooled = {key: _nanmean([v[key] for v in values]) for key in (*CALIBRATION_KEYS, "adaptive_ece_max_error")}
+            class_ece = [v["class_ece"] for v in values]
+        else:
+            pooled = {key: values[0][key] for key in (*CALIBRATION_KEYS, "adaptive_ece_max_error")}
+            class_ece = values[0]["class_ece"]
+        pooled["n_voxels"] = sum(v["n_voxels"] for v in values)
+        pooled["class_ece"] = dict(zip(self.class_names, class_ece))
+        return pooled
+
+    def summary(self) -> dict:
+        """The content of summary.json (undefined values are None)."""
+        b, seed = self.protocol.bootstrap_samples, self.protocol.seed
+        cases = self._cases
+        fg = self.foreground
+        foreground = {key: describe([_nanmean([c[key][k] for k in fg]) for c in cases], b, seed)
+                      for key in ("dice", "hd95_mm", "assd_mm")}
+        calibration = {key: describe([c[key] for c in cases], b, seed) for key in CALIBRATION_KEYS}
+        statuses = status_counts([[StructureStatus(v) for v in c["status"]] for c in cases], self.num_classes)
+        per_class = {}
+        for k in fg:
+            entry = {key: describe([c[key][k] for c in cases], b, seed) for key in CLASS_KEYS}
+            entry["counts"] = {status: n[k] for status, n in statuses.items()}
+            per_class[self.class_names[k]] = entry
+        counts = {s.value: sum(e["counts"][s.value] for e in per_class.values()) for s in StructureStatus}
+        counts["empty_region_cases"] = self._empty_regions
+        summary = {
+            "n_cases": len(cases),
+            "multilabel": self.multilabel,
+            "classes": [self.class_names[k] for k in fg],
+            **{f"mean_foreground_{key}": foreground[key]["mean"] for key in ("dice", "hd95_mm", "assd_mm")},
+            **{f"mean_{key}": calibration[key]["mean"] for key in CALIBRATION_KEYS},
+            "foreground": foreground,
+            "calibration": calibration,
+            "per_class": per_class,
+            "counts": counts,
+            "pooled": self.pooled_values(),
+            "protocol": self.protocol_description(),
+        }
+        return _json_safe(summary)
+
+    def protocol_description(self) -> dict:
+        p = self.protocol
+        hd = {"max_directed": f"max of the two directed {p.hd_percentile:g}th percentiles of surface distances "
+                              "(MONAI, DeepMind surface-distance)",
+              "pooled": f"{p.hd_percentile:g}th percentile of both directed surface distance sets pooled (medpy)"}
+        return {
+            **asdict(p),
+            "num_classes": self.num_classes,
+            "class_names": self.class_names,
+            "multilabel": self.multilabel,
+            "prediction": "probs > 0.5 per region" if self.multilabel else "argmax of the probabilities (first maximum)",
+            "bins": f"{p.n_bins} equal-width bins (lo, hi], 0 in the first bin (Guo et al. 2017)",
+            "ece": "top-label ECE, sum_b |B_b|/N |acc - conf| (Guo et al. 2017)"
+                   + ("; multilabel: mean over regions of the binary top-label ECE" if self.multilabel else ""),
+            "classwise_ece": ("mean over regions of the binary ECE of p_r against y_r" if self.multilabel else
+                              "(1/K) sum_k ECE of p_k against 1[y=k] over all K classes incl. background "
+                              "(Kumar et al. 2019, Nixon et al. 2019)"),
+            "adaptive_ece": "AdaECE (Mukhoti et al. 2020): top-label, M equal-mass bins, thresholds at the order "
+                            "statistics r_(ceil(bN/M)), bins (t_{b-1}, t_b]; exact per case, pooled from a fine "
+                            "histogram with a stated error bound",
+            "nll": f"mean of -log max(p_y, {NLL_FLOOR:g}) (nats)" + ("; multilabel: binary, mean over regions"
+                                                                     if self.multilabel else ""),
+            "brier": ("binary (p_r - y_r)^2, mean over regions" if self.multilabel else
+                      "sum_k (p_k - 1[y=k])^2 per voxel, not divided by K"),
+            "hd": hd[p.hd_definition] + ", in mm with the voxel spacing",
+            "assd": "mean of both directed surface distance sets pooled, in mm",
+            "surface": "voxels of the structure with a face neighbour outside it or on the image border",
+            "empty_policy": {"both_empty": "Dice, HD, ASSD undefined (NaN): excluded from means, counted",
+                             "missed": "Dice 0; HD and ASSD = image diagonal in mm; counted",
+                             "false_alarm": "Dice 0; HD and ASSD = image diagonal in mm; counted",
+                             "empty_region": "calibration values undefined (NaN) for the case: excluded, counted"},
+            "aggregation": "mean_* keys: mean over cases of per-case values (foreground: the per-case mean over "
+                           "foreground classes), NaN excluded; 'pooled': all voxels of all cases together",
+            "confidence_interval": f"95% percentile bootstrap over cases, {p.bootstrap_samples} resamples, seed {p.seed}",
+        }
+
+    # ---------------------------------------------------------------- reliability and files
+    def reliability_sums(self) -> tuple[BinSums, list[str]]:
+        """Pooled bin sums of every reliability panel (top-label, then per class or region)."""
+        n_bins = self.protocol.n_bins
+        stats = [s if s is not None else CalibrationStats.zeros(2 if self.multilabel else self.num_classes, n_bins)
+                 for s in self._pooled]
+        if self.multilabel:
+            rows = [s.top for s in stats] + [s.classwise[1] for s in stats]
+            names = [f"{n} top-label" for n in self.class_names] + [f"{n} (p vs y)" for n in self.class_names]
+        else:
+            rows = [stats[0].top] + [stats[0].classwise[k] for k in range(self.num_classes)]
+            names = ["top-label"] + self.class_names
+        stacked = BinSums.stack(rows).to("cpu")
+        return stacked, names
+
+    def per_case_rows(self) -> list[dict]:
+        rows = []
+        for case in self._cases:
+            shared = {key: case[key] for key in CALIBRATION_KEYS}
+            shared.update(n_region_voxels=case["n_region_voxels"], region=self.protocol.region)
+            for k in self.foreground:
+                rows.append({"case": case["case"], "class_index": k, "class_name": self.class_names[k],
+                             **{key: case[key][k] for key in ("dice", "hd95_mm", "assd_mm", "status", "class_ece")},
+                             **shared})
+        return rows
+
+    def write(self, out_dir: Path) -> dict:
+        """Write per_case.csv, summary.json, reliability.png and reliability.csv (atomically)."""
+        out_dir = Path(out_dir)
+        summary = self.summary()
+        _write_csv(out_dir / "per_case.csv", self.per_case_rows(), (*ROW_COLUMNS, *CASE_COLUMNS))
+        atomic_write(out_dir / "summary.json",
+                     lambda tmp: tmp.write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n"))
+        sums, names = self.reliability_sums()
+        _write_csv(out_dir / "reliability.csv", reliability_table(sums, names), TABLE_COLUMNS)
+        fig = reliability_figure(self, title=f"{out_dir.name}: {self.n_cases} cases pooled")
+        atomic_write(out_dir / "reliability.png", lambda tmp: fig.savefig(tmp, format="png", dpi=100))
+        return summary
+
+
+def _write_csv(path: Path, rows: list[dict], columns: Sequence[str]) -> None:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(columns), lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({key: _fmt(row[key]) for key in columns})
+    atomic_write(path, lambda tmp: tmp.write_text(buffer.getvalue()))
+
+
+def reliability_figure(source: Evaluator | BinSums, names: Sequence[str] | None = None, title: str = "") -> Figure:
+    """Reliability diagrams as a matplotlib Figure (Agg canvas), e.g. for TensorBoard.
+
+    ``source``: an :class:`Evaluator` (its pooled top-label panel, then one panel per class, or
+    per region when multilabel), or :class:`BinSums` of shape (M,) or (P, M) with panel names.
+    """
+    if isinstance(source, Evaluator):
+        sums, names = source.reliability_sums()
+        p = source.protocol
+        title = title or f"{source.n_cases} cases pooled"
+        title += f"; region {p.region}, {p.n_bins} bins"
+        return _figure(sums, names, title)
+    return _figure(source, names, title)
+

@@ -1,0 +1,169 @@
+"""Surface distances in mm: percentile Hausdorff distance (HD95) and average symmetric surface
+distance (ASSD), per class, every class from one boundary pass over the label map.
+
+Surface of class k: voxels of class k with a face neighbour (2*ndim connectivity) of another
+class or on the image border; this is MONAI's ``get_mask_edges`` (mask XOR its erosion by a
+cross, zero border) and DeepMind's surface-distance voxel surface without surfel areas.
+With ``d(A -> B)`` the distances in mm from each surface voxel of A to the nearest one of B:
+
+* ``max_directed`` (default; MONAI ``compute_hausdorff_distance``, DeepMind surface-distance):
+  HD_q = max(P_q d(P -> L), P_q d(L -> P));
+* ``pooled`` (medpy ``hd95``): HD_q = P_q of d(P -> L) and d(L -> P) pooled;
+* ASSD = (sum d(P -> L) + sum d(L -> P)) / (|dP| + |dL|)  (MONAI ``SurfaceDistanceMetric``
+  with ``symmetric=True``).
+
+P_q is the q-th percentile with linear interpolation (numpy/torch default). Empty structures
+follow :mod:`mcseg.metrics.empty` (worst case: the image diagonal in mm).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from scipy.spatial import cKDTree
+
+from mcseg.metrics.base import CaseMetric
+from mcseg.metrics.empty import StructureStatus, status_counts, worst_case_distance
+
+__all__ = [
+    "HD_DEFINITIONS",
+    "boundary_mask",
+    "surface_points",
+    "directed_distances",
+    "SurfaceDistances",
+    "surface_distances",
+    "SurfaceDistanceMetric",
+]
+
+HD_DEFINITIONS = ("max_directed", "pooled")
+
+
+def boundary_mask(label_map: torch.Tensor, image_border: bool = True) -> torch.Tensor:
+    """Voxels with a face neighbour of a different value (both sides of every interface);
+    with ``image_border`` also every voxel on the image border."""
+    small = label_map.to(torch.uint8) if label_map.max() < 256 else label_map
+    mask = torch.zeros(small.shape, dtype=torch.bool, device=small.device)
+    for axis, n in enumerate(small.shape):
+        if n > 1:
+            differs = small.narrow(axis, 0, n - 1) != small.narrow(axis, 1, n - 1)
+            mask.narrow(axis, 0, n - 1).logical_or_(differs)
+            mask.narrow(axis, 1, n - 1).logical_or_(differs)
+        if image_border:
+            mask.select(axis, 0).fill_(True)
+            mask.select(axis, n - 1).fill_(True)
+    return mask
+
+
+def surface_points(label_map: torch.Tensor, num_classes: int, spacing: Sequence[float]) -> list[np.ndarray]:
+    """Surface voxel coordinates in mm of every class, ``[(n_k, ndim) float64 for k in range(K)]``."""
+    edge = boundary_mask(label_map)
+    coords = edge.nonzero().cpu().numpy()  # row-major order, as boolean indexing below
+    values = label_map[edge].cpu().numpy()
+    if values.size and (values.min() < 0 or values.max() >= num_classes):
+        raise ValueError(f"label map values must lie in [0, {num_classes}), found [{values.min()}, {values.max()}]")
+    order = np.argsort(values, kind="stable")
+    counts = np.bincount(values, minlength=num_classes)[:num_classes]
+    mm = coords[order] * np.asarray(spacing, dtype=np.float64)
+    return np.split(mm, np.cumsum(counts)[:-1])
+
+
+def directed_distances(source: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """Distance from each source point to the nearest target point (exact Euclidean, mm).
+
+    A k-d tree over the surface points, as MONAI 1.6 does on CPU: surfaces are sparse, so this
+    beats a dense ``scipy.ndimage.distance_transform_edt(~surface, sampling=spacing)`` over the
+    (cropped) volume, and both give the same exact Euclidean distances (checked in the tests).
+    """
+    workers = -1 if len(source) > 20_000 else 1  # threads cost more than they save on small surfaces
+    return cKDTree(target, leafsize=32).query(source, k=1, workers=workers)[0]
+
+
+@dataclass(frozen=True)
+class SurfaceDistances:
+    """Per class (K,) float64: HD at the chosen percentile and ASSD in mm, and the status."""
+
+    hd: torch.Tensor
+    assd: torch.Tensor
+    status: list[StructureStatus | None]  # None: class not evaluated (background of a label map)
+
+
+def _hd_assd(d_pl: np.ndarray, d_lp: np.ndarray, percentile: float, definition: str) -> tuple[float, float]:
+    if definition == "max_directed":
+        hd = max(np.percentile(d_pl, percentile), np.percentile(d_lp, percentile))
+    else:
+        hd = np.percentile(np.concatenate([d_pl, d_lp]), percentile)
+    return float(hd), float((d_pl.sum() + d_lp.sum()) / (d_pl.size + d_lp.size))
+
+
+def surface_distances(
+    pred: torch.Tensor,
+    label: torch.Tensor,
+    num_classes: int,
+    spacing: Sequence[float],
+    percentile: float = 95.0,
+    definition: str = "max_directed",
+    multilabel: bool = False,
+) -> SurfaceDistances:
+    """HD and ASSD per class. ``pred``/``label``: integer maps (``*spatial``; background 0 is not
+    evaluated) or binary region stacks (``R x *spatial``) when ``multilabel``. ``spacing`` in mm per
+    spatial axis, same order as the array axes."""
+    if definition not in HD_DEFINITIONS:
+        raise ValueError(f"hd_definition must be one of {HD_DEFINITIONS}, got {definition!r}")
+    if not 0.0 <= percentile <= 100.0:
+        raise ValueError(f"hd_percentile must lie in [0, 100], got {percentile}")
+    if pred.shape != label.shape:
+        raise ValueError(f"prediction shape {tuple(pred.shape)} != label shape {tuple(label.shape)}")
+    spatial = pred.shape[1:] if multilabel else pred.shape
+    if len(spacing) != len(spatial):
+        raise ValueError(f"spacing {tuple(spacing)} does not match the {len(spatial)} spatial axes")
+    if multilabel:  # one binary map per region; class 1 of each is the region
+        pairs = [(surface_points(p.to(torch.uint8), 2, spacing)[1], surface_points(y.to(torch.uint8), 2, spacing)[1])
+                 for p, y in zip(pred, label)]
+        classes = range(num_classes)
+    else:
+        pts_pred = surface_points(pred, num_classes, spacing)
+        pts_label = surface_points(label, num_classes, spacing)
+        pairs = list(zip(pts_pred, pts_label))
+        classes = range(1, num_classes)
+    worst = worst_case_distance(tuple(spatial), spacing)
+    hd = torch.full((num_classes,), torch.nan, dtype=torch.float64)
+    assd = hd.clone()
+    status: list[StructureStatus | None] = [None] * num_classes
+    for k in classes:
+        p, y = pairs[k]
+        if len(p) and len(y):
+            status[k] = StructureStatus.OK
+            hd[k], assd[k] = _hd_assd(directed_distances(p, y), directed_distances(y, p), percentile, definition)
+        elif len(p) or len(y):
+            status[k] = StructureStatus.MISSED if len(y) else StructureStatus.FALSE_ALARM
+            hd[k] = assd[k] = worst
+        else:
+            status[k] = StructureStatus.BOTH_EMPTY
+    return SurfaceDistances(hd, assd, status)
+
+
+class SurfaceDistanceMetric(CaseMetric):
+    """HD and ASSD per class and case (``surface_distances``); ``aggregate()`` gives per-class
+    means over cases (NaN excluded) and the status counts."""
+
+    def __init__(self, num_classes: int, percentile: float = 95.0, definition: str = "max_directed",
+                 multilabel: bool = False) -> None:
+        super().__init__()
+        self.num_classes, self.percentile, self.definition, self.multilabel = (
+            num_classes, percentile, definition, multilabel)
+
+    def compute(self, pred: torch.Tensor, label: torch.Tensor, spacing: Sequence[float]) -> SurfaceDistances:
+        return surface_distances(pred, label, self.num_classes, spacing, self.percentile, self.definition,
+                                 self.multilabel)
+
+    def aggregate(self) -> dict:
+        if not self._buffer:
+            empty = torch.full((self.num_classes,), torch.nan, dtype=torch.float64)
+            return {"hd": empty, "assd": empty.clone(), "status_counts": {}}
+        hd = torch.stack([r.hd for r in self._buffer])
+        assd = torch.stack([r.assd for r in self._buffer])
+        return {"hd": hd.nanmean(0), "assd": assd.nanmean(0),
+                "status_counts": status_counts([r.status for r in self._buffer], self.num_classes)}

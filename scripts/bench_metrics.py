@@ -1,0 +1,281 @@
+"""Benchmark mcseg's per-case evaluation against MONAI + torchmetrics on the same inputs (CPU).
+
+For each case, from the same probabilities (C x *spatial, float32) and label map:
+
+* mcseg: ``Evaluator.add_case`` with region ``all`` (the voxels MONAI and torchmetrics use):
+  Dice, HD95 and ASSD per class, ECE, MCE, classwise ECE (and each class's term), adaptive ECE,
+  NLL, Brier;
+* reference: argmax and one-hot encoding (what the libraries need as input), MONAI
+  ``HausdorffDistanceMetric`` (HD95 per class, spacing) and ``CalibrationErrorMetric`` (ECE per
+  class), torchmetrics ``MulticlassCalibrationError`` (top-label ECE and MCE, two metrics).
+
+mcseg computes a superset of the reference's numbers; the shared ones are compared, and both
+sides are also compared with an exact float64 NumPy computation of the calibration errors.
+Runs alternate between the two pipelines and the median over repeats is reported.
+
+    python scripts/bench_metrics.py                # writes the "Metrics" section of docs/benchmarks.md
+    python scripts/bench_metrics.py --no-write --repeats 1 --hippocampus-cases 10
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import re
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from mcseg.engine.evaluator import EvalProtocol, Evaluator  # noqa: E402
+
+N_BINS = 15
+DOC = ROOT / "docs" / "benchmarks.md"
+
+
+def synthetic_probs(label: torch.Tensor, k: int, seed: int) -> torch.Tensor:
+    """Probabilities that mostly agree with ``label``: a blurred one-hot plus smooth noise."""
+    g = torch.Generator().manual_seed(seed)
+    onehot = F.one_hot(label, k).movedim(-1, 0).float()[None]
+    pool = F.avg_pool3d if label.ndim == 3 else F.avg_pool2d
+    soft = pool(onehot, 5, stride=1, padding=2)[0]
+    coarse = [max(n // 16, 2) for n in label.shape]
+    mode = "trilinear" if label.ndim == 3 else "bilinear"
+    noise = F.interpolate(torch.randn(1, k, *coarse, generator=g), size=tuple(label.shape), mode=mode)[0]
+    return torch.softmax(8 * soft + 2.5 * noise, 0)
+
+
+def synthetic_ct(shape=(256, 256, 160), k: int = 14, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """A CT-sized label map of k - 1 random ellipsoids (organs) and matching probabilities."""
+    g = torch.Generator().manual_seed(seed)
+    axes = torch.meshgrid(*[torch.arange(n, dtype=torch.float32) for n in shape], indexing="ij")
+    label = torch.zeros(shape, dtype=torch.int64)
+    for c in range(1, k):
+        centre = [float(torch.empty(1).uniform_(0.2 * n, 0.8 * n, generator=g)) for n in shape]
+        radius = [float(torch.empty(1).uniform_(0.06 * n, 0.2 * n, generator=g)) for n in shape]
+        label[sum(((x - c0) / r) ** 2 for x, c0, r in zip(axes, centre, radius)) <= 1] = c
+    return synthetic_probs(label, k, seed), label
+
+
+def run_mcseg(probs, label, spacing, k):
+    ev = Evaluator(k, [f"class_{i}" for i in range(k)], EvalProtocol(region="all", n_bins=N_BINS,
+                                                                     bootstrap_samples=0))
+    flat = ev.add_case("case", probs, label, spacing)
+    case = ev._cases[0]
+    return {"hd95": np.array(case["hd95_mm"][1:]), "class_ece": np.array(case["class_ece"]),
+            "ece": flat["ece"], "mce": flat["mce"]}
+
+
+def run_reference(probs, label, spacing, k):
+    from monai.metrics import CalibrationErrorMetric, HausdorffDistanceMetric
+    from torchmetrics.classification import MulticlassCalibrationError
+
+    def onehot(t):
+        return F.one_hot(t, k).movedim(-1, 0)[None].float()
+
+    pred_oh, label_oh = onehot(probs.argmax(0)), onehot(label)
+    hd = HausdorffDistanceMetric(include_background=False, percentile=95, reduction="none")(
+        pred_oh, label_oh, spacing=list(spacing))
+    class_ece = CalibrationErrorMetric(num_bins=N_BINS, metric_reduction="none")(probs[None], label_oh)
+    top = {}
+    for norm in ("l1", "max"):
+        metric = MulticlassCalibrationError(k, n_bins=N_BINS, norm=norm)
+        metric.update(probs[None], label[None])
+        top[norm] = float(metric.compute())
+    return {"hd95": hd[0].numpy().astype(np.float64), "class_ece": class_ece[0].numpy().astype(np.float64),
+            "ece": top["l1"], "mce": top["max"]}
+
+
+def exact_calibration(probs, label, k):
+    """Float64 NumPy reference: per-class ECE, top-label ECE and MCE, bins (lo, hi]."""
+    p = probs.reshape(k, -1).numpy()
+    y = label.reshape(-1).numpy()
+
+    def ece(values, hits):
+        bins = np.clip(np.ceil(values.astype(np.float64) * N_BINS) - 1, 0, N_BINS - 1).astype(np.int64)
+        n = np.bincount(bins, minlength=N_BINS)
+        gap = np.abs(np.bincount(bins, hits.astype(np.float64), N_BINS) - np.bincount(bins, values, N_BINS))
+        return gap.sum() / len(values), (gap[n > 0] / n[n > 0]).max()
+
+    conf, pred = p.max(0), p.argmax(0)
+    top_ece, top_mce = ece(conf, pred == y)
+    return {"class_ece": np.array([ece(p[c], y == c)[0] for c in range(k)]), "ece": top_ece, "mce": top_mce}
+
+
+def timed(fn, *args):
+    start = time.perf_counter()
+    out = fn(*args)
+    return time.perf_counter() - start, out
+
+
+def compare(ours: dict, theirs: dict, exact: dict | None) -> dict:
+    both = ~np.isnan(ours["hd95"]) & ~np.isnan(theirs["hd95"])
+    out = {"hd95_rel": float(np.max(np.abs(ours["hd95"][both] - theirs["hd95"][both]) / theirs["hd95"][both]))
+           if both.any() else float("nan"),
+           "class_ece": float(np.max(np.abs(ours["class_ece"] - theirs["class_ece"]))),
+           "ece": abs(ours["ece"] - theirs["ece"]), "mce": abs(ours["mce"] - theirs["mce"])}
+    if exact is not None:
+        for side, values in (("mcseg", ours), ("reference", theirs)):
+            out[f"{side}_vs_exact"] = max(float(np.max(np.abs(values["class_ece"] - exact["class_ece"]))),
+                                          abs(values["ece"] - exact["ece"]), abs(values["mce"] - exact["mce"]))
+    return out
+
+
+def machine() -> str:
+    cpu = "unknown CPU"
+    if Path("/proc/cpuinfo").is_file():
+        names = re.findall(r"model name\s*:\s*(.+)", Path("/proc/cpuinfo").read_text())
+        cpu = names[0].strip() if names else cpu
+    mem = ""
+    if Path("/proc/meminfo").is_file():
+        kb = int(re.search(r"MemTotal:\s+(\d+)", Path("/proc/meminfo").read_text()).group(1))
+        mem = f", {kb / 2**20:.0f} GiB RAM"
+    load = f", load average {os.getloadavg()[0]:.1f} at start" if hasattr(os, "getloadavg") else ""
+    import monai
+    import scipy
+    import torchmetrics
+
+    return (f"{cpu}, {os.cpu_count()} logical CPUs{mem} ({platform.system()}, virtual machine{load}); "
+            f"torch {torch.__version__} with {torch.get_num_threads()} threads, MONAI {monai.__version__}, "
+            f"torchmetrics {torchmetrics.__version__}, scipy {scipy.__version__}, Python {platform.python_version()}")
+
+
+def bench_case(probs, label, spacing, k, repeats, exact=True, warmup=True):
+    if warmup:  # first touches of fresh memory are slow on a virtual machine: warm both up, untimed
+        run_mcseg(probs, label, spacing, k), run_reference(probs, label, spacing, k)
+    ours_t, ref_t = [], []
+    for _ in range(repeats):  # alternate, so that load on a shared machine hits both alike
+        t, ours = timed(run_mcseg, probs, label, spacing, k)
+        ours_t.append(t)
+        t, theirs = timed(run_reference, probs, label, spacing, k)
+        ref_t.append(t)
+    return ours_t, ref_t, compare(ours, theirs, exact_calibration(probs, label, k) if exact else None)
+
+
+def hippocampus_cases(root: Path, n: int):
+    import nibabel as nib
+
+    for path in sorted((root / "labelsTr").glob("hippocampus_*.nii.gz"))[:n]:
+        img = nib.load(str(path))
+        label = torch.from_numpy(np.asarray(img.dataobj).astype(np.int64))
+        yield path.name, label, tuple(float(z) for z in img.header.get_zooms()[:3])
+
+
+def write_section(text: str) -> None:
+    doc = DOC.read_text() if DOC.is_file() else "# Benchmarks\n"
+    section = "## Metrics\n\n" + text.strip() + "\n"
+    pattern = re.compile(r"^## Metrics\n.*?(?=^## |\Z)", re.S | re.M)
+    doc = pattern.sub(lambda _: section + "\n", doc) if pattern.search(doc) else doc.rstrip() + "\n\n" + section
+    DOC.parent.mkdir(parents=True, exist_ok=True)
+    tmp = DOC.with_name(f".{DOC.name}.tmp")
+    tmp.write_text(doc.rstrip() + "\n")
+    os.replace(tmp, DOC)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--hippocampus", type=Path, default=ROOT.parent / "shared" / "data" / "hippocampus")
+    parser.add_argument("--hippocampus-cases", type=int, default=40)
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args(argv)
+    warnings.filterwarnings("ignore")  # MONAI deprecation and empty-class warnings
+    desc = machine()
+    print(desc)
+
+    k, shape, spacing = 14, (256, 256, 160), (0.8, 0.8, 2.5)
+    probs, label = synthetic_ct(shape, k)
+    ours_t, ref_t, diff = bench_case(probs, label, spacing, k, args.repeats)
+    ct = (statistics.median(ours_t), statistics.median(ref_t))
+    spread = f"mcseg {min(ours_t):.2f}-{max(ours_t):.2f} s, reference {min(ref_t):.2f}-{max(ref_t):.2f} s"
+    print(f"CT-sized: mcseg {ct[0]:.2f} s, MONAI + torchmetrics {ct[1]:.2f} s, ratio {ct[1] / ct[0]:.1f}; {diff}")
+    del probs
+
+    hip = None
+    if (args.hippocampus / "labelsTr").is_dir():
+        totals, diffs, n, n_vox = [0.0, 0.0], [], 0, 0
+        for i, (name, lab, sp) in enumerate(hippocampus_cases(args.hippocampus, args.hippocampus_cases)):
+            p = synthetic_probs(lab, 3, seed=i)
+            o, r, d = bench_case(p, lab, sp, 3, 1, exact=True, warmup=i == 0)
+            totals[0] += o[0]
+            totals[1] += r[0]
+            diffs.append(d)
+            n += 1
+            n_vox += lab.numel()
+        worst = {key: max(d[key] for d in diffs) for key in diffs[0]}
+        hip = (n, n_vox / n, totals, worst)
+        print(f"hippocampus ({n} cases): mcseg {totals[0]:.2f} s, reference {totals[1]:.2f} s, "
+              f"ratio {totals[1] / totals[0]:.1f}; {worst}")
+
+    if args.no_write:
+        return 0
+    lines = [
+        "`python scripts/bench_metrics.py` — mcseg's full per-case evaluation (`Evaluator.add_case`, region "
+        "`all`: Dice, HD95 and ASSD per class, ECE, MCE, classwise ECE, adaptive ECE, NLL, Brier) against "
+        "MONAI `HausdorffDistanceMetric` (HD95, spacing) + `CalibrationErrorMetric` (ECE per class) + "
+        "torchmetrics `MulticlassCalibrationError` (top-label ECE and MCE), from the same float32 "
+        "probabilities and label map. The reference time includes the argmax and one-hot encoding those "
+        "metrics need as input. Both pipelines are run once untimed first (on this virtual machine the first "
+        "touch of fresh memory costs several times the computation), then alternately; median of the runs.",
+        "",
+        f"Machine: {desc}. The machine is shared with other jobs, so the table gives the median and the "
+        "range. In one earlier run, under heavy load from other jobs, mcseg's CT case took 27 s instead of "
+        "2 s (ratio below 1; cause not established, two CPU-bound competitors alone give 6.2 s vs 25.8 s); "
+        "rerun when the figures matter.",
+        "",
+        "| inputs | mcseg | MONAI + torchmetrics | speed-up |",
+        "|---|---|---|---|",
+        f"| synthetic CT, 256 x 256 x 160, 14 classes, spacing 0.8 x 0.8 x 2.5 mm (median of {args.repeats} "
+        f"runs; {spread}) | {ct[0]:.2f} s | {ct[1]:.2f} s | **{ct[1] / ct[0]:.1f}x** |",
+    ]
+    if hip is not None:
+        n, mean_vox, totals, worst = hip
+        lines.append(f"| hippocampus (MSD Task04 labels, {n} cases, {mean_vox / 1e3:.0f}k voxels on average, 3 classes, "
+                     f"synthetic probabilities), total | {totals[0]:.2f} s | {totals[1]:.2f} s | "
+                     f"**{totals[1] / totals[0]:.1f}x** |")
+    lines += [
+        "",
+        "Agreement on the shared numbers (largest difference over classes and cases):",
+        "",
+        "| quantity | synthetic CT | hippocampus |",
+        "|---|---|---|",
+    ]
+    hip_d = hip[3] if hip is not None else {}
+
+    def cell(d, key, fmt="{:.1e}"):
+        return fmt.format(d[key]) if key in d else "-"
+
+    lines += [
+        f"| HD95, relative difference mcseg vs MONAI | {cell(diff, 'hd95_rel')} | {cell(hip_d, 'hd95_rel')} |",
+        f"| ECE per class, mcseg vs MONAI | {cell(diff, 'class_ece')} | {cell(hip_d, 'class_ece')} |",
+        f"| top-label ECE, mcseg vs torchmetrics | {cell(diff, 'ece')} | {cell(hip_d, 'ece')} |",
+        f"| top-label MCE, mcseg vs torchmetrics | {cell(diff, 'mce')} | {cell(hip_d, 'mce')} |",
+        f"| calibration errors, mcseg vs exact float64 | {cell(diff, 'mcseg_vs_exact')} | "
+        f"{cell(hip_d, 'mcseg_vs_exact')} |",
+        f"| calibration errors, MONAI/torchmetrics vs exact float64 | {cell(diff, 'reference_vs_exact')} | "
+        f"{cell(hip_d, 'reference_vs_exact')} |",
+        "",
+        "Where mcseg and the libraries differ on calibration, the libraries are the ones off: both "
+        "accumulate per-bin sums in float32 with `scatter_add` (torchmetrics even for float64 inputs), and "
+        "adding many nearly equal confidences to a large float32 sum rounds the same way each time, so the "
+        "error grows with the bin's size (2e-4 on 65k voxels, 1e-2 on 10M); mcseg accumulates in float64 "
+        "and agrees with an exact float64 computation. HD95 differs only by MONAI's float32 distances. "
+        "Why mcseg is faster: one boundary pass over the label map for all classes (MONAI crops and "
+        "erodes once per class on one-hot volumes), class probabilities binned in cache-sized chunks "
+        "with the dominant bin 0 taken as a complement, and no one-hot encoding.",
+    ]
+    write_section("\n".join(lines))
+    print(f"wrote the Metrics section of {DOC}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
