@@ -53,8 +53,11 @@ def format_summary(summary: dict, class_names: list[str], title: str) -> str:
                      f"{_fmt(entry.get('hd95_mm', {}).get('mean'), 2):>12}")
     lines.append(f"{'foreground mean':<16}{_fmt(summary.get('mean_foreground_dice')):>10}"
                  f"{_fmt(summary.get('mean_foreground_hd95_mm'), 2):>12}")
+    pooled = summary.get("pooled", {})
     lines.append(f"ECE {_fmt(summary.get('mean_ece'))}   classwise ECE {_fmt(summary.get('mean_classwise_ece'))}"
                  f"   (means of per-case values)")
+    lines.append(f"ECE {_fmt(pooled.get('ece'))}   classwise ECE {_fmt(pooled.get('classwise_ece'))}"
+                 f"   (pooled over all voxels of the split)")
     return "\n".join(lines)
 
 

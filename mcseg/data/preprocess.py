@@ -262,12 +262,10 @@ def _paste(x, start: Sequence[int], size: Sequence[int], fill):
 
     lead = x.ndim - len(size)
     out = fill.reshape(fill.shape + (1,) * len(size)).expand(*x.shape[:lead], *size).clone()
-    src, dst = [slice(None)] * lead, [slice(None)] * lead
-    for s0, n, dim in zip(start, size, x.shape[lead:]):
-        lo, hi = max(s0, 0), min(s0 + n, dim)
-        src.append(slice(lo, max(lo, hi)))
-        dst.append(slice(lo - s0, lo - s0 + max(0, hi - lo)))
-    out[tuple(dst)] = x[tuple(src)]
+    from mcseg.data.sampling import crop_slices
+
+    src, dst = crop_slices(start, size, x.shape, lead)
+    out[dst] = x[src]
     return out if isinstance(out, torch.Tensor) else torch.as_tensor(out)
 
 

@@ -20,16 +20,23 @@ from mcseg.data.cases import CaseData
 _MAX_FG_POINTS = 4096  # foreground voxels kept per class and case to draw centres from
 
 
+def crop_slices(start: Sequence[int], size: Sequence[int], shape: Sequence[int], lead: int):
+    """Index tuples ``(src, dst)`` copying the window ``start:start+size`` of an array of ``shape``
+    (trailing axes; ``lead`` leading axes kept whole) into a ``size`` array; outside parts are skipped."""
+    src, dst = [slice(None)] * lead, [slice(None)] * lead
+    for s0, n, dim in zip(start, size, shape[lead:]):
+        lo, hi = max(s0, 0), min(s0 + n, dim)
+        src.append(slice(lo, max(lo, hi)))
+        dst.append(slice(lo - s0, lo - s0 + max(0, hi - lo)))
+    return tuple(src), tuple(dst)
+
+
 def crop_or_pad(array: np.ndarray, start: Sequence[int], size: Sequence[int], fill: float = 0.0) -> np.ndarray:
     """Cut ``array[..., start:start+size]`` over its last ``len(size)`` axes, padding with ``fill``."""
     lead = array.ndim - len(size)
     out = np.full(array.shape[:lead] + tuple(size), fill, dtype=array.dtype)
-    src, dst = [slice(None)] * lead, [slice(None)] * lead
-    for s0, n, dim in zip(start, size, array.shape[lead:]):
-        lo, hi = max(s0, 0), min(s0 + n, dim)
-        src.append(slice(lo, max(lo, hi)))
-        dst.append(slice(lo - s0, lo - s0 + max(0, hi - lo)))
-    out[tuple(dst)] = array[tuple(src)]
+    src, dst = crop_slices(start, size, array.shape, lead)
+    out[dst] = array[src]
     return out
 
 
