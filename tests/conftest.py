@@ -63,3 +63,20 @@ def run_cli(script: str, args: list[str], cwd: Path = ROOT, timeout: int = 300) 
         [sys.executable, str(ROOT / script), *args], cwd=cwd, env=env, capture_output=True, text=True,
         timeout=timeout,
     )
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    """Never touch ~/.cache: every test gets its own preprocessing cache."""
+    monkeypatch.setenv("MCSEG_CACHE_DIR", str(tmp_path / "cache"))
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny tensors on a shared machine: one intra-op thread is faster and steadier."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

@@ -19,11 +19,6 @@ LOSSES = sorted(p.stem for p in (Path(CONFIG_DIR) / "loss").glob("*.yaml"))
 MULTILABEL = {"bce", "spa"}
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("MCSEG_CACHE_DIR", str(tmp_path / "cache"))
-
-
 @pytest.mark.parametrize("loss", LOSSES)
 def test_every_loss_trains_and_evaluates(make_cfg, tmp_path, loss):
     if loss in MULTILABEL:

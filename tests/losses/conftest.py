@@ -1,11 +1,6 @@
 import pytest
-import torch
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny tensors: one intra-op thread is faster and immune to a busy machine."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_thread(one_thread):
     yield
-    torch.set_num_threads(previous)
