@@ -76,11 +76,8 @@ def evaluate(cfg: DictConfig) -> dict:
     device = resolve_device(cfg.device)
     dataset = build_dataset(run_cfg.dataset)
     record_dataset_facts(run_cfg, dataset)
-    if other_dataset:
-        split_dir = Path(cfg.paths.output_dir)
-        splits = resolve_split(dataset, run_cfg.dataset, split_dir)
-    else:
-        splits = resolve_split(dataset, run_cfg.dataset, run_dir)
+    # Another dataset gets its own split.json in this job's directory; the run's own is reused otherwise.
+    splits = resolve_split(dataset, run_cfg.dataset, Path(cfg.paths.output_dir) if other_dataset else run_dir)
     model = instantiate_checked(run_cfg.model, "model").to(device)
     load_model_weights(model, state["model"], ckpt_path)
     loss_fn = instantiate_checked(run_cfg.loss, "loss").to(device)

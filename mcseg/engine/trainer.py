@@ -61,7 +61,7 @@ class Trainer:
         self.cfg, self.run_dir = cfg, run_dir
         self.model, self.loss_fn, self.optimizer, self.scheduler = model, loss_fn, optimizer, scheduler
         self.loader, self.sampler, self.predictor, self.restore = loader, sampler, predictor, restore
-        self.val_cases = val_cases[: cfg.val_max_cases] if cfg.val_max_cases else val_cases
+        self.val_cases = val_cases  # already capped at trainer.val_max_cases when loaded
         self.num_classes, self.class_names, self.protocol = num_classes, class_names, protocol
         self.tb, self.config_container, self.images = tb, config_container, images
         self.device = predictor.device
