@@ -37,7 +37,7 @@ class SamplingConfig:
     flip_axes: list[int] = field(default_factory=list)
     intensity: float = 0.0
     slice_axis: int = -1
-    num_workers: int | None = None  # None: one less than the CPU cores, at most 8
+    num_workers: int | None = None  # loader workers; None: the cores the training step leaves free, at most 8
 
 
 @dataclass
@@ -58,6 +58,13 @@ class TrainerConfig:
     max_nonfinite_skips: int = 5
     log_every_n_steps: int = 20
     progress_bar: bool = True
+    compile: bool = False  # torch.compile the training module
+    channels_last: str = "auto"  # auto | true | false: channels-last memory layout (auto: CUDA 2D only)
+
+    def __post_init__(self) -> None:
+        if str(self.channels_last).lower() not in ("auto", "true", "false"):
+            raise ConfigError(f"config key 'trainer.channels_last': expected auto, true or false, "
+                              f"got {self.channels_last!r}")
 
 
 @dataclass
@@ -118,7 +125,7 @@ def check_target_keys(node: DictConfig, key: str, ignore: tuple[str, ...] = ()) 
 TOP_LEVEL = {
     "dataset", "model", "loss", "optim", "scheduler", "trainer", "inference", "evaluation",
     "logger", "paths", "task_name", "seed", "tags", "experiment", "hparams_search", "debug",
-    "optimized_metric",
+    "optimized_metric", "score", "posthoc",
 }
 
 

@@ -6,13 +6,18 @@ all call this one function.
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from mcseg.calibration import PosthocConfig, fit_posthoc, scalers_to_apply
 from mcseg.config import LoggerConfig, TrainerConfig, typed, validate_train_config
+from mcseg.data.io import write_json
+from mcseg.errors import ConfigError
 from mcseg.engine.data import build_dataset, build_train_loader, load_cases, record_dataset_facts, resolve_split, sampling_config
+from mcseg.engine.distributed import init_distributed, shutdown
 from mcseg.engine.evaluator import EvalProtocol
 from mcseg.engine.inference import InferenceConfig
 from mcseg.engine.predict import SegmentationPredictor
@@ -20,7 +25,8 @@ from mcseg.engine.tb_logger import TensorBoardLogger
 from mcseg.engine.trainer import HEADLINE, Trainer
 from mcseg.evaluate import evaluate_split, format_summary
 from mcseg.models import MbLSUNet2D, size_divisor
-from mcseg.runtime import resolve_device, seed_everything
+from mcseg.sweep import run_identity
+from mcseg.runtime import seed_everything
 from mcseg.targets import instantiate_checked
 
 log = logging.getLogger(__name__)
@@ -50,14 +56,23 @@ def train(cfg: DictConfig) -> dict:
     lcfg: LoggerConfig = typed(cfg.logger, LoggerConfig, "logger")
     inference: InferenceConfig = typed(cfg.inference, InferenceConfig, "inference")
     protocol: EvalProtocol = typed(cfg.evaluation, EvalProtocol, "evaluation")
+    posthoc: PosthocConfig = typed(cfg.posthoc, PosthocConfig, "posthoc")
+    if set(posthoc.apply) - set(posthoc.fit):
+        raise ConfigError(f"config key 'posthoc.apply'={posthoc.apply}: each applied scaler must also be in "
+                          f"posthoc.fit={posthoc.fit} (training fits them on the validation split)")
+    unknown = sorted(set(cfg.get("score") or {}) - set(HEADLINE))
+    if unknown:
+        raise ConfigError(f"config key 'score.{unknown[0]}': not a validation metric (expected {', '.join(HEADLINE)})")
     seed_everything(int(cfg.seed), tcfg.deterministic)
-    device = resolve_device(tcfg.device)
+    dist, device = init_distributed(tcfg.device)  # torchrun: this rank's process group and device
+    run_dir = Path(dist.broadcast_object(str(run_dir)))  # rank 0's run directory on every rank
 
     dataset = build_dataset(cfg.dataset)
     record_dataset_facts(cfg, dataset)
-    splits = resolve_split(dataset, cfg.dataset, run_dir)
+    with dist.main_first():  # torchrun: rank 0 writes split.json and the cache, the others then read them
+        splits = resolve_split(dataset, cfg.dataset, run_dir)
+        dataset.prepare(splits["all"])  # preprocess and cache once (no-op when preprocessing is off)
     log.info("dataset %s: %s", dataset.name, {k: len(v) for k, v in splits.refs.items()})
-    dataset.prepare(splits["all"])  # preprocess and cache once (no-op when preprocessing is off)
     train_cases = load_cases(dataset, splits["train"])
     val_cases = load_cases(dataset, splits["val"][: tcfg.val_max_cases] if tcfg.val_max_cases else splits["val"])
 
@@ -68,13 +83,13 @@ def train(cfg: DictConfig) -> dict:
     optimizer = instantiate_checked(cfg.optim, "optim")(params=model.parameters())
     scheduler = instantiate_checked(cfg.scheduler, "scheduler")(optimizer=optimizer)
     predictor = build_predictor(cfg, model, loss_fn, device, inference, tcfg.precision)
-    loader, sampler = build_train_loader(train_cases, cfg.dataset, int(cfg.seed), device.type == "cuda")
+    loader, sampler = build_train_loader(train_cases, cfg.dataset, int(cfg.seed), device, dist)
 
-    tb = TensorBoardLogger(run_dir / "tensorboard" if lcfg.tensorboard else None)
+    tb = TensorBoardLogger(run_dir / "tensorboard" if lcfg.tensorboard and dist.is_main else None)
     container = OmegaConf.to_container(cfg, resolve=True)
     trainer = Trainer(
         tcfg, run_dir, model, loss_fn, optimizer, scheduler, loader, sampler, predictor, val_cases, dataset.restore,
-        dataset.num_classes, dataset.class_names, protocol, tb, container, lcfg.images,
+        dataset.num_classes, dataset.class_names, protocol, tb, container, lcfg.images, dist,
     )
     last = run_dir / "checkpoints" / "last.pt"
     if tcfg.resume and not last.is_file():
@@ -85,17 +100,48 @@ def train(cfg: DictConfig) -> dict:
         trainer.resume(last)
     try:
         trainer.fit()
+        if not dist.is_main:  # torchrun: the test evaluation and the result files are rank 0's
+            return {}
         trainer.load_best()
         del train_cases
+        scalers = {}
+        if posthoc.fit:  # post-hoc calibration of best.pt on the validation cases
+            record = fit_posthoc(predictor, val_cases, posthoc, run_dir, "best.pt")
+            scalers = scalers_to_apply(record, posthoc.apply, run_dir)
         summary = evaluate_split(
             predictor, dataset, splits["test"], protocol, run_dir / "eval" / "test",
-            inference.save_predictions, inference.save_probabilities,
+            inference.save_predictions, inference.save_probabilities, scalers,
         )
     finally:
         tb.close()
+        shutdown(dist)
     print(format_summary(summary, dataset.class_names, title=f"{dataset.name} test split"))
     result = {f"test/{k}": summary.get(k) for k in HEADLINE}
     result.update({k: v for k, v in trainer.history[-1].items() if k.startswith("val/")} if trainer.history else {})
+    for name, after in summary.get("posthoc", {}).items():
+        result.update({f"test_{name}/{k}": after.get(k) for k in HEADLINE})
     result["best_epoch"] = trainer.best_epoch
     result[f"best/{tcfg.monitor}"] = trainer.best_value
+    best = next((h for h in trainer.history if h["epoch"] == trainer.best_epoch), {})
+    result.update({f"best_{k}": v for k, v in best.items() if k.startswith("val/")})
+    result["score"] = validation_score(best, cfg.get("score"))
+    # what mcseg-report reads: the configuration of this run and its validation (selection) metrics
+    write_json(run_dir / "result.json", {**result, "run": run_identity(cfg)})
     return result
+
+
+def validation_score(metrics: dict, weights) -> float | None:
+    """``sum_k w_k * metrics["val/" + k]`` over the ``score`` weights (validation metrics of the best epoch).
+
+    The one number sweepers optimise and reports select by (``optimized_metric: score``);
+    None when a weighted metric was not measured (e.g. ECE undefined on empty validation cases).
+    """
+    if not weights:
+        return None
+    total = 0.0
+    for key, weight in weights.items():
+        value = metrics.get(f"val/{key}")
+        if value is None or not math.isfinite(value):
+            return None
+        total += float(weight) * float(value)
+    return total

@@ -169,10 +169,11 @@ def hippocampus_cases(root: Path, n: int):
         yield path.name, label, tuple(float(z) for z in img.header.get_zooms()[:3])
 
 
-def write_section(text: str) -> None:
+def write_section(text: str, title: str = "Metrics") -> None:
+    """Replace (or append) the ``## <title>`` section of docs/benchmarks.md, leaving the others."""
     doc = DOC.read_text() if DOC.is_file() else "# Benchmarks\n"
-    section = "## Metrics\n\n" + text.strip() + "\n"
-    pattern = re.compile(r"^## Metrics\n.*?(?=^## |\Z)", re.S | re.M)
+    section = f"## {title}\n\n" + text.strip() + "\n"
+    pattern = re.compile(rf"^## {re.escape(title)}\n.*?(?=^## |\Z)", re.S | re.M)
     doc = pattern.sub(lambda _: section + "\n", doc) if pattern.search(doc) else doc.rstrip() + "\n\n" + section
     DOC.parent.mkdir(parents=True, exist_ok=True)
     tmp = DOC.with_name(f".{DOC.name}.tmp")

@@ -70,12 +70,13 @@ def test_optimisers_and_schedulers_build(make_cfg, optim, scheduler):
     sched.step()
 
 
-def test_evaluate_config_requires_ckpt(make_cfg):
-    from omegaconf.errors import MissingMandatoryValue
+@pytest.mark.parametrize("overrides", [[], ["ckpt=a/checkpoints/best.pt", "runs=a"]])
+def test_evaluate_needs_exactly_one_of_ckpt_and_runs(make_cfg, overrides):
+    from mcseg.errors import ConfigError
+    from mcseg.evaluate import evaluate
 
-    cfg = make_cfg([], config_name="evaluate")
-    with pytest.raises(MissingMandatoryValue):
-        _ = cfg.ckpt
+    with pytest.raises(ConfigError, match="exactly one of ckpt=.* or runs="):
+        evaluate(make_cfg(overrides, config_name="evaluate"))
 
 
 def _set_key(cfg, path: str, value) -> None:

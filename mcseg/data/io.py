@@ -7,6 +7,7 @@ exactly where the input was. NIfTI goes through nibabel; other formats SimpleITK
 """
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from dataclasses import dataclass
@@ -106,3 +107,8 @@ def write_nifti(path: str | os.PathLike, array: np.ndarray, affine: np.ndarray) 
 
     img = nib.Nifti1Image(np.asarray(array), np.asarray(affine, dtype=np.float64))
     atomic_write(Path(path), lambda tmp: nib.save(img, str(tmp)))
+
+
+def write_json(path: Path, payload) -> None:
+    """Write ``payload`` as indented JSON through :func:`atomic_write`."""
+    atomic_write(Path(path), lambda tmp: tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n"))

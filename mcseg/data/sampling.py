@@ -119,7 +119,7 @@ class PatchDataset(Dataset):
         if self.dims == 2 and label.ndim - lead == 3:  # a slice of a volume
             axis = self.slice_axis % 3
             z = int(centre[axis]) if centre is not None else int(rng.integers(label.shape[lead + axis]))
-            image, label = np.take(image, z, axis=axis + 1), np.take(label, z, axis=axis + lead)
+            image, label = _plane(image, z, axis + 1), _plane(label, z, axis + lead)
             if centre is not None:
                 centre = np.delete(centre, axis)
         shape = label.shape[lead:]
@@ -157,23 +157,42 @@ class PatchDataset(Dataset):
         }
 
 
+def _plane(array: np.ndarray, index: int, axis: int) -> np.ndarray:
+    """``array``'s plane ``index`` along ``axis`` as a view (``np.take`` copies, several times slower)."""
+    return array[(slice(None),) * axis + (index,)]
+
+
 def _has_channels(case: CaseData) -> bool:
     """Multi-label cases carry ``R x *S`` labels: as many axes as the ``C x *S`` image."""
     return case.label is not None and case.label.ndim == case.image.ndim
 
 
 class EpochSampler(Sampler[int]):
-    """Yields ``epoch * n + i``: sample identity depends on the epoch, not on worker state."""
+    """Yields ``epoch * n + i``: sample identity depends on the epoch, not on worker state.
 
-    def __init__(self, samples_per_epoch: int) -> None:
+    With several processes (``world_size > 1``, DDP) rank ``r`` takes the indices
+    ``r::world_size`` of the epoch's list, cut to the same length on every rank
+    (``n // world_size``), so the ranks draw disjoint samples and take equally many steps.
+    ``samples_per_epoch`` stays the number of samples per epoch over all ranks.
+    """
+
+    def __init__(self, samples_per_epoch: int, rank: int = 0, world_size: int = 1) -> None:
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} outside a world of size {world_size}")
+        if samples_per_epoch < world_size:
+            raise ValueError(f"dataset.sampling.samples_per_epoch={samples_per_epoch} is smaller than the "
+                             f"{world_size} processes sharing each epoch")
         self.n, self.epoch, self.skip = int(samples_per_epoch), 0, 0
+        self.rank, self.world_size = int(rank), int(world_size)
 
     def set_epoch(self, epoch: int, skip: int = 0) -> None:
-        """Draw the samples of ``epoch``, leaving out its first ``skip`` (a resumed epoch)."""
+        """Draw the samples of ``epoch``, leaving out this rank's first ``skip`` (a resumed epoch)."""
         self.epoch, self.skip = int(epoch), int(skip)
 
     def __iter__(self) -> Iterator[int]:
-        return iter(range(self.epoch * self.n + self.skip, (self.epoch + 1) * self.n))
+        first = self.epoch * self.n
+        share = range(first + self.rank, first + self.world_size * (self.n // self.world_size), self.world_size)
+        return iter(share[self.skip:])
 
     def __len__(self) -> int:
-        return self.n - self.skip
+        return max(0, self.n // self.world_size - self.skip)

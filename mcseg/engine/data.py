@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,9 +20,13 @@ from mcseg.data.base import SegmentationDataset
 from mcseg.data.cases import CaseData, CaseRef
 from mcseg.data.sampling import EpochSampler, PatchDataset
 from mcseg.data.split import load_split, make_dataset_split, save_split
+from mcseg.engine.distributed import DistContext
 from mcseg.targets import instantiate_checked
 
 log = logging.getLogger(__name__)
+
+PREFETCH_BATCHES = 4  # batches each loader worker prepares ahead of the training step
+WORKER_START_METHOD = "fork" if sys.platform.startswith("linux") else "spawn"  # torch's defaults
 
 
 def build_dataset(node: DictConfig) -> SegmentationDataset:
@@ -42,8 +48,18 @@ def record_dataset_facts(cfg: DictConfig, dataset: SegmentationDataset) -> None:
         cfg.dataset.class_names = list(dataset.class_names)
 
 
-def default_workers() -> int:
-    return max(0, min(8, (os.cpu_count() or 1) - 1))
+def default_workers(device: torch.device, processes_per_machine: int = 1) -> int:
+    """Loader workers per training process: the cores of its share of the machine that its
+    training step leaves free, at most 8.
+
+    A CUDA step keeps one core busy (the main process). A CPU step keeps torch's intra-op threads
+    busy; with torch's default of one thread per core that is every core, and a CPU run then
+    samples in the main process: a worker would only take time from the step (and stall its
+    parallel regions while it runs) and add the cost of passing batches between processes.
+    """
+    share = (os.cpu_count() or 1) // max(1, processes_per_machine)
+    busy = torch.get_num_threads() if device.type == "cpu" else 1
+    return max(0, min(8, share - busy))
 
 
 def load_cases(dataset: SegmentationDataset, refs: list[CaseRef], workers: int | None = None) -> list[CaseData]:
@@ -87,19 +103,32 @@ def resolve_split(dataset: SegmentationDataset, node: DictConfig, run_dir: Path)
 
 
 def build_train_loader(
-    cases: list[CaseData], node: DictConfig, seed: int, pin_memory: bool
+    cases: list[CaseData], node: DictConfig, seed: int, device: torch.device, dist: DistContext | None = None,
 ) -> tuple[DataLoader, EpochSampler]:
+    """The training loader for ``device``: samples drawn in worker processes from (memory-mapped) cases.
+
+    Workers: ``dataset.sampling.num_workers`` (null: :func:`default_workers`); they persist
+    across epochs and keep ``PREFETCH_BATCHES`` batches each in flight. On CUDA batches are
+    pinned, so that :func:`to_device` copies them without blocking. Under torchrun each rank
+    draws its own share of every epoch (``dist``).
+    """
     s = typed(node.get("sampling"), SamplingConfig, "dataset.sampling")
+    dist = dist or DistContext()
     dataset = PatchDataset(
         cases, s.dims, s.patch_size, s.samples_per_epoch, s.foreground_ratio, s.flip_axes, s.intensity,
         s.slice_axis, seed, augment=node.get("augment"),
     )
-    sampler = EpochSampler(s.samples_per_epoch)
-    workers = default_workers() if s.num_workers is None else s.num_workers
+    sampler = EpochSampler(s.samples_per_epoch, dist.rank, dist.world_size)
+    workers = default_workers(device, dist.local_world_size) if s.num_workers is None else s.num_workers
+    if workers < 0:
+        raise ConfigError(f"dataset.sampling.num_workers={workers}: expected an integer >= 0 or null")
     loader = DataLoader(
-        dataset, batch_size=s.batch_size, sampler=sampler, num_workers=workers, pin_memory=pin_memory,
-        persistent_workers=workers > 0, drop_last=s.samples_per_epoch >= s.batch_size,
-        prefetch_factor=4 if workers > 0 else None,
+        dataset, batch_size=s.batch_size, sampler=sampler, num_workers=workers, pin_memory=device.type == "cuda",
+        persistent_workers=workers > 0, drop_last=len(sampler) >= s.batch_size,
+        prefetch_factor=PREFETCH_BATCHES if workers > 0 else None,
+        # The platform's own start method, named: inside a joblib (loky) launcher job the default
+        # context is loky's, which cannot start DataLoader workers.
+        multiprocessing_context=multiprocessing.get_context(WORKER_START_METHOD) if workers > 0 else None,
         # Its own generator: worker seeding must not consume the global RNG (exact resumes).
         generator=torch.Generator().manual_seed(seed),
     )
@@ -110,5 +139,12 @@ def sampling_config(node: DictConfig) -> SamplingConfig:
     return typed(node.get("sampling"), SamplingConfig, "dataset.sampling")
 
 
-def to_device(batch: dict, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    return (batch["image"].to(device, non_blocking=True), batch["label"].to(device, non_blocking=True))
+def to_device(batch: dict, device: torch.device, channels_last: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Image and label of a batch on ``device``; asynchronous from pinned memory on CUDA.
+
+    ``channels_last``: the image in the channels-last layout (NHWC / NDHWC) the model was put in.
+    """
+    image = batch["image"].to(device, non_blocking=True)
+    if channels_last:
+        image = image.contiguous(memory_format=torch.channels_last if image.ndim == 4 else torch.channels_last_3d)
+    return image, batch["label"].to(device, non_blocking=True)

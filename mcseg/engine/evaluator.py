@@ -356,10 +356,10 @@ class Evaluator:
                              **shared})
         return rows
 
-    def write(self, out_dir: Path) -> dict:
-        """Write per_case.csv, summary.json, reliability.png and reliability.csv (atomically)."""
+    def write(self, out_dir: Path, extra: dict | None = None) -> dict:
+        """Write per_case.csv, summary.json (plus ``extra`` keys), reliability.png and reliability.csv (atomically)."""
         out_dir = Path(out_dir)
-        summary = self.summary()
+        summary = {**self.summary(), **_json_safe(extra or {})}
         _write_csv(out_dir / "per_case.csv", self.per_case_rows(), (*ROW_COLUMNS, *CASE_COLUMNS))
         atomic_write(out_dir / "summary.json",
                      lambda tmp: tmp.write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n"))

@@ -1,7 +1,7 @@
 """Predict a list of cases and feed the evaluator: the one path for validation and evaluation."""
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -39,15 +39,17 @@ def evaluate_cases(
     predictor: SegmentationPredictor, cases: Iterable[CaseData], evaluator: Evaluator, restore: Callable,
     out_dir: Path | None = None, save_predictions: bool = False, save_probabilities: bool = False,
     save_uncertainty: bool = False, on_logits: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
-    keep: int = 0,
+    keep: int = 0, posthoc: Mapping[str, tuple[Callable[[torch.Tensor], torch.Tensor], Evaluator]] | None = None,
 ) -> list[tuple[CaseData, torch.Tensor]]:
     """Segment each case, add it to ``evaluator`` and write the requested NIfTI files.
 
     ``restore(case, probs)`` maps probabilities back to the original geometry (the dataset's
     :meth:`~mcseg.data.base.SegmentationDataset.restore`). ``on_logits(logits, label)``
     receives ``1 x K x *S`` logits and the ``1 x *S`` label
-    (the loss's validation hook). Returns the first ``keep`` cases with their predicted
-    label maps (for image logging).
+    (the loss's validation hook). ``posthoc`` maps a name to ``(transform, evaluator)``: the
+    case's logits, transformed (e.g. divided by a temperature), also go to that evaluator, one
+    probability tensor at a time. Returns the first ``keep`` cases with their predicted label
+    maps (for image logging).
     """
     predictor.model.eval()
     kept = []
@@ -57,6 +59,8 @@ def evaluate_cases(
         if on_logits is not None:
             on_logits(logits[None], torch.from_numpy(case.label).to(logits.device)[None])
         probs = predictor.probabilities(logits)
+        if not posthoc:  # never more than two volume-sized K x *S tensors: logits and probabilities, briefly
+            del logits  # (post-hoc scalers need the logits again, once these probabilities are freed)
         if len(kept) < keep:  # for image logging, in the network's space
             kept.append((case, predictor.label_map(probs).cpu()))
         probs, label, spacing, affine = restore(case, probs)
@@ -72,6 +76,11 @@ def evaluate_cases(
         if pred_dir is not None and save_uncertainty:
             unc = entropy_map(probs, multilabel=predictor.multilabel)
             write_nifti(pred_dir / f"{case.case_id}_entropy.nii.gz", unc.float().cpu().numpy(), affine)
+        del probs, pred
+        for transform, extra_evaluator in (posthoc or {}).values():
+            scaled, label, spacing, _ = restore(case, predictor.probabilities(transform(logits)))
+            extra_evaluator.add_case(case.case_id, scaled, torch.as_tensor(label, device=scaled.device), spacing)
+            del scaled
     return kept
 
 

@@ -9,6 +9,15 @@ Resumability: samples are a pure function of (seed, epoch, index), so a run rest
 ``last.pt`` (RNG states, optimiser, scheduler, loss state and the position inside the
 epoch) continues exactly where the checkpoint was taken. SIGTERM (what SLURM sends before
 pre-emption) writes ``last.pt`` at the next step boundary and stops the run.
+
+Throughput: a step never waits for the device. The loss and a per-step non-finite code stay
+on the device (:class:`~mcseg.engine.window.TrainingWindow`) and are read back once per
+logging interval and before every checkpoint; with ``trainer.nonfinite=skip`` each step is
+checked on the host instead (one synchronisation per step, the price of skipping exactly the
+bad step). ``trainer.compile`` and ``trainer.channels_last`` apply to the training module
+only; checkpoints and inference use the plain model. Under torchrun (``dist``) the training
+module is wrapped in DistributedDataParallel, and validation, checkpoints and TensorBoard are
+rank 0's while the other ranks wait at a barrier (:mod:`mcseg.engine.distributed`).
 """
 from __future__ import annotations
 
@@ -25,11 +34,15 @@ from tqdm import tqdm
 from mcseg.config import TrainerConfig
 from mcseg.engine.checkpoint import load_checkpoint, load_model_weights, restore_rng_states, rng_states, save_checkpoint
 from mcseg.engine.data import to_device
+from mcseg.engine.distributed import DistContext, wrap_model
 from mcseg.engine.evaluator import EvalProtocol, Evaluator, reliability_figure
 from mcseg.engine.inference import autocast_context
 from mcseg.engine.predict import SegmentationPredictor, evaluate_cases
 from mcseg.engine.tb_logger import TensorBoardLogger
+from mcseg.engine.window import FINITE, WHAT, BadStep, TrainingWindow, nonfinite_code
 from mcseg.errors import NonFiniteLossError, TrainingInterrupted
+from mcseg.losses.base import target_checks
+from mcseg.runtime import to_channels_last, use_channels_last
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +64,7 @@ class Trainer:
         self, cfg: TrainerConfig, run_dir: Path, model, loss_fn, optimizer, scheduler, loader, sampler,
         predictor: SegmentationPredictor, val_cases: list, restore, num_classes: int, class_names: list[str],
         protocol: EvalProtocol, tb: TensorBoardLogger, config_container: dict, images: int = 2,
+        dist: DistContext | None = None,
     ) -> None:
         if cfg.monitor_mode not in ("min", "max"):
             raise ValueError(f"trainer.monitor_mode={cfg.monitor_mode!r}: expected 'min' or 'max'")
@@ -65,6 +79,10 @@ class Trainer:
         self.num_classes, self.class_names, self.protocol = num_classes, class_names, protocol
         self.tb, self.config_container, self.images = tb, config_container, images
         self.device = predictor.device
+        self.dist = dist or DistContext()
+        self.channels_last = use_channels_last(cfg.channels_last, self.device, predictor.model_dims)
+        self.train_module = self._training_module(model)
+        self._targets_checked = False  # the loss checks label values on a run's first step only
         self.ckpt_dir = run_dir / "checkpoints"
         self.epoch = 0  # epochs completed
         self.step_in_epoch = 0  # batches completed in the current epoch (mid-epoch checkpoints)
@@ -75,6 +93,15 @@ class Trainer:
         self.best_epoch: int | None = None
         self.history: list[dict] = []
         self._stop_requested = False
+
+    def _training_module(self, model: torch.nn.Module) -> torch.nn.Module:
+        """``model`` as the training step calls it: channels-last, DDP, compiled, as configured."""
+        if self.channels_last:
+            to_channels_last(model, self.predictor.model_dims)
+        module = wrap_model(model, self.dist, self.device)
+        if self.cfg.compile:
+            module = torch.compile(module)
+        return module
 
     # ----------------------------------------------------------------- state
     def state_dict(self) -> dict:
@@ -135,9 +162,10 @@ class Trainer:
         finally:
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
-        if not (self.ckpt_dir / "best.pt").is_file():
+        if self.dist.is_main and not (self.ckpt_dir / "best.pt").is_file():
             log.warning("monitor %s was never finite; best.pt is the last epoch", self.cfg.monitor)
             save_checkpoint(self.ckpt_dir / "best.pt", self.state_dict())
+        self.dist.barrier()
 
     def _request_stop(self, signum, frame) -> None:
         log.warning("SIGTERM received: writing a checkpoint at the next step and stopping")
@@ -147,96 +175,137 @@ class Trainer:
         train_metrics = self.train_epoch(epoch)
         metrics = {"epoch": epoch, **train_metrics}
         if (epoch + 1) % self.cfg.val_every == 0 or epoch + 1 == self.cfg.max_epochs:
-            metrics.update(self.validate(epoch))
+            if self.dist.is_main:
+                metrics.update(self.validate(epoch))
+            self._share_loss_state()
         self.scheduler.step()
         self.epoch, self.step_in_epoch, self.epoch_loss_sum = epoch + 1, 0, 0.0
         self.history.append(metrics)
-        monitored = metrics.get(self.cfg.monitor)
-        if self.cfg.monitor in metrics and self._improved(monitored):
-            self.best_value, self.best_epoch = float(monitored), epoch
-            save_checkpoint(self.ckpt_dir / "best.pt", self.state_dict())
-        save_checkpoint(self.ckpt_dir / "last.pt", self.state_dict())
-        shown = {k: round(v, 4) for k, v in metrics.items() if k != "epoch" and isinstance(v, float)}
-        log.info("epoch %d/%d %s", epoch + 1, self.cfg.max_epochs, shown)
+        if self.dist.is_main:
+            monitored = metrics.get(self.cfg.monitor)
+            if self.cfg.monitor in metrics and self._improved(monitored):
+                self.best_value, self.best_epoch = float(monitored), epoch
+                save_checkpoint(self.ckpt_dir / "best.pt", self.state_dict())
+            save_checkpoint(self.ckpt_dir / "last.pt", self.state_dict())
+            shown = {k: round(v, 4) for k, v in metrics.items() if k != "epoch" and isinstance(v, float)}
+            log.info("epoch %d/%d %s", epoch + 1, self.cfg.max_epochs, shown)
+        self.dist.barrier()
 
-    def _nonfinite(self, what: str, epoch: int, step: int, batch: dict) -> None:
-        cases = sorted(set(batch.get("case_id", [])))
-        message = f"non-finite {what} at epoch {epoch + 1}, step {step} (batch of training cases {cases})"
-        if self.cfg.nonfinite == "skip" and self.nonfinite_skips < self.cfg.max_nonfinite_skips:
-            self.nonfinite_skips += 1
-            log.warning("%s: step skipped (%d of at most %d)", message, self.nonfinite_skips,
-                        self.cfg.max_nonfinite_skips)
-            return
-        raise NonFiniteLossError(f"{message}; the last good checkpoint is {self.ckpt_dir / 'last.pt'}")
+    def _share_loss_state(self) -> None:
+        """Rank 0's loss state (updated by its validation hooks, e.g. CALS) on every rank."""
+        if self.dist.enabled:
+            state = {k: v.cpu() for k, v in self.loss_fn.state_dict().items()} if self.dist.is_main else None
+            self.loss_fn.load_state_dict(self.dist.broadcast_object(state))
+
+    def _save_last(self) -> None:
+        if self.dist.is_main:
+            save_checkpoint(self.ckpt_dir / "last.pt", self.state_dict())
+        self.dist.barrier()
+
+    def _nonfinite_message(self, bad: BadStep, epoch: int) -> str:
+        where = f" on rank {bad.rank}" if self.dist.enabled else ""
+        return (f"non-finite {bad.what} at epoch {epoch + 1}, step {bad.step} "
+                f"(batch of training cases {bad.cases}{where})")
 
     def train_epoch(self, epoch: int) -> dict:
-        self.model.train()
+        self.train_module.train()
         first_step = self.step_in_epoch
         self.sampler.set_epoch(epoch, skip=first_step * self.loader.batch_size)
         if first_step == 0:
             call_hook(self.loss_fn, "on_train_epoch_start", epoch)
-        window = torch.zeros((), device=self.device)  # losses summed on the device between log points
-        window_steps, n_samples, start = 0, 0, time.perf_counter()
+        window = TrainingWindow(self.device, self.dist)
+        n_samples, start = 0, time.perf_counter()
+        stop_agreed = False  # under torchrun a stop is acted on once every rank knows of it
 
-        def flush() -> float | None:
-            nonlocal window_steps
-            if window_steps == 0:
-                return None
-            total = float(window.item())  # the one host sync per logging interval
-            self.epoch_loss_sum += total
-            value, window_steps = total / window_steps, 0
-            window.zero_()
-            return value
+        def close() -> float | None:
+            """Read the window back; raise on a non-finite step; return the mean loss."""
+            nonlocal stop_agreed
+            report = window.close(self._stop_requested)
+            self.epoch_loss_sum += report.loss_sum
+            stop_agreed = stop_agreed or report.stop
+            if report.bad is not None:
+                raise NonFiniteLossError(f"{self._nonfinite_message(report.bad, epoch)}; the last good checkpoint "
+                                         f"is {self.ckpt_dir / 'last.pt'}")
+            return report.mean_loss
 
-        bar = tqdm(self.loader, desc=f"epoch {epoch + 1}", leave=False, disable=not self.cfg.progress_bar,
-                   dynamic_ncols=True)
+        def stop_now() -> bool:
+            return stop_agreed if self.dist.enabled else self._stop_requested
+
+        bar = tqdm(self.loader, desc=f"epoch {epoch + 1}", leave=False, dynamic_ncols=True,
+                   disable=not (self.cfg.progress_bar and self.dist.is_main))
         for step, batch in enumerate(bar, start=first_step):
-            loss = self._train_step(batch, epoch, step)
+            result = self._train_step(batch, epoch, step)
             self.step_in_epoch = step + 1
-            if loss is not None:
-                window += loss
-                window_steps += 1
+            if result is not None:
+                window.add(step, *result, batch["case_id"])
                 n_samples += batch["image"].shape[0]
                 self.global_step += 1
                 if self.global_step % self.cfg.log_every_n_steps == 0:
-                    value = flush()
+                    value = close()
                     rate = n_samples / (time.perf_counter() - start)
                     bar.set_postfix(loss=f"{value:.4f}", samples_s=f"{rate:.1f}")
                     self.tb.scalars({"train/loss_step": value}, self.global_step)
             every = self.cfg.checkpoint_every_n_steps
-            if self._stop_requested or (every and self.step_in_epoch % every == 0):
-                flush()
-                save_checkpoint(self.ckpt_dir / "last.pt", self.state_dict())
-                if self._stop_requested:
-                    raise TrainingInterrupted(
-                        f"stopped by SIGTERM at epoch {epoch + 1}, step {self.step_in_epoch}; "
-                        f"{self.ckpt_dir / 'last.pt'} written: rerun with trainer.resume=true"
-                    )
-        flush()
+            if stop_now() or (every and self.step_in_epoch % every == 0):
+                close()  # never checkpoint the result of a non-finite step
+                self._save_last()
+                if stop_now():
+                    self._interrupted(epoch)
+        close()
+        if stop_now():  # torchrun: the ranks agreed on a stop at the epoch's last read
+            self._save_last()
+            self._interrupted(epoch)
         seconds = time.perf_counter() - start
         mean_loss = self.epoch_loss_sum / max(self.step_in_epoch, 1)
         lr = self.optimizer.param_groups[0]["lr"]
-        metrics = {"train/loss": mean_loss, "train/lr": lr, "train/samples_per_s": n_samples / max(seconds, 1e-9)}
+        metrics = {"train/loss": mean_loss, "train/lr": lr,
+                   "train/samples_per_s": n_samples * self.dist.world_size / max(seconds, 1e-9)}
         self.tb.scalars(metrics, epoch)
         return metrics
 
-    def _train_step(self, batch: dict, epoch: int, step: int) -> torch.Tensor | None:
-        """One optimiser step; returns the detached loss, or None when a non-finite step was skipped."""
-        image, label = to_device(batch, self.device)
+    def _interrupted(self, epoch: int):
+        raise TrainingInterrupted(
+            f"stopped by SIGTERM at epoch {epoch + 1}, step {self.step_in_epoch}; "
+            f"{self.ckpt_dir / 'last.pt'} written: rerun with trainer.resume=true"
+        )
+
+    def _train_step(self, batch: dict, epoch: int, step: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """One optimiser step; returns the detached loss and its non-finite code (device tensors, see
+        :func:`~mcseg.engine.window.nonfinite_code`), or None when ``nonfinite=skip`` skipped the step."""
+        image, label = to_device(batch, self.device, self.channels_last)
         self.optimizer.zero_grad(set_to_none=True)
         with autocast_context(self.device, self.cfg.precision):
-            logits = self.model(image)
-        loss = self.loss_fn(logits.float(), label)
-        if not torch.isfinite(loss):  # the one host sync per step: a bad step must never be applied
-            self._nonfinite(f"loss {loss.item()}", epoch, step, batch)
-            return None
+            logits = self.train_module(image)
+        with target_checks(self.loss_fn, not self._targets_checked):  # a host read: first step only
+            loss = self.loss_fn(logits.float(), label)
+        self._targets_checked = True
         loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip or math.inf)
-        if not torch.isfinite(grad_norm):
-            self._nonfinite("gradient", epoch, step, batch)
-            return None
+        code = nonfinite_code(loss.detach(), self._grad_norm())
+        if self.cfg.nonfinite == "skip":
+            # The exact per-step check: one host synchronisation (and under torchrun one all-reduce) per step.
+            kind = int(self.dist.all_reduce_max(code))
+            if kind != FINITE:
+                self._skip(BadStep(step, WHAT[kind], sorted(set(batch.get("case_id", []))), self.dist.rank), epoch)
+                return None
         self.optimizer.step()
-        return loss.detach()
+        return loss.detach(), code
+
+    def _grad_norm(self) -> torch.Tensor:
+        """The gradients' total norm (device scalar), clipped to ``trainer.grad_clip`` if set."""
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        if self.cfg.grad_clip:
+            return torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip)
+        return torch.nn.utils.get_total_norm([p.grad for p in params])
+
+    def _skip(self, bad: BadStep, epoch: int) -> None:
+        message = self._nonfinite_message(bad, epoch)
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.nonfinite_skips >= self.cfg.max_nonfinite_skips:
+            raise NonFiniteLossError(f"{message}; trainer.max_nonfinite_skips={self.cfg.max_nonfinite_skips} "
+                                     f"steps already skipped; the last good checkpoint is {self.ckpt_dir / 'last.pt'}")
+        self.nonfinite_skips += 1
+        log.warning("%s: step skipped (%d of at most %d)", message, self.nonfinite_skips,
+                    self.cfg.max_nonfinite_skips)
 
     def validate(self, epoch: int) -> dict:
         """Segment the validation volumes; Dice, HD95 and calibration through the evaluator."""

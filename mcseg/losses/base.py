@@ -10,7 +10,10 @@ Every softmax loss derives from :class:`SegmentationLoss` and implements
 * labels equal to ``ignore_index`` are replaced by 0 in the target handed to ``compute``
   and flagged in ``valid`` (``B x spatial`` bool, ``None`` when nothing is ignored), so a
   loss gathers/one-hots safely and masks BOTH its data term and its penalty with ``valid``;
-* labels outside ``[0, C - 1]`` raise ``ValueError``.
+* labels outside ``[0, C - 1]`` raise ``ValueError``. This range check reads the target's
+  minimum and maximum back to the host (on a GPU, a synchronisation per call);
+  :func:`target_checks` switches it off for a block, as the trainer does after a run's first
+  step (the datasets check label values when they load a case).
 
 Reductions: ``"mean"`` is the mean over non-ignored voxels; per-voxel losses also accept
 ``"sum"`` (sum over non-ignored voxels). If every voxel is ignored the mean is 0.
@@ -40,6 +43,7 @@ __all__ = [
     "masked_sum",
     "no_autocast",
     "one_hot",
+    "target_checks",
 ]
 
 
@@ -161,6 +165,21 @@ def check_layout(logits: Tensor, target: Tensor, spatial_dims: tuple[int, ...] |
     return target
 
 
+@contextlib.contextmanager
+def target_checks(loss: nn.Module, enabled: bool):
+    """Within the block, the target value-range check of ``loss`` and of its sub-losses is
+    on (``enabled``) or off; previous settings are restored afterwards."""
+    modules = [m for m in loss.modules() if hasattr(m, "check_target_range")]
+    previous = [m.check_target_range for m in modules]
+    for m in modules:
+        m.check_target_range = enabled
+    try:
+        yield
+    finally:
+        for m, value in zip(modules, previous):
+            m.check_target_range = value
+
+
 # ---------------------------------------------------------------- base class
 class SegmentationLoss(nn.Module):
     """Base of the softmax (mutually exclusive classes) losses.
@@ -176,6 +195,8 @@ class SegmentationLoss(nn.Module):
     """
 
     multilabel = False
+    #: check that target labels lie in [0, C - 1] (a host read; see :func:`target_checks`)
+    check_target_range = True
     #: the reductions this loss supports
     reductions: tuple[str, ...] = ("mean", "sum")
     #: the numbers of spatial dimensions this loss supports
@@ -217,7 +238,7 @@ class SegmentationLoss(nn.Module):
 
         valid = None if self.ignore_index is None else target != self.ignore_index
         safe = target if valid is None else torch.where(valid, target, torch.zeros_like(target))
-        if safe.numel() > 0:
+        if self.check_target_range and safe.numel() > 0:
             lo, hi = torch.stack([safe.min(), safe.max()]).tolist()
             if lo < 0 or hi >= num_classes:
                 bad = lo if lo < 0 else hi

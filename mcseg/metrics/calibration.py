@@ -113,8 +113,10 @@ def _chunks(n: int, device: torch.device):
 
 def top_label(probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-label confidence and prediction (first maximum, as ``argmax``) of ``K x *spatial``
-    probabilities, flattened over voxels."""
-    return probs.reshape(probs.shape[0], -1).max(0)
+    probabilities, flattened over voxels. The prediction is uint8 up to 256 classes (a label
+    map's compact type: 1 byte a voxel instead of argmax's 8 on a whole-volume case)."""
+    conf, pred = probs.reshape(probs.shape[0], -1).max(0)
+    return conf, pred.to(torch.uint8) if probs.shape[0] <= 256 else pred
 
 
 def class_sums(
@@ -122,7 +124,7 @@ def class_sums(
 ) -> tuple[BinSums, torch.Tensor, torch.Tensor]:
     """Per-class bin sums (K, M) over p_k with correctness 1[y = k], and the NLL and Brier sums.
 
-    ``probs``: (K, N) float, ``label``: (N,) int64, ``mask``: (N,) bool or None. One-hot free:
+    ``probs``: (K, N) float, ``label``: (N,) integer, ``mask``: (N,) bool or None. One-hot free:
     the correct counts of all classes come from one histogram of (y, bin of p_y); each class
     bin histogram comes from one histogram of (k, bin of p_k).
     """
@@ -136,7 +138,7 @@ def class_sums(
     first_edge = edges_below(n_bins, probs.dtype)[1]
     offset = torch.arange(k_classes, device=device) * n_bins
     for s in _chunks(probs.shape[1], device):
-        x, y = probs[:, s], label[s]
+        x, y = probs[:, s], label[s].long()
         if mask is not None:
             x, y = x[:, mask[s]], y[mask[s]]
         p_true = x.gather(0, y[None])[0]
@@ -183,9 +185,13 @@ def case_calibration(
     p = probs.reshape(probs.shape[0], -1)
     if p.dtype in (torch.float16, torch.bfloat16):
         p = p.float()
-    y = label.reshape(-1).to(device=p.device, dtype=torch.int64)
-    if y.numel() and (int(y.min()) < 0 or int(y.max()) >= p.shape[0]):
-        raise ValueError(f"label values must lie in [0, {p.shape[0]}), found [{int(y.min())}, {int(y.max())}]")
+    y = label.reshape(-1).to(device=p.device)  # its own integer type: class_sums widens chunk by chunk
+    if y.is_floating_point() or y.dtype == torch.bool:
+        y = y.long()
+    if y.numel():
+        lo, hi = (int(v) for v in torch.aminmax(y))
+        if lo < 0 or hi >= p.shape[0]:
+            raise ValueError(f"label values must lie in [0, {p.shape[0]}), found [{lo}, {hi}]")
     conf, pred = top_label(p) if top is None else (top[0].reshape(-1).to(p.dtype), top[1].reshape(-1))
     m = None if mask is None else mask.reshape(-1).to(p.device)
     classwise, nll_sum, brier_sum = class_sums(p, y, n_bins, m)

@@ -28,6 +28,9 @@ class OverlapCounts:
         return structure_status(self.n_label, self.n_pred)
 
 
+_CHUNK_VOXELS = 1 << 22
+
+
 def overlap_counts(
     pred: torch.Tensor, label: torch.Tensor, num_classes: int, multilabel: bool = False
 ) -> OverlapCounts:
@@ -44,10 +47,15 @@ def overlap_counts(
         lo, hi = torch.aminmax(t)
         if lo < 0 or hi >= num_classes:
             raise ValueError(f"{name} values must lie in [0, {num_classes}), found [{int(lo)}, {int(hi)}]")
-    # joint histogram of (label, prediction): row sums = |L_k|, column sums = |P_k|, diagonal = overlap
-    index = label.reshape(-1).long() * num_classes
-    index += pred.reshape(-1)
-    joint = torch.bincount(index, minlength=num_classes * num_classes).view(num_classes, num_classes)
+    # joint histogram of (label, prediction): row sums = |L_k|, column sums = |P_k|, diagonal = overlap;
+    # in chunks, so the int64 index never covers a whole (e.g. 512 x 512 x 300) volume
+    flat_label, flat_pred = label.reshape(-1), pred.reshape(-1)
+    joint = torch.zeros(num_classes * num_classes, dtype=torch.int64, device=label.device)
+    for start in range(0, flat_label.numel(), _CHUNK_VOXELS):
+        index = flat_label[start : start + _CHUNK_VOXELS].long() * num_classes
+        index += flat_pred[start : start + _CHUNK_VOXELS]
+        joint += torch.bincount(index, minlength=num_classes * num_classes)
+    joint = joint.view(num_classes, num_classes)
     return OverlapCounts(joint.diagonal(), joint.sum(1), joint.sum(0))
 
 

@@ -1,0 +1,6 @@
+"""Post-hoc calibration: temperature and vector scaling fitted on the validation split."""
+from mcseg.calibration.posthoc import CALIBRATION_FILE, PosthocConfig, fit_posthoc, load_calibration, scalers_to_apply
+from mcseg.calibration.scaling import SCALERS, fit_scaler, nll, scale_logits
+
+__all__ = ["CALIBRATION_FILE", "PosthocConfig", "SCALERS", "fit_posthoc", "fit_scaler", "load_calibration", "nll",
+           "scale_logits", "scalers_to_apply"]

@@ -1,0 +1,162 @@
+"""Multi-process training with ``torchrun``: the process group, its collectives and DDP.
+
+``torchrun --nproc_per_node=N train.py ...`` starts N copies of the training script with
+``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK`` in their environment (a submitit SLURM job of N
+tasks gets them from :func:`export_submitit_environment`). :func:`init_distributed`
+reads them, joins the process group (NCCL on CUDA, gloo on the CPU) and picks the device of
+the process (``cuda:LOCAL_RANK``). Without those variables everything here is a no-op, so
+the single-process code path is the same code.
+
+The division of labour (see README, "Several GPUs"):
+
+* every rank trains on a disjoint share of each epoch's samples (:class:`~mcseg.data.sampling.EpochSampler`
+  with ``rank``/``world_size``), gradients are averaged by DDP;
+* the training loss is reduced across ranks once per logging interval;
+* validation, checkpoints, TensorBoard, the test evaluation and result files are rank 0's;
+  the other ranks wait at a barrier meanwhile.
+"""
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from mcseg.errors import ConfigError
+from mcseg.runtime import resolve_device
+
+log = logging.getLogger(__name__)
+
+# Rank 0 validates and evaluates while the others wait at a barrier: allow that to take long
+# (the default of 30 minutes is shorter than a full validation of a large 3D dataset).
+BARRIER_TIMEOUT = datetime.timedelta(hours=2)
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """Where this process stands in the job; ``world_size == 1`` is a plain single-process run."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    # ------------------------------------------------------------ collectives (no-ops alone)
+    def barrier(self) -> None:
+        if self.enabled:
+            dist.barrier()
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``world_size x *shape`` stack of every rank's ``tensor`` (same shape on every rank)."""
+        if not self.enabled:
+            return tensor[None]
+        out = [torch.empty_like(tensor) for _ in range(self.world_size)]
+        dist.all_gather(out, tensor)
+        return torch.stack(out)
+
+    def all_reduce_max(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Element-wise maximum over ranks, in place."""
+        if self.enabled:
+            dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        return tensor
+
+    def all_gather_object(self, obj) -> list:
+        if not self.enabled:
+            return [obj]
+        out = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def broadcast_object(self, obj):
+        """Rank 0's ``obj`` on every rank."""
+        if not self.enabled:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    @contextmanager
+    def main_first(self):
+        """Run the block on rank 0 first, then on the others (they find its files: split, cache)."""
+        if not self.is_main:
+            self.barrier()
+        yield
+        if self.is_main:
+            self.barrier()
+
+
+def export_submitit_environment() -> None:
+    """In a SLURM job of several tasks started by submitit (``hydra/launcher=slurm`` with
+    ``hydra.launcher.tasks_per_node=N``), set torchrun's variables from SLURM's."""
+    if not os.environ.get("SUBMITIT_EXECUTOR") or "WORLD_SIZE" in os.environ:
+        return
+    from submitit import JobEnvironment
+    from submitit.helpers import TorchDistributedEnvironment
+
+    if JobEnvironment().num_tasks > 1:  # each task keeps every GPU visible and uses cuda:LOCAL_RANK
+        TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+
+
+def env_context() -> DistContext:
+    """The torchrun (or submitit) environment of this process (single process when it is absent)."""
+    export_submitit_environment()
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    if world <= 1:
+        return DistContext()
+    try:
+        return DistContext(int(os.environ["RANK"]), world, int(os.environ.get("LOCAL_RANK", 0)),
+                           int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+    except KeyError as exc:
+        raise RuntimeError(f"WORLD_SIZE={world} but {exc} is not set: start multi-process runs with torchrun") from None
+
+
+def init_distributed(device_name: str) -> tuple[DistContext, torch.device]:
+    """Join the torchrun process group (if any) and return it with this process's device.
+
+    ``device_name`` is ``trainer.device``: under torchrun a CUDA run uses ``cuda:LOCAL_RANK``
+    (an explicit other index is an error), a CPU run uses gloo.
+    """
+    ctx = env_context()
+    device = resolve_device(device_name)
+    if not ctx.enabled:
+        return ctx, device
+    if device.type == "cuda":
+        if device.index not in (None, ctx.local_rank):
+            raise ConfigError(f"trainer.device={device_name!r} under torchrun: each process uses cuda:LOCAL_RANK; "
+                              "set trainer.device=cuda or auto")
+        device = torch.device("cuda", ctx.local_rank)
+        torch.cuda.set_device(device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(backend, timeout=BARRIER_TIMEOUT,
+                                device_id=device if device.type == "cuda" else None)
+    log.info("distributed training: rank %d of world size %d (local rank %d), backend %s, device %s",
+             ctx.rank, ctx.world_size, ctx.local_rank, backend, device)
+    return ctx, device
+
+
+def shutdown(ctx: DistContext) -> None:
+    if ctx.enabled and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def wrap_model(model: torch.nn.Module, ctx: DistContext, device: torch.device) -> torch.nn.Module:
+    """``model`` in DistributedDataParallel when several processes train it, else itself."""
+    if not ctx.enabled:
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    ids = [device.index] if device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=ids)

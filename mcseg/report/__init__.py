@@ -1,0 +1,1 @@
+"""Cross-run reports: collect runs, aggregate seeds, select by validation, test, render."""

@@ -1,0 +1,129 @@
+"""``mcseg-report DIR...``: the comparison table and figures of every run under run or sweep directories.
+
+Runs whose evaluation (or post-hoc temperature scaling) is missing are evaluated first with
+``evaluate.py``'s code and default protocol, or listed with ``--no-eval``. Writes
+``report.md``, ``report.csv``, ``report.tex``, ``reliability_selected.png`` and, for margin
+sweeps, ``margin_heatmap.png`` into ``--out`` (default: ``<first DIR>/report``).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from mcseg.data.io import atomic_write
+from mcseg.report.collect import RunRecord, collect_runs, read_run
+from mcseg.report.figures import margin_heatmap, reliability_overlay
+from mcseg.report.render import latex, markdown, write_csv
+from mcseg.report.table import build_rows, common_overrides
+
+log = logging.getLogger("mcseg.report")
+
+
+def _needs_evaluation(run: RunRecord, scalers: list[str]) -> bool:
+    return not run.evaluated or any(s not in run.summaries for s in scalers)
+
+
+def evaluate_missing(runs: list[RunRecord], split: str, scalers: list[str], device: str) -> list[RunRecord]:
+    """Evaluate runs that have a best.pt but no evaluation (or not the post-hoc ones); return them re-read."""
+    from hydra import compose, initialize_config_dir
+
+    from mcseg.cli import CONFIG_DIR
+    from mcseg.evaluate import evaluate_checkpoint
+
+    out = []
+    for run in runs:
+        ckpt = run.path / "checkpoints" / "best.pt"
+        if not _needs_evaluation(run, scalers) or not ckpt.is_file():
+            out.append(run)
+            continue
+        log.info("evaluating %s (%s split)", run.path, split)
+        with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+            cfg = compose(config_name="evaluate", overrides=[f"split={split}", f"device={device}",
+                                                             f"posthoc.apply=[{','.join(scalers)}]"])
+        # set, not passed as overrides: sweep job directories hold '=' and ',' that the override grammar parses
+        cfg.ckpt, cfg.paths.output_dir = str(ckpt), str(run.path / "eval")
+        try:
+            evaluate_checkpoint(cfg, ckpt)
+        except Exception as exc:  # listed in the report as not evaluated; the others go on
+            log.error("evaluation of %s failed: %s: %s", run.path, type(exc).__name__, exc)
+        out.append(read_run(run.path, split) or run)
+    return out
+
+
+def protocol_lines(runs: list[RunRecord], args: argparse.Namespace) -> list[str]:
+    evaluated = [r for r in runs if r.evaluated]
+    protocol = evaluated[0].summaries[""].get("protocol", {}) if evaluated else {}
+    return [
+        f"Runs: {len(runs)} found, {len(evaluated)} evaluated on the **{args.split}** split "
+        f"(directories: {', '.join(str(d) for d in args.dirs)}).",
+        f"Cells: mean ± std over seeds of each run's mean over cases, [95% bootstrap CI over cases of the per-case "
+        f"values averaged over seeds, {args.bootstrap} resamples]; (p: two-sided Wilcoxon signed-rank test over "
+        f"cases against the baseline `{args.baseline}`, uncorrected).",
+        f"Overrides common to all configurations: `{' '.join(common_overrides([r.configuration for r in evaluated])) or 'none'}`.",
+        f"Selection: each loss's configuration with the {args.select_mode} mean over seeds of `{args.select}` "
+        f"(validation, from result.json); the {args.split} split is not used to select.",
+        f"Protocol: ECE region `{protocol.get('region')}`, {protocol.get('n_bins')} equal-width bins, top-label ECE "
+        f"and classwise ECE per case then averaged; HD{protocol.get('hd_percentile', 95):g} in mm "
+        f"({protocol.get('hd_definition')}); post_T: after temperature scaling fitted on the validation split "
+        f"(NLL); T: mean fitted temperature.",
+    ]
+
+
+def failure_lines(runs: list[RunRecord]) -> list[str]:
+    bad = [r for r in runs if r.status not in ("completed",) or not r.evaluated]
+    if not bad:
+        return []
+    lines = ["## Runs left out", "", "| run | status | error |", "|---|---|---|"]
+    for r in bad:
+        state = r.status if r.evaluated or r.status != "completed" else "not evaluated"
+        lines.append(f"| {r.path} | {state} | {(r.error or '').replace('|', '/')} |")
+    return ["", *lines, ""]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="mcseg-report", description=__doc__.split("\n")[0])
+    parser.add_argument("dirs", nargs="+", type=Path, help="run or sweep directories")
+    parser.add_argument("--out", type=Path, default=None, help="output directory (default: <first DIR>/report)")
+    parser.add_argument("--split", default="test", help="evaluated split to report (default: test)")
+    parser.add_argument("--select", default="score",
+                        help="result.json value that selects each loss's hyperparameters (default: score)")
+    parser.add_argument("--select-mode", choices=("max", "min"), default="max")
+    parser.add_argument("--baseline", default="ce", help="loss the others are tested against (default: ce)")
+    parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the CIs")
+    parser.add_argument("--no-eval", action="store_true", help="list runs without an evaluation instead of evaluating")
+    parser.add_argument("--device", default="auto", help="device for the evaluations of missing runs")
+    parser.add_argument("--title", default=None)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+
+    try:
+        runs = collect_runs(args.dirs, args.split)
+    except FileNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if not runs:
+        print(f"error: no runs under {', '.join(map(str, args.dirs))}", file=sys.stderr)
+        return 1
+    if not args.no_eval:
+        runs = evaluate_missing(runs, args.split, ["temperature"], args.device)
+    rows = build_rows(runs, args.select, args.select_mode, args.baseline, args.bootstrap)
+    out = args.out or args.dirs[0] / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    title = args.title or f"mcseg report: {len(rows)} configurations"
+    text = markdown(rows, title, protocol_lines(runs, args)) + "\n".join(failure_lines(runs))
+    atomic_write(out / "report.md", lambda tmp: tmp.write_text(text))
+    write_csv(rows, out / "report.csv")
+    atomic_write(out / "report.tex", lambda tmp: tmp.write_text(latex(rows, title)))
+    figures = {"reliability_selected.png": reliability_overlay(rows, args.split), "margin_heatmap.png": margin_heatmap(rows)}
+    for name, fig in figures.items():
+        if fig is not None:
+            atomic_write(out / name, lambda tmp, fig=fig: fig.savefig(tmp, format="png", dpi=120))
+    print(text)
+    print(f"\nwritten to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

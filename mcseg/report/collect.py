@@ -1,0 +1,146 @@
+"""Find the runs under run or sweep directories and read what each one measured.
+
+A run directory is one that holds ``status.json``, ``result.json`` or ``checkpoints/`` (written
+by ``train(cfg)``). Its identity (configuration, loss, seed) comes from ``result.json``'s
+``run`` record, else from Hydra's ``.hydra/`` files; its test metrics from
+``eval/<split>/summary.json`` and ``per_case.csv`` (and ``eval/<split>/<scaler>/`` after
+post-hoc calibration); its validation metrics, by which configurations are selected, from
+``result.json``.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from mcseg.sweep import STATUS_FILE, describe_run
+
+log = logging.getLogger(__name__)
+
+RUN_MARKERS = (STATUS_FILE, "result.json", "checkpoints")
+
+
+@dataclass
+class RunRecord:
+    """One training run as the report sees it."""
+
+    path: Path
+    configuration: str
+    loss_name: str
+    loss: dict
+    seed: int
+    status: str
+    result: dict = field(default_factory=dict)
+    summaries: dict[str, dict] = field(default_factory=dict)  # "" (raw outputs) or a scaler name -> summary.json
+    per_case: dict[str, dict[str, dict]] = field(default_factory=dict)  # same keys -> case -> metric -> value
+    error: str | None = None
+
+    @property
+    def evaluated(self) -> bool:
+        return "" in self.summaries
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text()) if path.is_file() else None
+    except json.JSONDecodeError as exc:
+        log.warning("%s: unreadable JSON (%s); ignored", path, exc)
+        return None
+
+
+def _nanmean(values: list[float]) -> float:
+    defined = [v for v in values if not math.isnan(v)]
+    return sum(defined) / len(defined) if defined else math.nan
+
+
+def read_per_case(path: Path) -> dict[str, dict]:
+    """Per-case values from an evaluator's per_case.csv (one row per case and foreground class).
+
+    Foreground Dice and HD95 of a case are the mean over its classes with undefined (NaN)
+    values excluded, as in the evaluator's ``mean_foreground_*``; calibration values are per case.
+    """
+    rows: dict[str, list[dict]] = {}
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            rows.setdefault(row["case"], []).append(row)
+
+    def number(text: str) -> float:
+        return float(text) if text not in ("", "None") else math.nan
+
+    out = {}
+    for case, case_rows in rows.items():
+        out[case] = {
+            "dice": _nanmean([number(r["dice"]) for r in case_rows]),
+            "hd95_mm": _nanmean([number(r["hd95_mm"]) for r in case_rows]),
+            "ece": number(case_rows[0]["ece"]),
+            "classwise_ece": number(case_rows[0]["classwise_ece"]),
+        }
+    return out
+
+
+def _identity(run_dir: Path, result: dict | None) -> dict | None:
+    if result and "run" in result:
+        return result["run"]
+    hydra_dir = run_dir / ".hydra"
+    if not (hydra_dir / "config.yaml").is_file():
+        return None
+    cfg = yaml.safe_load((hydra_dir / "config.yaml").read_text()) or {}
+    if "loss" not in cfg:
+        return None  # an evaluate job's directory, not a training run
+    overrides = yaml.safe_load((hydra_dir / "overrides.yaml").read_text()) if (hydra_dir / "overrides.yaml").is_file() else []
+    hydra_cfg = yaml.safe_load((hydra_dir / "hydra.yaml").read_text()) if (hydra_dir / "hydra.yaml").is_file() else {}
+    choices = (hydra_cfg or {}).get("hydra", {}).get("runtime", {}).get("choices", {}) or {}
+    return describe_run(overrides or [], choices, cfg.get("loss", {}), str(cfg.get("dataset", {}).get("name")),
+                        cfg.get("seed", 0))
+
+
+def read_run(run_dir: Path, split: str = "test") -> RunRecord | None:
+    """The :class:`RunRecord` of ``run_dir``, or None if its configuration cannot be identified."""
+    result = _read_json(run_dir / "result.json")
+    identity = _identity(run_dir, result)
+    if identity is None:
+        if (run_dir / "checkpoints").is_dir():
+            log.warning("%s: neither result.json nor .hydra/config.yaml; not a run the report can identify", run_dir)
+        return None
+    status = _read_json(run_dir / STATUS_FILE) or {}
+    state = status.get("status") or ("completed" if result else "unknown")
+    record = RunRecord(run_dir, identity["configuration"], identity["loss_name"], identity.get("loss") or {},
+                       int(identity.get("seed", 0)), state, {k: v for k, v in (result or {}).items() if k != "run"},
+                       error=status.get("error"))
+    eval_dir = run_dir / "eval" / split
+    summary = _read_json(eval_dir / "summary.json")
+    if summary is not None:
+        record.summaries[""] = summary
+        record.per_case[""] = read_per_case(eval_dir / "per_case.csv")
+        for name in summary.get("posthoc", {}):
+            scaled = _read_json(eval_dir / name / "summary.json")
+            if scaled is not None:
+                record.summaries[name] = scaled
+                record.per_case[name] = read_per_case(eval_dir / name / "per_case.csv")
+    return record
+
+
+def find_run_dirs(roots: list[Path]) -> list[Path]:
+    """Run directories under (or equal to) each root, without duplicates, in a stable order."""
+    found: dict[Path, None] = {}
+    for root in roots:
+        root = Path(root).resolve()
+        if not root.is_dir():
+            raise FileNotFoundError(f"mcseg-report: {root} is not a directory")
+        for marker in RUN_MARKERS:
+            for hit in sorted(root.rglob(marker)):
+                run_dir = hit.parent
+                if "eval" in run_dir.relative_to(root).parts:
+                    continue  # an evaluate job's own status.json
+                found.setdefault(run_dir, None)
+    return sorted(found)
+
+
+def collect_runs(roots: list[Path], split: str = "test") -> list[RunRecord]:
+    records = [read_run(d, split) for d in find_run_dirs(roots)]
+    return [r for r in records if r is not None]

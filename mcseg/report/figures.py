@@ -1,0 +1,92 @@
+"""Report figures: reliability diagrams of the selected configurations overlaid, margin x lambda heatmaps."""
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from mcseg.report.table import ConfigRow
+
+
+def pooled_reliability(run_dirs: list[Path], split: str, panel: str = "top-label") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(mean confidence, accuracy, count) per bin of ``panel``, pooled over the runs' reliability.csv files.
+
+    Each file holds per-bin means and counts, so pooling weights every bin by its voxel count.
+    """
+    conf_sum = acc_sum = counts = None
+    for run_dir in run_dirs:
+        path = Path(run_dir) / "eval" / split / "reliability.csv"
+        if not path.is_file():
+            continue
+        with open(path, newline="") as f:
+            rows = [r for r in csv.DictReader(f) if r["panel"] == panel]
+        n = np.asarray([float(r["count"]) for r in rows])
+        conf = np.nan_to_num(np.asarray([float(r["mean_confidence"]) for r in rows]))
+        acc = np.nan_to_num(np.asarray([float(r["accuracy"]) for r in rows]))
+        if counts is None:
+            conf_sum, acc_sum, counts = np.zeros_like(n), np.zeros_like(n), np.zeros_like(n)
+        conf_sum, acc_sum, counts = conf_sum + conf * n, acc_sum + acc * n, counts + n
+    if counts is None:
+        return np.zeros(0), np.zeros(0), np.zeros(0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return conf_sum / counts, acc_sum / counts, counts
+
+
+def reliability_overlay(rows: list[ConfigRow], split: str) -> Figure:
+    """Top-label reliability curves (accuracy against confidence) of the selected configurations."""
+    fig = Figure(figsize=(5.5, 5))
+    ax = fig.subplots()
+    ax.plot([0, 1], [0, 1], color="0.6", linestyle="--", linewidth=1, label="perfect calibration")
+    for row in rows:
+        if not row.selected:
+            continue
+        conf, acc, counts = pooled_reliability([r.path for r in row.runs], split)
+        keep = counts > 0
+        ece = row.cells["ece"].mean if row.cells.get("ece") else math.nan
+        ax.plot(conf[keep], acc[keep], marker="o", markersize=3,
+                label=f"{row.loss_name} {'' if row.hyperparameters == 'defaults' else row.hyperparameters} "
+                      f"(ECE {ece:.3f})")
+    ax.set_xlabel("confidence (top-label, pooled over cases and seeds)")
+    ax.set_ylabel("accuracy")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=7, loc="upper left")
+    ax.set_title(f"Reliability on the {split} split (selected configurations)", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def margin_heatmap(rows: list[ConfigRow], loss_name: str = "margin") -> Figure | None:
+    """Test Dice and ECE over the margin x lambda grid of ``loss_name``'s configurations; None if < 2."""
+    cells = {}
+    for row in rows:
+        if row.loss_name != loss_name:
+            continue
+        loss = row.runs[0].loss
+        cells[(float(loss.get("margin", math.nan)), float(loss.get("alpha", math.nan)))] = row
+    if len(cells) < 2:
+        return None
+    margins = sorted({m for m, _ in cells})
+    alphas = sorted({a for _, a in cells})
+    fig = Figure(figsize=(4 + 1.2 * len(margins), 2.2 + 0.6 * len(alphas)), layout="constrained")
+    axes = fig.subplots(1, 2)
+    for ax, metric, title, cmap in ((axes[0], "dice", "test Dice", "viridis"), (axes[1], "ece", "test ECE", "magma_r")):
+        grid = np.full((len(alphas), len(margins)), np.nan)
+        for (m, a), row in cells.items():
+            cell = row.cells.get(metric)
+            grid[alphas.index(a), margins.index(m)] = cell.mean if cell else np.nan
+        image = ax.imshow(grid, cmap=cmap, aspect="auto", origin="lower")
+        for i in range(len(alphas)):
+            for j in range(len(margins)):
+                if not np.isnan(grid[i, j]):
+                    ax.text(j, i, f"{grid[i, j]:.3f}", ha="center", va="center", fontsize=7, color="white")
+        ax.set_xticks(range(len(margins)), [f"{m:g}" for m in margins])
+        ax.set_yticks(range(len(alphas)), [f"{a:g}" for a in alphas])
+        ax.set_xlabel("margin m")
+        ax.set_ylabel("lambda (alpha)")
+        ax.set_title(f"{loss_name}: {title} (mean over seeds)", fontsize=9)
+        fig.colorbar(image, ax=ax, fraction=0.046)
+    return fig

@@ -1,0 +1,103 @@
+"""The comparison table as Markdown, CSV and LaTeX (all three from the same rows)."""
+from __future__ import annotations
+
+import csv
+import io
+import math
+from pathlib import Path
+
+from mcseg.data.io import atomic_write
+from mcseg.report.table import METRICS, ConfigRow, MetricCell
+
+HEADERS = {
+    "dice": "Dice", "hd95_mm": "HD95 (mm)", "ece": "ECE pre_T", "classwise_ece": "CECE pre_T",
+    "ece_post_T": "ECE post_T", "classwise_ece_post_T": "CECE post_T",
+}
+DIGITS = {"hd95_mm": 2}
+
+
+def _num(value: float | None, digits: int = 3) -> str:
+    return "–" if value is None or math.isnan(value) else f"{value:.{digits}f}"
+
+
+def _p(p: float | None) -> str:
+    if p is None:
+        return ""
+    return "p<0.001" if p < 0.001 else f"p={p:.3f}"
+
+
+def cell_text(cell: MetricCell | None, name: str, latex: bool = False) -> str:
+    if cell is None:
+        return "–"
+    d = DIGITS.get(name, 3)
+    pm = r" $\pm$ " if latex else " ± "
+    text = f"{_num(cell.mean, d)}{pm}{_num(cell.std, d)} [{_num(cell.ci95[0], d)}, {_num(cell.ci95[1], d)}]"
+    if cell.p_vs_baseline is not None:
+        text += f" ({_p(cell.p_vs_baseline)})" if not latex else f" ({_p(cell.p_vs_baseline).replace('<', '$<$')})"
+    return text
+
+
+def markdown(rows: list[ConfigRow], title: str, protocol_lines: list[str]) -> str:
+    names = [m[0] for m in METRICS]
+
+    def table(selected_only: bool) -> list[str]:
+        out = ["| loss | hyperparameters | seeds | val. selection | T | " + " | ".join(HEADERS[n] for n in names) + " |",
+               "|---|---|---|---|---|" + "---|" * len(names)]
+        for row in rows:
+            if selected_only and not row.selected:
+                continue
+            mark = " (baseline)" if row.baseline else (" *" if row.selected and not selected_only else "")
+            out.append(f"| {row.loss_name}{mark} | {row.hyperparameters} | {len(row.seeds)} | "
+                       f"{_num(row.selection_value, 4)} | {_num(row.temperature, 2)} | "
+                       + " | ".join(cell_text(row.cells.get(n), n) for n in names) + " |")
+        return out
+
+    lines = [f"# {title}", "", *protocol_lines, "",
+             "## Selected configuration of each loss (by validation)", "", *table(True), "",
+             "## All configurations (* = selected)", "", *table(False), ""]
+    return "\n".join(lines)
+
+
+def write_csv(rows: list[ConfigRow], path: Path) -> None:
+    columns = ["loss", "hyperparameters", "configuration", "seeds", "selection_value", "selected", "baseline",
+               "temperature"]
+    for name, *_ in METRICS:
+        columns += [f"{name}_mean", f"{name}_std", f"{name}_ci95_lo", f"{name}_ci95_hi", f"{name}_n_cases",
+                    f"{name}_p_vs_baseline"]
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=columns)
+    writer.writeheader()
+    for row in rows:
+        record = {"loss": row.loss_name, "hyperparameters": row.hyperparameters, "configuration": row.configuration,
+                  "seeds": " ".join(map(str, row.seeds)), "selection_value": row.selection_value,
+                  "selected": row.selected, "baseline": row.baseline, "temperature": row.temperature}
+        for name, *_ in METRICS:
+            cell = row.cells.get(name)
+            if cell is not None:
+                record.update({f"{name}_mean": cell.mean, f"{name}_std": cell.std, f"{name}_ci95_lo": cell.ci95[0],
+                               f"{name}_ci95_hi": cell.ci95[1], f"{name}_n_cases": cell.n_cases,
+                               f"{name}_p_vs_baseline": cell.p_vs_baseline})
+        writer.writerow(record)
+    atomic_write(path, lambda tmp: tmp.write_text(buffer.getvalue()))
+
+
+def _tex_escape(text: str) -> str:
+    for char in ("_", "%", "&", "#"):
+        text = text.replace(char, "\\" + char)
+    return text
+
+
+def latex(rows: list[ConfigRow], caption: str) -> str:
+    """A booktabs table of the selected configuration of each loss (mean ± std over seeds, [95% CI over cases])."""
+    names = [m[0] for m in METRICS]
+    lines = [r"\begin{table}[t]", r"\centering", r"\scriptsize", rf"\caption{{{_tex_escape(caption)}}}",
+             r"\begin{tabular}{ll" + "c" * len(names) + "}", r"\toprule",
+             "Loss & Hyperparameters & " + " & ".join(_tex_escape(HEADERS[n]) for n in names) + r" \\", r"\midrule"]
+    for row in rows:
+        if not row.selected:
+            continue
+        name = _tex_escape(row.loss_name) + (" (baseline)" if row.baseline else "")
+        lines.append(f"{name} & {_tex_escape(row.hyperparameters)} & "
+                     + " & ".join(cell_text(row.cells.get(n), n, latex=True) for n in names) + r" \\")
+    lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}", ""]
+    return "\n".join(lines)

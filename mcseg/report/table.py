@@ -1,0 +1,150 @@
+"""The comparison table: one row per configuration, seeds aggregated, selection by validation, tests.
+
+For each configuration (runs that differ only in their seed):
+* mean ± std over seeds of each run's summary value (the evaluator's mean over cases);
+* a 95% percentile-bootstrap interval over cases of the per-case values averaged over seeds;
+* ``pre_T`` (raw outputs) and ``post_T`` (after temperature scaling) calibration columns.
+
+Each loss's hyperparameters are selected by the mean over seeds of a validation value from
+``result.json`` (default ``score``, the config's weighted validation score); the test split never
+takes part. Each configuration is compared with the selected configuration of the baseline loss
+by a two-sided Wilcoxon signed-rank test over cases (per-case values averaged over seeds,
+cases undefined in either excluded), per metric, uncorrected for multiple comparisons.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy.stats import wilcoxon
+
+from mcseg.metrics.statistics import bootstrap_ci
+from mcseg.report.collect import RunRecord
+
+# (column, summary key, per-case key, scaler: "" raw outputs, "temperature" post-T, better: +1 higher / -1 lower)
+METRICS = (
+    ("dice", "mean_foreground_dice", "dice", "", +1),
+    ("hd95_mm", "mean_foreground_hd95_mm", "hd95_mm", "", -1),
+    ("ece", "mean_ece", "ece", "", -1),
+    ("classwise_ece", "mean_classwise_ece", "classwise_ece", "", -1),
+    ("ece_post_T", "mean_ece", "ece", "temperature", -1),
+    ("classwise_ece_post_T", "mean_classwise_ece", "classwise_ece", "temperature", -1),
+)
+
+
+@dataclass
+class MetricCell:
+    mean: float
+    std: float
+    ci95: tuple[float, float]
+    n_cases: int
+    p_vs_baseline: float | None = None
+
+
+@dataclass
+class ConfigRow:
+    loss_name: str
+    configuration: str
+    hyperparameters: str
+    runs: list[RunRecord]
+    seeds: list[int]
+    selection_value: float | None
+    cells: dict[str, MetricCell | None] = field(default_factory=dict)
+    selected: bool = False
+    baseline: bool = False
+    temperature: float | None = None
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    v = np.asarray([x for x in values if x is not None and not math.isnan(x)], dtype=np.float64)
+    if v.size == 0:
+        return math.nan, math.nan
+    return float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else math.nan
+
+
+def case_means(runs: list[RunRecord], scaler: str, key: str) -> dict[str, float]:
+    """Per case: the value averaged over the runs (seeds) that have it defined."""
+    values: dict[str, list[float]] = {}
+    for run in runs:
+        for case, metrics in run.per_case.get(scaler, {}).items():
+            values.setdefault(case, []).append(metrics[key])
+    return {case: _mean_std(v)[0] for case, v in values.items()}
+
+
+def _cell(runs: list[RunRecord], summary_key: str, case_key: str, scaler: str, n_boot: int, seed: int) -> MetricCell | None:
+    with_values = [r for r in runs if scaler in r.summaries]
+    if not with_values:
+        return None
+    mean, std = _mean_std([r.summaries[scaler].get(summary_key) for r in with_values])
+    per_case = np.asarray([v for v in case_means(with_values, scaler, case_key).values() if not math.isnan(v)])
+    return MetricCell(mean, std, bootstrap_ci(per_case, n_boot, seed), int(per_case.size))
+
+
+def paired_wilcoxon(a: dict[str, float], b: dict[str, float]) -> float | None:
+    """Two-sided Wilcoxon signed-rank p-value over the cases defined in both; None under 2 pairs."""
+    cases = sorted(c for c in a.keys() & b.keys() if not (math.isnan(a[c]) or math.isnan(b[c])))
+    x = np.asarray([a[c] for c in cases])
+    y = np.asarray([b[c] for c in cases])
+    if len(cases) < 2:
+        return None
+    if np.all(x == y):
+        return 1.0  # identical outputs: no evidence of a difference (scipy refuses all-zero differences)
+    return float(wilcoxon(x, y, alternative="two-sided").pvalue)
+
+
+def common_overrides(configurations: list[str]) -> list[str]:
+    """Overrides shared by every configuration (shown once in the report, not in each row)."""
+    sets = [set(c.split()) for c in configurations]
+    return sorted(set.intersection(*sets)) if sets else []
+
+
+def _hyperparameters(configuration: str, loss_name: str, common: set[str]) -> str:
+    parts = [p for p in configuration.split() if p != f"loss={loss_name}" and p not in common]
+    return " ".join(parts) or "defaults"
+
+
+def build_rows(runs: list[RunRecord], select: str = "score", select_mode: str = "max", baseline: str | None = "ce",
+               n_boot: int = 1000, seed: int = 0) -> list[ConfigRow]:
+    """Group evaluated runs into configurations, fill the metric cells, select and test."""
+    if select_mode not in ("max", "min"):
+        raise ValueError(f"select_mode={select_mode!r}: expected max or min")
+    groups: dict[str, list[RunRecord]] = {}
+    for run in runs:
+        if run.evaluated:
+            groups.setdefault(run.configuration, []).append(run)
+    rows = []
+    common = set(common_overrides(list(groups)))
+    for configuration, members in groups.items():
+        members = sorted(members, key=lambda r: r.seed)
+        selection = _mean_std([r.result.get(select) for r in members])[0]
+        row = ConfigRow(members[0].loss_name, configuration, _hyperparameters(configuration, members[0].loss_name, common),
+                        members, [r.seed for r in members], None if math.isnan(selection) else selection)
+        row.cells = {name: _cell(members, key, case_key, scaler, n_boot, seed)
+                     for name, key, case_key, scaler, _ in METRICS}
+        temps = [r.summaries[""].get("posthoc", {}).get("temperature", {}).get("params", {}).get("temperature")
+                 for r in members]
+        row.temperature = _mean_std([t for t in temps if t is not None])[0] if any(t is not None for t in temps) else None
+        rows.append(row)
+    order = {}
+    for run in runs:  # losses in the order their first run appears (sweep order)
+        order.setdefault(run.loss_name, len(order))
+    rows.sort(key=lambda r: (order.get(r.loss_name, 0), r.configuration))
+
+    sign = 1 if select_mode == "max" else -1
+    for loss in {r.loss_name for r in rows}:
+        candidates = [r for r in rows if r.loss_name == loss and r.selection_value is not None]
+        if candidates:
+            max(candidates, key=lambda r: sign * r.selection_value).selected = True
+    reference = next((r for r in rows if r.loss_name == baseline and r.selected), None)
+    if reference is not None:
+        reference.baseline = True
+        for row in rows:
+            if row is reference:
+                continue
+            for name, _, case_key, scaler, _ in METRICS:
+                cell = row.cells.get(name)
+                if cell is not None and reference.cells.get(name) is not None:
+                    cell.p_vs_baseline = paired_wilcoxon(case_means(row.runs, scaler, case_key),
+                                                         case_means(reference.runs, scaler, case_key))
+    return rows

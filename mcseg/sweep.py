@@ -1,0 +1,196 @@
+"""Sweeps with Hydra's own machinery: job status files, a sweep summary, and study sweeps.
+
+* :func:`run_job` runs one job (train or evaluate) and records ``status.json`` in its output
+  directory. Inside a multirun a failing job is recorded as failed and the sweep goes on (a
+  ``sys.exit`` would end every remaining job); a single run still exits with status 1.
+* :class:`SweepSummary` is a Hydra callback: when a multirun ends it collects the jobs'
+  ``status.json`` files into ``sweep_summary.json`` / ``.md`` in the sweep directory and logs
+  the failed jobs.
+* The study sweeper (``hydra/sweeper=study``, in ``hydra_plugins/mcseg_study_sweeper`` where
+  Hydra requires plugins to live) runs a union of grids, one per loss.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from mcseg.data.io import atomic_write, write_json
+
+log = logging.getLogger("mcseg")
+
+STATUS_FILE = "status.json"
+SUMMARY_FILE = "sweep_summary.json"
+EXIT_INTERRUPTED = 143  # 128 + SIGTERM, what schedulers expect from a terminated job
+# Errors that are the user's input, not a bug: one clear line and a non-zero exit.
+# OSError covers a full disk and unwritable output directories (the message names the path).
+USER_ERRORS = (ValueError, OSError, FloatingPointError)
+
+
+def _hydra_job() -> tuple[bool, list[str], int | None]:
+    """(inside a multirun?, this job's overrides, job number) from Hydra's runtime config."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized():
+        return False, [], None
+    hc = HydraConfig.get()
+    num = hc.job.get("num") if hc.mode == RunMode.MULTIRUN else None
+    return hc.mode == RunMode.MULTIRUN, list(hc.overrides.task), num
+
+
+# Overrides that do not change what a run computes: runs differing only in these are the same configuration.
+NOT_CONFIGURATION = ("seed", "trainer.device", "trainer.resume", "trainer.auto_resume", "trainer.progress_bar",
+                     "task_name", "paths.", "hydra.", "hydra/", "logger", "tags")
+
+
+JOB_NAME_EXCLUDE = ("experiment", "hparams_search", "debug", "trainer.device", "hydra.", "hydra/", "paths.")
+JOB_NAME_MAX = 120
+
+
+def job_name(overrides) -> str:
+    """A short, readable name for a sweep job's directory from its overrides (resolver ``mcseg_job``).
+
+    The loss and its hyperparameters first (``loss.margin=5`` shown as ``margin=5``), then the
+    seed, then other overrides; longer than JOB_NAME_MAX characters, it is cut and ends with a hash of the whole, so
+    names stay unique and within file-system limits (255 bytes).
+    """
+    import hashlib
+
+    items = [str(o).lstrip("+~") for o in overrides if not str(o).lstrip("+~").startswith(JOB_NAME_EXCLUDE)]
+
+    def rank(item: str) -> tuple[int, str]:
+        key = item.split("=", 1)[0]
+        return (0 if key == "loss" else 1 if key.startswith("loss.") else 2 if key == "seed" else 3, key)
+
+    parts = [item.removeprefix("loss.") if item.startswith("loss.") else item for item in sorted(items, key=rank)]
+    name = ",".join(parts).replace("/", "-") or "defaults"
+    if len(name) > JOB_NAME_MAX:
+        digest = hashlib.sha1(name.encode()).hexdigest()[:8]
+        name = f"{name[:JOB_NAME_MAX - 9]}~{digest}"
+    return name
+
+
+def describe_run(overrides: list[str], choices: dict, loss: dict, dataset: str, seed: int) -> dict:
+    """What a run is, for reports: its configuration key (its overrides minus seed and the like), loss, seed."""
+    configuration = sorted(o.lstrip("+~") for o in overrides
+                           if not o.lstrip("+~").split("=")[0].startswith(NOT_CONFIGURATION))
+    return {
+        "configuration": " ".join(configuration) or "(defaults)",
+        "overrides": list(overrides),
+        "loss_name": choices.get("loss") or str(loss.get("_target_", "?")).rsplit(".", 1)[-1],
+        "loss": loss,
+        "dataset": dataset,
+        "seed": int(seed),
+    }
+
+
+def run_identity(cfg: DictConfig) -> dict:
+    """:func:`describe_run` of the running job (Hydra's overrides and group choices, the resolved loss)."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    _, overrides, _ = _hydra_job()
+    choices = dict(HydraConfig.get().runtime.choices) if HydraConfig.initialized() else {}
+    return describe_run(overrides, choices, OmegaConf.to_container(cfg.loss, resolve=True),
+                        str(cfg.dataset.get("name")), cfg.seed)
+
+
+def run_job(fn: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
+    """Call ``fn(cfg)``, record the outcome in ``<output_dir>/status.json`` and report errors.
+
+    Returns ``fn``'s value, or ``None`` for a job that failed inside a multirun (an Optuna
+    sweeper then marks the trial failed). ``MCSEG_TRACEBACK=1`` re-raises instead.
+    """
+    from mcseg.errors import TrainingInterrupted
+
+    multirun, overrides, num = _hydra_job()
+    if int(os.environ.get("RANK", "0")) != 0:  # torchrun: rank 0 owns the run directory's files
+        return fn(cfg)
+    out_dir = Path(cfg.paths.output_dir)
+    record = {"status": "running", "overrides": overrides, "job_num": num, "pid": os.getpid(),
+              "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    write_json(out_dir / STATUS_FILE, record)
+    start = time.perf_counter()
+
+    def finish(status: str, error: str | None = None) -> None:
+        record.update(status=status, error=error, wall_time_s=round(time.perf_counter() - start, 1))
+        write_json(out_dir / STATUS_FILE, record)
+
+    try:
+        result = fn(cfg)
+    except TrainingInterrupted as exc:  # stops a sweep too: the scheduler asked everything to end
+        finish("interrupted", str(exc))
+        log.warning("%s", exc)
+        print(f"interrupted: {exc}", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)
+    except Exception as exc:
+        finish("failed", f"{type(exc).__name__}: {exc}")
+        if os.environ.get("MCSEG_TRACEBACK"):
+            raise
+        if multirun:
+            log.error("job %s failed (%s: %s); the sweep goes on\n%s", num, type(exc).__name__, exc,
+                      traceback.format_exc())
+            print(f"error in job {num} ({' '.join(overrides)}): {exc}", file=sys.stderr)
+            return None
+        if not isinstance(exc, USER_ERRORS):
+            raise
+        log.error("%s: %s", type(exc).__name__, exc)
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(1)
+    finish("completed")
+    return result
+
+
+def collect_job_status(sweep_dir: Path) -> list[dict]:
+    """``status.json`` of every job directory under ``sweep_dir`` (job directories hold ``.hydra/``)."""
+    jobs = []
+    for hydra_dir in sorted(Path(sweep_dir).rglob(".hydra")):
+        job_dir = hydra_dir.parent
+        path = job_dir / STATUS_FILE
+        if path.is_file():
+            record = json.loads(path.read_text())
+        else:  # killed before it could write anything
+            record = {"status": "missing", "error": f"no {STATUS_FILE}: the job never started or was killed"}
+        jobs.append({"dir": str(job_dir.relative_to(sweep_dir)), **record})
+    return sorted(jobs, key=lambda j: (j.get("job_num") is None, j.get("job_num") or 0, j["dir"]))
+
+
+def write_sweep_summary(sweep_dir: Path) -> dict:
+    """Write ``sweep_summary.json`` and ``sweep_summary.md`` for the jobs under ``sweep_dir``."""
+    jobs = collect_job_status(sweep_dir)
+    counts: dict[str, int] = {}
+    for job in jobs:
+        counts[job["status"]] = counts.get(job["status"], 0) + 1
+    summary = {"sweep_dir": str(sweep_dir), "counts": counts, "jobs": jobs}
+    write_json(Path(sweep_dir) / SUMMARY_FILE, summary)
+    lines = [f"# Sweep {sweep_dir}", "", ", ".join(f"{n} {s}" for s, n in sorted(counts.items())), "",
+             "| job | status | wall time (s) | overrides | error |", "|---|---|---|---|---|"]
+    for job in jobs:
+        error = (job.get("error") or "").replace("|", "\\|").replace("\n", " ")
+        lines.append(f"| {job['dir']} | {job['status']} | {job.get('wall_time_s', '')} | "
+                     f"{' '.join(job.get('overrides', []))} | {error} |")
+    atomic_write(Path(sweep_dir) / "sweep_summary.md", lambda tmp: tmp.write_text("\n".join(lines) + "\n"))
+    return summary
+
+
+class SweepSummary(Callback):
+    """Hydra callback: summarise the sweep's jobs when a multirun ends (see :func:`write_sweep_summary`)."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        if not sweep_dir.is_dir():
+            return
+        summary = write_sweep_summary(sweep_dir)
+        failed = [j for j in summary["jobs"] if j["status"] != "completed"]
+        log.info("sweep %s: %s (summary in %s)", sweep_dir, summary["counts"], sweep_dir / SUMMARY_FILE)
+        for job in failed:
+            log.error("job %s %s: %s", job["dir"], job["status"], job.get("error"))

@@ -1,0 +1,475 @@
+"""Training and evaluation throughput of mcseg on the current device, against the compute-only ceiling.
+
+One run measures, on the device it runs on (CUDA when present, else the CPU):
+
+(a) the compute-only ceiling: the configured network, loss and optimiser stepping on random
+    tensors of the training batch's shape already on the device (plain PyTorch: zero_grad,
+    forward under the configured autocast, loss, backward, optimiser step);
+(b) mcseg's end-to-end training throughput on real data: the Trainer that ``mcseg.train.train``
+    builds from the same config (taken just before it would start fitting) runs
+    ``Trainer.train_epoch``, i.e. the full data path (cases in memory or memory-mapped, sampling
+    and augmentation in loader workers, pinned non-blocking copies) and the full step (gradient
+    clipping, non-finite tracking, loss read once per logging interval);
+(c) the ratio b / a, for hippocampus 3D patches (the 3D recipe of docs/results.md) and 2D slices
+    (the preset's default), (a) and (b) alternating;
+(d) evaluation throughput: test volumes per second through ``evaluate_split``, the path of
+    ``evaluate.py`` (loading, slice-wise or sliding-window inference, every metric, files);
+and peak memory: host (the process's VmHWM per phase) and, on CUDA, GPU (``max_memory_allocated``).
+A child process runs one FLARE-sized volume (512 x 512 x 300, 5 classes) through inference and
+evaluation and reports its peak memory in copies of its probability tensor.
+
+    python scripts/benchmark.py                    # full run: docs/benchmarks.json + docs/benchmarks.md
+    python scripts/benchmark.py --short --no-write # a quick check that everything runs
+    python scripts/benchmark.py --compile          # also with trainer.compile=true (compile time, steady rate)
+    python scripts/benchmark.py eval-memory --shape 512 512 300 --classes 5   # one volume's peak memory, JSON
+
+Results are kept per device kind in docs/benchmarks.json (a CPU run leaves the GPU entry alone
+and vice versa); the Markdown section is rendered from that file.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from bench_metrics import machine, write_section  # noqa: E402
+
+from mcseg.data.cases import CaseData  # noqa: E402
+from mcseg.engine.evaluator import EvalProtocol, Evaluator  # noqa: E402
+from mcseg.engine.inference import InferenceConfig, autocast_context  # noqa: E402
+from mcseg.engine.predict import SegmentationPredictor, evaluate_cases  # noqa: E402
+from mcseg.engine.trainer import Trainer  # noqa: E402
+from mcseg.losses.base import target_checks  # noqa: E402
+
+JSON_PATH = ROOT / "docs" / "benchmarks.json"
+HIPPOCAMPUS = ROOT.parent / "shared" / "data" / "hippocampus"
+SECTION = "Training throughput"
+RECIPE_3D = ["loss=ce_dice", "dataset.sampling.dims=3", "dataset.sampling.patch_size=[48,64,48]",
+             "dataset.sampling.batch_size=2"]
+CASES = {  # name: (description, overrides after dataset=hippocampus)
+    "hippocampus-3d": ("hippocampus 3D patches 48x64x48, batch 2, CE + Dice (docs/results.md recipe)", RECIPE_3D),
+    "hippocampus-2d": ("hippocampus 2D slices 64x48, batch 32, CE (the preset's default)", []),
+}
+
+
+# ---------------------------------------------------------------- memory and time
+def _status_bytes(key: str) -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def current_rss() -> int:
+    return _status_bytes("VmRSS") or 0
+
+
+def reset_host_peak() -> bool:
+    """Reset the process's peak resident set (Linux ``clear_refs``); False where unsupported."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def host_peak() -> int:
+    """Peak resident set since the last reset (VmHWM), else since the start (ru_maxrss)."""
+    peak = _status_bytes("VmHWM")
+    if peak is None:
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return peak
+
+
+@contextmanager
+def peak_memory(device: torch.device, record: dict):
+    """Record the peak host (and GPU) memory of the block into ``record`` (MB)."""
+    reset_host_peak()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    yield
+    record["peak_host_mb"] = round(host_peak() / 2**20, 1)
+    if device.type == "cuda":
+        record["peak_gpu_mb"] = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# ---------------------------------------------------------------- the pieces mcseg builds
+def compose(overrides: list[str]):
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        return hydra_compose(config_name="train", overrides=overrides)
+
+
+class _Built(Exception):
+    def __init__(self, trainer: Trainer) -> None:
+        super().__init__("trainer built")
+        self.trainer = trainer
+
+
+def build_trainer(cfg) -> Trainer:
+    """The Trainer that ``train(cfg)`` builds (model, loss, optimiser, loader), taken just before fitting."""
+    from mcseg.train import train
+
+    def capture(self):
+        raise _Built(self)
+
+    original, Trainer.fit = Trainer.fit, capture
+    try:
+        train(cfg)
+    except _Built as built:
+        return built.trainer
+    finally:
+        Trainer.fit = original
+    raise RuntimeError("train() returned without fitting")
+
+
+# ---------------------------------------------------------------- (a), (b), (d)
+def ceiling_rate(trainer: Trainer, steps: int, warmup: int) -> float:
+    """(a): samples/s of the trainer's network, loss and optimiser on device-resident random tensors."""
+    device, cfg = trainer.device, trainer.cfg
+    batch = trainer.loader.batch_size
+    sample = trainer.loader.dataset[0]
+    image = torch.randn(batch, *sample["image"].shape, device=device)
+    if trainer.channels_last:
+        image = image.contiguous(memory_format=torch.channels_last if image.ndim == 4 else torch.channels_last_3d)
+    label = torch.randint(0, trainer.num_classes, (batch, *sample["label"].shape), device=device)
+    model, loss_fn, optimizer = trainer.train_module, trainer.loss_fn, trainer.optimizer
+    model.train()
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        with autocast_context(device, cfg.precision):
+            logits = model(image)
+        loss_fn(logits.float(), label).backward()
+        optimizer.step()
+
+    with target_checks(loss_fn, False):  # plain PyTorch checks nothing
+        for _ in range(warmup):
+            step()
+        synchronize(device)
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        synchronize(device)
+    return steps * batch / (time.perf_counter() - start)
+
+
+def end_to_end_rate(trainer: Trainer, epoch: int) -> tuple[float, float]:
+    """(b): samples/s of one ``Trainer.train_epoch`` (and its duration in seconds)."""
+    trainer.step_in_epoch, trainer.epoch_loss_sum = 0, 0.0  # what Trainer.fit does between epochs
+    samples = len(trainer.loader) * trainer.loader.batch_size
+    start = time.perf_counter()
+    trainer.train_epoch(epoch)
+    synchronize(trainer.device)
+    seconds = time.perf_counter() - start
+    return samples / seconds, seconds
+
+
+def evaluation_rate(cfg, trainer: Trainer, n_cases: int, out_dir: Path) -> dict:
+    """(d): test volumes/s through ``evaluate_split`` (after one untimed volume)."""
+    from mcseg.config import typed
+    from mcseg.engine.data import build_dataset, resolve_split
+    from mcseg.evaluate import evaluate_split
+
+    dataset = build_dataset(cfg.dataset)
+    refs = resolve_split(dataset, cfg.dataset, Path(cfg.paths.output_dir))["test"]
+    protocol = typed(cfg.evaluation, EvalProtocol, "evaluation")
+    inference = typed(cfg.inference, InferenceConfig, "inference")
+    n_cases = min(n_cases, len(refs) - 1)
+
+    def run(cases, where):
+        return evaluate_split(trainer.predictor, dataset, cases, protocol, where, inference.save_predictions,
+                              inference.save_probabilities)
+
+    run(refs[:1], out_dir / "warmup")
+    record = {"volumes": n_cases, "mean_voxels": None}
+    with peak_memory(trainer.device, record):
+        start = time.perf_counter()
+        run(refs[1 : 1 + n_cases], out_dir / "timed")
+        synchronize(trainer.device)
+        seconds = time.perf_counter() - start
+    record["volumes_per_s"] = round(n_cases / seconds, 2)
+    record["mean_voxels"] = int(np.mean([np.prod(dataset.load(r).spatial_shape) for r in refs[1 : 1 + n_cases]]))
+    return record
+
+
+def bench_training_case(name: str, args, device: torch.device, compile_model: bool) -> dict:
+    description, overrides = CASES[name]
+    with tempfile.TemporaryDirectory(prefix="mcseg-bench-") as tmp:
+        run_dir = Path(tmp) / "run"
+        cfg = compose(["dataset=hippocampus", f"dataset.root={args.hippocampus}", *overrides, *args.set,
+                       f"trainer.device={device.type}", f"trainer.compile={str(compile_model).lower()}",
+                       "trainer.progress_bar=false", "logger.images=0", f"paths.output_dir={run_dir}"])
+        from omegaconf import open_dict
+
+        with open_dict(cfg):
+            cfg.dataset.sampling.samples_per_epoch = args.steps * int(cfg.dataset.sampling.batch_size)
+        trainer = build_trainer(cfg)
+        workers = trainer.loader.num_workers
+        record = {"case": name, "description": description, "overrides": overrides + args.set, "compile": compile_model,
+                  "batch_size": trainer.loader.batch_size, "steps": args.steps, "loader_workers": workers}
+        ceilings, rates = [], []
+        with peak_memory(device, record):
+            start = time.perf_counter()
+            _, first_epoch_s = end_to_end_rate(trainer, 0)  # warm-up: workers start, compile, allocator
+            record["first_epoch_s"] = round(first_epoch_s, 2)
+            for repeat in range(args.repeats):  # alternate, so that load on a shared machine hits both alike
+                ceilings.append(ceiling_rate(trainer, args.steps, args.warmup))
+                rates.append(end_to_end_rate(trainer, repeat + 1)[0])
+            record["wall_s"] = round(time.perf_counter() - start, 1)
+        record["ceiling_samples_per_s"] = round(statistics.median(ceilings), 2)
+        record["end_to_end_samples_per_s"] = round(statistics.median(rates), 2)
+        record["ratio"] = round(record["end_to_end_samples_per_s"] / record["ceiling_samples_per_s"], 3)
+        record["runs"] = {"ceiling": [round(v, 2) for v in ceilings], "end_to_end": [round(v, 2) for v in rates]}
+        if not compile_model:
+            record["evaluation"] = evaluation_rate(cfg, trainer, args.eval_cases, Path(tmp) / "eval")
+        print(json.dumps(record), flush=True)
+        del trainer
+        return record
+
+
+# ---------------------------------------------------------------- one large volume's memory
+class IntensityEcho(torch.nn.Module):
+    """A stand-in network for memory measurements: logits favour the class nearest to the
+    voxel's intensity, so predictions have the sparse surfaces of a real segmentation."""
+
+    def __init__(self, num_classes: int) -> None:
+        super().__init__()
+        self.num_classes = num_classes
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        classes = torch.arange(self.num_classes, dtype=x.dtype, device=x.device).view(1, -1, *[1] * (x.ndim - 2))
+        return -4.0 * (x - classes) ** 2  # B x K x *S, nothing larger on the way
+
+
+def phantom_case(case_id: str, shape: tuple[int, ...], num_classes: int) -> CaseData:
+    """Boxes of classes 1..K-1 in a volume of ``shape``; the image is the label plus smooth noise."""
+    label = np.zeros(shape, np.uint8)
+    quarter = [max(n // 4, 1) for n in shape]
+    for k in range(1, num_classes):
+        start = (k * quarter[0] // 2) % max(shape[0] - quarter[0], 1)
+        label[start : start + quarter[0], quarter[1] : 3 * quarter[1], quarter[2] : 3 * quarter[2]] = k
+    image = label.astype(np.float32)[None]
+    image += 0.2 * np.sin(np.arange(shape[-1], dtype=np.float32) / 7.0)
+    return CaseData(case_id, image, label, (1.0,) * len(shape), np.eye(4))
+
+
+def evaluation_memory(shape: tuple[int, ...], num_classes: int, roi: list[int], sw_batch_size: int,
+                      device: torch.device) -> dict:
+    """Peak memory of one volume through ``evaluate_cases`` (sliding-window inference, softmax,
+    every metric), in bytes and in copies of its probability tensor (K x *S float32)."""
+    model = IntensityEcho(num_classes).to(device)
+    cfg = InferenceConfig(sw_batch_size=sw_batch_size, roi_size=roi)
+    predictor = SegmentationPredictor(model, 3, 16, lambda x: torch.softmax(x, 1), False, cfg, roi, "32", device)
+    evaluator = Evaluator(num_classes, [f"class_{k}" for k in range(num_classes)],
+                          EvalProtocol(bootstrap_samples=0))
+
+    def identity(case, probs):
+        return probs, case.label, case.spacing, case.affine
+
+    evaluate_cases(predictor, [phantom_case("warmup", tuple(2 * r for r in roi), num_classes)], evaluator, identity)
+    case = phantom_case("volume", shape, num_classes)
+    probability_bytes = 4 * num_classes * int(np.prod(shape))
+    before, record = current_rss(), {}
+    with peak_memory(device, record):
+        start = time.perf_counter()
+        evaluate_cases(predictor, [case], evaluator, identity)
+        synchronize(device)
+        seconds = time.perf_counter() - start
+    peak_extra = record["peak_host_mb"] * 2**20 - before
+    if device.type == "cuda":  # the volume lives on the GPU; the host holds the input and the label
+        peak_extra = record["peak_gpu_mb"] * 2**20
+    return {"shape": list(shape), "classes": num_classes, "device": device.type, "roi_size": roi,
+            "sw_batch_size": sw_batch_size, "seconds": round(seconds, 1),
+            "probability_tensor_mb": round(probability_bytes / 2**20, 1),
+            "peak_extra_mb": round(peak_extra / 2**20, 1),
+            "copies_of_probability_tensor": round(peak_extra / probability_bytes, 2),
+            "host_peak_resettable": reset_host_peak()}
+
+
+def eval_memory_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="benchmark.py eval-memory", description=evaluation_memory.__doc__)
+    parser.add_argument("--shape", type=int, nargs=3, default=[512, 512, 300])
+    parser.add_argument("--classes", type=int, default=5)
+    parser.add_argument("--roi", type=int, nargs=3, default=[96, 96, 96])
+    parser.add_argument("--sw-batch-size", type=int, default=4)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args(argv)
+    warnings.filterwarnings("ignore")
+    result = evaluation_memory(tuple(args.shape), args.classes, args.roi, args.sw_batch_size, torch.device(args.device))
+    print(json.dumps(result))
+    return 0
+
+
+def run_eval_memory_child(shape: list[int], classes: int, roi: list[int], sw_batch_size: int,
+                          device: torch.device) -> dict:
+    """:func:`evaluation_memory` in a fresh process (nothing else in its memory)."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, __file__, "eval-memory", "--shape", *map(str, shape), "--classes",
+                           str(classes), "--roi", *map(str, roi), "--sw-batch-size", str(sw_batch_size),
+                           "--device", device.type], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"eval-memory failed: {done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+# ---------------------------------------------------------------- report
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        return (f"{props.name} ({props.total_memory / 2**30:.0f} GiB); torch {torch.__version__}, "
+                f"CUDA {torch.version.cuda}")
+    return machine()
+
+
+def render(results: dict) -> str:
+    """The Markdown section from the per-device results."""
+    lines = [
+        "`python scripts/benchmark.py` measures, in one run on the device it runs on, (a) the compute-only "
+        "ceiling: the configured network, loss and optimiser stepping on random tensors of the training "
+        "batch's shape already on the device (plain PyTorch); (b) mcseg end to end: the `Trainer` that "
+        "`train(cfg)` builds runs `train_epoch` on the real data (memory-mapped cases, sampling and "
+        "augmentation in loader workers, pinned non-blocking copies, gradient clipping, non-finite tracking, "
+        "loss read once per logging interval); (c) b / a, (a) and (b) alternating, median of the repeats; "
+        "(d) test volumes per second through `evaluate_split` (inference and every metric, predictions "
+        "written). Peak memory: the main process's resident set per phase (loader workers not included) and "
+        "`torch.cuda.max_memory_allocated`.",
+        "",
+        "| device | case | (a) ceiling, samples/s | (b) mcseg, samples/s | b / a | loader workers "
+        "| peak host / GPU MB |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for kind in ("cpu", "cuda"):
+        entry = results.get(kind)
+        label = "CPU" if kind == "cpu" else "GPU"
+        if not entry:
+            lines.append(f"| {label} | - | not measured (no GPU lent to this task) | | | | |")
+            continue
+        for r in entry["training"]:
+            gpu = f" / {r['peak_gpu_mb']:.0f}" if "peak_gpu_mb" in r else ""
+            compiled = ", compiled" if r.get("compile") else ""
+            lines.append(f"| {label} | {r['description']}{compiled} | {r['ceiling_samples_per_s']:.1f} | "
+                         f"{r['end_to_end_samples_per_s']:.1f} | **{r['ratio']:.2f}** | {r['loader_workers']} | "
+                         f"{r['peak_host_mb']:.0f}{gpu} |")
+    lines += ["", "| device | evaluation | volumes/s | peak host / GPU MB |", "|---|---|---|---|"]
+    for kind in ("cpu", "cuda"):
+        entry = results.get(kind)
+        if not entry:
+            lines.append("| GPU | - | not measured (no GPU lent to this task) | |")
+            continue
+        for r in entry["training"]:
+            e = r.get("evaluation")
+            if e:
+                gpu = f" / {e['peak_gpu_mb']:.0f}" if "peak_gpu_mb" in e else ""
+                lines.append(f"| {'CPU' if kind == 'cpu' else 'GPU'} | {r['case']}: {e['volumes']} test volumes, "
+                             f"{e['mean_voxels'] / 1e3:.0f}k voxels on average | {e['volumes_per_s']:.2f} | "
+                             f"{e['peak_host_mb']:.0f}{gpu} |")
+    lines += ["", "Large volume: one case through sliding-window inference (a stand-in network whose working "
+              "memory is its window batch), softmax and every metric (`python scripts/benchmark.py eval-memory`); "
+              "peak memory above what the process held before, in copies of the case's probability tensor "
+              "(K x S float32). Two is the floor of the design: logits and probabilities coexist while one is "
+              "converted into the other, and the logits are released before the metrics run.", "",
+              "| device | volume | classes | window, sw batch | probability tensor MB | peak extra MB | copies "
+              "| seconds |",
+              "|---|---|---|---|---|---|---|---|"]
+    for kind in ("cpu", "cuda"):
+        m = (results.get(kind) or {}).get("large_volume")
+        if m:
+            lines.append(f"| {'CPU' if kind == 'cpu' else 'GPU'} | {' x '.join(map(str, m['shape']))} | "
+                         f"{m['classes']} | {' x '.join(map(str, m['roi_size']))}, {m['sw_batch_size']} | "
+                         f"{m['probability_tensor_mb']:.0f} | {m['peak_extra_mb']:.0f} | "
+                         f"**{m['copies_of_probability_tensor']:.2f}** | {m['seconds']:.0f} |")
+    lines.append("")
+    for kind in ("cpu", "cuda"):
+        entry = results.get(kind)
+        if entry:
+            lines.append(f"{'CPU' if kind == 'cpu' else 'GPU'} run ({entry['measured']}, {entry['mode']} mode, "
+                         f"`{entry['command']}`): {entry['device']}.")
+            lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["eval-memory"]:
+        return eval_memory_main(argv[1:])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--short", action="store_true", help="few steps and volumes, a smaller large volume")
+    parser.add_argument("--steps", type=int, help="timed steps per measurement (default 60; 6 with --short)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed ceiling steps before each measurement")
+    parser.add_argument("--repeats", type=int, help="alternating (a)/(b) repeats (default 3; 1 with --short)")
+    parser.add_argument("--eval-cases", type=int, help="test volumes timed (default 30; 4 with --short)")
+    parser.add_argument("--cases", nargs="+", choices=sorted(CASES), default=list(CASES))
+    parser.add_argument("--compile", action="store_true", help="also measure with trainer.compile=true")
+    parser.add_argument("--large-volume", type=int, nargs=3, help="default 512 512 300 (256 256 160 with --short)")
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="extra config overrides for every case, e.g. dataset.sampling.num_workers=0")
+    parser.add_argument("--hippocampus", type=Path, default=HIPPOCAMPUS)
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args(argv)
+    args.steps = args.steps or (6 if args.short else 60)
+    args.repeats = args.repeats or (1 if args.short else 3)
+    args.eval_cases = args.eval_cases or (4 if args.short else 30)
+    large = args.large_volume or ([256, 256, 160] if args.short else [512, 512, 300])
+    warnings.filterwarnings("ignore")
+    import logging
+
+    logging.basicConfig(level=logging.WARNING)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    entry = {"device": device_name(device), "measured": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+             "mode": "short" if args.short else "full",
+             "command": "python scripts/benchmark.py " + " ".join(argv), "training": []}
+    print(entry["device"], flush=True)
+    if not (args.hippocampus / "dataset.json").is_file():
+        print(f"hippocampus data not found at {args.hippocampus} (give --hippocampus): training and evaluation "
+              "throughput skipped", flush=True)
+    else:
+        for name in args.cases:
+            entry["training"].append(bench_training_case(name, args, device, compile_model=False))
+            if args.compile:
+                entry["training"].append(bench_training_case(name, args, device, compile_model=True))
+    # --short: a smaller volume with small windows, so that the volume, not the windows, dominates
+    roi, sw_batch = ([32, 32, 32], 2) if args.short and not args.large_volume else ([96, 96, 96], 4)
+    entry["large_volume"] = run_eval_memory_child(large, 5, roi, sw_batch, device)
+    print(json.dumps(entry["large_volume"]), flush=True)
+    if args.no_write:
+        return 0
+    results = json.loads(JSON_PATH.read_text()) if JSON_PATH.is_file() else {}
+    results[device.type] = entry
+    JSON_PATH.write_text(json.dumps(results, indent=1) + "\n")
+    write_section(render(results), SECTION)
+    print(f"wrote {JSON_PATH} and the '{SECTION}' section of docs/benchmarks.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

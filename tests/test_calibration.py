@@ -1,0 +1,142 @@
+"""Post-hoc calibration: temperature and vector scaling (mcseg.calibration)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from mcseg.calibration import PosthocConfig, fit_scaler, nll, scale_logits
+from mcseg.errors import ConfigError
+from tests.conftest import TINY_2D
+
+
+def softmax_link(z: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(z, dim=1)
+
+
+def calibrated_logits(n: int, k: int, seed: int, spread: float = 2.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits and labels drawn from softmax(logits): a perfectly calibrated model by construction."""
+    g = torch.Generator().manual_seed(seed)
+    z = spread * torch.randn(n, k, generator=g)
+    y = torch.multinomial(torch.softmax(z, 1), 1, generator=g).squeeze(1)
+    return z, y
+
+
+@pytest.mark.parametrize("true_t", [3.0, 0.5])
+def test_temperature_recovers_a_known_temperature(true_t):
+    z, y = calibrated_logits(200_000, 4, seed=0)
+    fitted = fit_scaler("temperature", z * true_t, y, softmax_link)
+    assert fitted["temperature"] == pytest.approx(true_t, rel=0.03)
+    assert fitted["nll_after"] < fitted["nll_before"]
+
+
+def test_temperature_matches_a_grid_search_of_the_nll():
+    """Independent formulation: the NLL minimiser over a fine grid of T (numpy, float64)."""
+    z, y = calibrated_logits(50_000, 3, seed=1)
+    z = z * 2.2
+    grid = np.linspace(1.5, 3.0, 301)
+    zn, yn = z.double().numpy(), y.numpy()
+
+    def nll_at(t):
+        s = zn / t
+        s = s - s.max(1, keepdims=True)
+        return float(np.mean(np.log(np.exp(s).sum(1)) - s[np.arange(len(yn)), yn]))
+
+    best = grid[np.argmin([nll_at(t) for t in grid])]
+    fitted = fit_scaler("temperature", z, y, softmax_link)
+    assert fitted["temperature"] == pytest.approx(best, abs=0.01)
+    assert fitted["nll_after"] == pytest.approx(nll_at(fitted["temperature"]), rel=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["temperature", "vector"])
+@pytest.mark.parametrize("seed", range(4))
+def test_scaling_never_worsens_the_nll_it_was_fitted_on(kind, seed):
+    g = torch.Generator().manual_seed(seed)
+    n, k = 2000, 3
+    z = torch.randn(n, k, generator=g) * (0.1 + 5 * seed)
+    y = torch.randint(0, k, (n,), generator=g)  # labels unrelated to the logits for some seeds
+    fitted = fit_scaler(kind, z, y, softmax_link)
+    assert fitted["nll_after"] <= fitted["nll_before"] + 1e-7
+    params = {key: v for key, v in fitted.items() if not key.startswith("nll")}
+    recomputed = float(nll(softmax_link(scale_logits(z, params)), y, False))
+    assert recomputed == pytest.approx(fitted["nll_after"], rel=1e-5)
+
+
+def test_an_already_calibrated_model_keeps_t_near_one():
+    z, y = calibrated_logits(100_000, 5, seed=2)
+    assert fit_scaler("temperature", z, y, softmax_link)["temperature"] == pytest.approx(1.0, abs=0.03)
+
+
+def test_vector_scaling_recovers_per_class_scales_and_beats_temperature():
+    z, y = calibrated_logits(200_000, 3, seed=3)
+    w_true = torch.tensor([0.5, 1.0, 2.0])
+    observed = z / w_true  # class-dependent miscalibration: one T cannot undo it
+    vector = fit_scaler("vector", observed, y, softmax_link)
+    temperature = fit_scaler("temperature", observed, y, softmax_link)
+    assert vector["weight"] == pytest.approx(w_true.tolist(), rel=0.05)
+    assert vector["nll_after"] < temperature["nll_after"]
+    true_nll = float(nll(softmax_link(z), y, False))
+    assert vector["nll_after"] == pytest.approx(true_nll, abs=2e-3)
+
+
+def test_multilabel_temperature_with_a_sigmoid_link():
+    g = torch.Generator().manual_seed(4)
+    z = 2 * torch.randn(100_000, 2, generator=g)
+    y = torch.bernoulli(torch.sigmoid(z), generator=g)
+    fitted = fit_scaler("temperature", 2.5 * z, y, torch.sigmoid, multilabel=True)
+    assert fitted["temperature"] == pytest.approx(2.5, rel=0.04)
+
+
+def test_scale_logits_on_any_channel_axis():
+    z = torch.randn(3, 4, 5)
+    params = {"weight": [1.0, 2.0, 3.0], "bias": [0.0, 1.0, -1.0]}
+    out = scale_logits(z, params, channel_dim=0)
+    assert torch.allclose(out[1], 2 * z[1] + 1) and torch.allclose(out[2], 3 * z[2] - 1)
+    assert torch.allclose(scale_logits(z, {"temperature": 2.0}), z / 2)
+
+
+def test_bad_scaler_names_and_shapes_are_clear_errors():
+    with pytest.raises(ConfigError, match="posthoc.apply"):
+        PosthocConfig(apply=["platt"])
+    with pytest.raises(ValueError, match="N x K"):
+        fit_scaler("temperature", torch.zeros(0, 3), torch.zeros(0), softmax_link)
+    with pytest.raises(ValueError, match="expected one of"):
+        fit_scaler("matrix", torch.zeros(4, 3), torch.zeros(4), softmax_link)
+
+
+def test_training_fits_on_validation_and_reports_pre_and_post_t(make_cfg, tmp_path, one_thread):
+    from mcseg.evaluate import evaluate
+    from mcseg.train import train
+
+    cfg = make_cfg(TINY_2D)
+    result = train(cfg)
+    run = tmp_path / "run"
+    record = json.loads((run / "calibration.json").read_text())
+    assert record["fitted_on"] == "val" and record["checkpoint"] == "best.pt"
+    assert set(record["scalers"]) == {"temperature", "vector"}
+    for scaler in record["scalers"].values():
+        assert scaler["nll_after"] <= scaler["nll_before"]
+    summary = json.loads((run / "eval" / "test" / "summary.json").read_text())
+    post = json.loads((run / "eval" / "test" / "temperature" / "summary.json").read_text())
+    # temperature scaling keeps the argmax: same Dice, different calibration
+    assert post["mean_foreground_dice"] == pytest.approx(summary["mean_foreground_dice"])
+    assert summary["posthoc"]["temperature"]["mean_ece"] == pytest.approx(post["mean_ece"])
+    assert result["test_temperature/mean_ece"] == pytest.approx(post["mean_ece"])
+    assert post["posthoc"]["params"]["temperature"] == pytest.approx(record["scalers"]["temperature"]["temperature"])
+
+    # evaluate.py refits on request and writes the same layout for another split
+    ecfg = make_cfg([f"ckpt={run / 'checkpoints' / 'best.pt'}", "split=val", "posthoc.apply=[temperature]",
+                     "posthoc.refit=true", "posthoc.fit=[temperature]"], config_name="evaluate",
+                    output_dir=tmp_path / "eval_job")
+    evaluate(ecfg)
+    assert (run / "eval" / "val" / "temperature" / "summary.json").is_file()
+    assert not (run / "eval" / "val" / "vector").exists()
+
+
+def test_apply_without_fit_is_a_config_error(make_cfg):
+    from mcseg.train import train
+
+    with pytest.raises(ConfigError, match="posthoc.apply"):
+        train(make_cfg(TINY_2D + ["posthoc.fit=[temperature]", "posthoc.apply=[vector]"]))

@@ -1,0 +1,166 @@
+"""Sweeps through Hydra (study sweeper, Optuna, joblib, submitit), failed jobs, sweep evaluation, mcseg-report."""
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mcseg.report.cli import main as report_main
+from tests.conftest import TINY_2D, run_cli
+
+# Fast jobs: temperature scaling only, few bootstrap resamples.
+SWEEP_JOB = TINY_2D + ["posthoc.fit=[temperature]", "posthoc.apply=[temperature]", "logger.images=0",
+                       "evaluation.bootstrap_samples=20"]
+
+
+def _job_dirs(sweep: Path) -> list[Path]:
+    return sorted(p.parent for p in sweep.glob("*/status.json"))
+
+
+@pytest.fixture(scope="module")
+def margin_sweep(tmp_path_factory) -> Path:
+    """Two margins x two seeds through the study sweeper, plus an arm whose jobs fail (negative margin)."""
+    sweep = tmp_path_factory.mktemp("sweep") / "multirun"
+    arms = '{bad:"loss=margin loss.margin=-1",margin:"loss=margin loss.margin=2,5"}'
+    proc = run_cli("train.py", ["-m", "hydra/sweeper=study", f"hydra.sweeper.arms={arms}", "seed=0,1",
+                                f"hydra.sweep.dir={sweep}", *SWEEP_JOB], timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return sweep
+
+
+def test_a_failed_job_does_not_end_the_sweep_and_is_summarised(margin_sweep):
+    jobs = _job_dirs(margin_sweep)
+    assert len(jobs) == 6
+    statuses = [json.loads((j / "status.json").read_text()) for j in jobs]
+    failed = [s for s in statuses if s["status"] == "failed"]
+    assert sorted(tuple(s["overrides"][:3]) for s in failed) == [("loss=margin", "loss.margin=-1", "seed=0"),
+                                                                  ("loss=margin", "loss.margin=-1", "seed=1")]
+    assert all("margin" in s["error"] for s in failed)
+    assert all(s["status"] == "completed" for s in statuses if s not in failed)
+    summary = json.loads((margin_sweep / "sweep_summary.json").read_text())
+    assert summary["counts"] == {"completed": 4, "failed": 2}
+    assert "loss.margin=-1" in (margin_sweep / "sweep_summary.md").read_text()
+    # readable job directory names: job number, then the swept values
+    assert any(j.name.startswith("2_loss=margin,margin=2,seed=0,") for j in jobs)
+    assert all(len(j.name) <= 130 for j in jobs)
+
+
+def test_report_rows_match_the_runs_own_summaries(margin_sweep, tmp_path):
+    out = tmp_path / "report"
+    assert report_main([str(margin_sweep), "--out", str(out), "--no-eval", "--bootstrap", "50",
+                        "--baseline", "none"]) == 0
+    with open(out / "report.csv", newline="") as f:
+        rows = {r["hyperparameters"]: r for r in csv.DictReader(f)}
+    assert set(rows) == {"loss.margin=2", "loss.margin=5"}
+    for margin in (2, 5):
+        runs = [j for j in _job_dirs(margin_sweep) if f"margin={margin}," in j.name]
+        runs = [j for j in runs if (j / "eval" / "test" / "summary.json").is_file()]
+        assert len(runs) == 2
+        summaries = [json.loads((j / "eval" / "test" / "summary.json").read_text()) for j in runs]
+        posts = [json.loads((j / "eval" / "test" / "temperature" / "summary.json").read_text()) for j in runs]
+        results = [json.loads((j / "result.json").read_text()) for j in runs]
+        row = rows[f"loss.margin={margin}"]
+        assert row["seeds"] == "0 1"
+        for column, key, source in (("dice", "mean_foreground_dice", summaries), ("ece", "mean_ece", summaries),
+                                    ("hd95_mm", "mean_foreground_hd95_mm", summaries),
+                                    ("ece_post_T", "mean_ece", posts)):
+            values = [s[key] for s in source]
+            mean = sum(values) / 2
+            std = math.sqrt(sum((v - mean) ** 2 for v in values))  # ddof=1 with two values
+            assert float(row[f"{column}_mean"]) == pytest.approx(mean, rel=1e-9)
+            assert float(row[f"{column}_std"]) == pytest.approx(std, rel=1e-6, abs=1e-12)
+            assert float(row[f"{column}_ci95_lo"]) <= float(row[f"{column}_ci95_hi"])
+        assert float(row["selection_value"]) == pytest.approx(sum(r["score"] for r in results) / 2)
+    # the margin with the higher mean validation score is the selected one
+    best = max(rows.values(), key=lambda r: float(r["selection_value"]))
+    assert best["selected"] == "True" and sum(r["selected"] == "True" for r in rows.values()) == 1
+    text = (out / "report.md").read_text()
+    left_out = text.split("## Runs left out")[1]
+    assert left_out.count("| failed |") == 2 and "margin" in left_out
+    assert (out / "report.tex").read_text().count(r"\\") >= 2
+    assert (out / "reliability_selected.png").stat().st_size > 1000
+    assert (out / "margin_heatmap.png").stat().st_size > 1000
+
+
+def test_evaluate_a_whole_sweep_on_another_split(margin_sweep, tmp_path):
+    proc = run_cli("evaluate.py", [f"runs={margin_sweep}", "split=val", "posthoc.apply=[temperature]",
+                                   "evaluation.bootstrap_samples=10", "save_predictions=false",
+                                   f"hydra.run.dir={tmp_path / 'job'}"], timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    done = json.loads((tmp_path / "job" / "evaluated_runs.json").read_text())
+    assert len(done) == 4 and all(v["status"] == "completed" for v in done.values())
+    for run in done:
+        assert (Path(run) / "eval" / "val" / "temperature" / "summary.json").is_file()
+    assert "evaluated 4 of 4 runs" in proc.stdout
+
+
+def test_optuna_preset_runs_two_trials(tmp_path):
+    sweep = tmp_path / "optuna"
+    proc = run_cli("train.py", ["hparams_search=margin_optuna", "hydra.sweeper.n_trials=2",
+                                f"hydra.sweeper.storage=sqlite:///{tmp_path / 'optuna.db'}",
+                                "hydra.sweeper.sampler.n_startup_trials=1", f"hydra.sweep.dir={sweep}",
+                                "posthoc.fit=[]", "posthoc.apply=[]", *SWEEP_JOB[:-3]], timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = [json.loads(p.read_text()) for p in sweep.glob("*/result.json")]
+    assert len(results) == 2
+    best = yaml.safe_load((sweep / "optimization_results.yaml").read_text())
+    assert best["best_value"] == pytest.approx(max(r["score"] for r in results))
+    margins = {r["run"]["loss"]["margin"] for r in results}
+    assert len(margins) == 2 and all(0 <= m <= 15 for m in margins)
+    assert (tmp_path / "optuna.db").stat().st_size > 0  # the study persisted in its RDB storage
+
+
+def test_joblib_launcher_runs_jobs_in_parallel_processes(tmp_path):
+    sweep = tmp_path / "parallel"
+    # with a loader worker: DataLoader workers must start inside joblib's (loky) worker processes
+    proc = run_cli("train.py", ["-m", "hydra/launcher=parallel", "seed=0,1", f"hydra.sweep.dir={sweep}",
+                                "posthoc.fit=[]", "posthoc.apply=[]", *SWEEP_JOB[:-3],
+                                "dataset.sampling.num_workers=1"], timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    statuses = [json.loads(p.read_text()) for p in sweep.glob("*/status.json")]
+    assert len(statuses) == 2 and {s["status"] for s in statuses} == {"completed"}
+    assert len({s["pid"] for s in statuses}) == 2  # one worker process per job
+
+
+def test_slurm_preset_composes_and_submitit_runs_locally(make_cfg, tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    from tests.conftest import CONFIG_DIR
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose("train", overrides=["hydra/launcher=slurm", "hydra.launcher.partition=gpu"],
+                      return_hydra_config=True)
+    launcher = cfg.hydra.launcher
+    assert launcher._target_.endswith("SlurmLauncher")
+    assert launcher.partition == "gpu" and launcher.gpus_per_node == 1 and launcher.max_num_timeout == 3
+
+    sweep = tmp_path / "submitit"
+    proc = run_cli("train.py", ["-m", "hydra/launcher=submitit_debug", "seed=0", f"hydra.sweep.dir={sweep}",
+                                "posthoc.fit=[]", "posthoc.apply=[]", *SWEEP_JOB[:-3]], timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    statuses = [json.loads(p.read_text()) for p in sweep.glob("*/status.json")]
+    assert [s["status"] for s in statuses] == ["completed"]
+    assert (sweep / ".submitit").is_dir()
+
+
+def test_report_evaluates_runs_missing_an_evaluation(margin_sweep, tmp_path):
+    import shutil
+
+    run = next(j for j in _job_dirs(margin_sweep) if (j / "result.json").is_file())
+    copy = tmp_path / "runs" / run.name
+    shutil.copytree(run, copy)
+    shutil.rmtree(copy / "eval")
+    (copy / "calibration.json").unlink()
+    assert report_main([str(tmp_path / "runs"), "--no-eval", "--out", str(tmp_path / "listed")]) == 0
+    assert "not evaluated" in (tmp_path / "listed" / "report.md").read_text()
+    assert report_main([str(tmp_path / "runs"), "--device", "cpu", "--bootstrap", "20",
+                        "--out", str(tmp_path / "report")]) == 0
+    original = json.loads((run / "eval" / "test" / "summary.json").read_text())
+    redone = json.loads((copy / "eval" / "test" / "summary.json").read_text())
+    assert redone["mean_foreground_dice"] == pytest.approx(original["mean_foreground_dice"], rel=1e-6)
+    assert (copy / "eval" / "test" / "temperature" / "summary.json").is_file()
+    assert "not evaluated" not in (tmp_path / "report" / "report.md").read_text()
