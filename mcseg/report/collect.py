@@ -138,7 +138,13 @@ def find_run_dirs(roots: list[Path]) -> list[Path]:
                 if "eval" in run_dir.relative_to(root).parts:
                     continue  # an evaluate job's own status.json
                 found.setdefault(run_dir, None)
-    return sorted(found)
+    return sorted(found, key=_job_order)
+
+
+def _job_order(run_dir: Path) -> tuple:
+    """Sweep job directories (``<n>_...``) in job-number order, not string order (10 after 9)."""
+    number, _, _ = run_dir.name.partition("_")
+    return (str(run_dir.parent), int(number) if number.isdigit() else math.inf, run_dir.name)
 
 
 def collect_runs(roots: list[Path], split: str = "test") -> list[RunRecord]:

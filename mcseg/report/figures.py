@@ -46,9 +46,8 @@ def reliability_overlay(rows: list[ConfigRow], split: str) -> Figure:
         conf, acc, counts = pooled_reliability([r.path for r in row.runs], split)
         keep = counts > 0
         ece = row.cells["ece"].mean if row.cells.get("ece") else math.nan
-        ax.plot(conf[keep], acc[keep], marker="o", markersize=3,
-                label=f"{row.loss_name} {'' if row.hyperparameters == 'defaults' else row.hyperparameters} "
-                      f"(ECE {ece:.3f})")
+        setting = "" if row.hyperparameters == "defaults" else f" {row.hyperparameters}"
+        ax.plot(conf[keep], acc[keep], marker="o", markersize=3, label=f"{row.loss_name}{setting} (ECE {ece:.3f})")
     ax.set_xlabel("confidence (top-label, pooled over cases and seeds)")
     ax.set_ylabel("accuracy")
     ax.set_xlim(0, 1)
@@ -82,7 +81,8 @@ def margin_heatmap(rows: list[ConfigRow], loss_name: str = "margin") -> Figure |
         for i in range(len(alphas)):
             for j in range(len(margins)):
                 if not np.isnan(grid[i, j]):
-                    ax.text(j, i, f"{grid[i, j]:.3f}", ha="center", va="center", fontsize=7, color="white")
+                    ax.text(j, i, f"{grid[i, j]:.3f}", ha="center", va="center", fontsize=7,
+                            bbox={"facecolor": "white", "alpha": 0.7, "edgecolor": "none", "pad": 1})
         ax.set_xticks(range(len(margins)), [f"{m:g}" for m in margins])
         ax.set_yticks(range(len(alphas)), [f"{a:g}" for a in alphas])
         ax.set_xlabel("margin m")
