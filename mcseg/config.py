@@ -49,6 +49,7 @@ class TrainerConfig:
     deterministic: bool = False
     val_every: int = 1
     val_max_cases: int | None = None
+    full_val_every: int | None = None  # with val_max_cases: also validate on every case every N epochs (val_full/*)
     monitor: str = "val/mean_foreground_dice"
     monitor_mode: str = "max"
     resume: bool = False
@@ -65,6 +66,12 @@ class TrainerConfig:
         if str(self.channels_last).lower() not in ("auto", "true", "false"):
             raise ConfigError(f"config key 'trainer.channels_last': expected auto, true or false, "
                               f"got {self.channels_last!r}")
+        if self.full_val_every is not None and (self.full_val_every < 1 or not self.val_max_cases):
+            raise ConfigError(f"config key 'trainer.full_val_every'={self.full_val_every}: expected an integer >= 1, "
+                              "used with trainer.val_max_cases (without a cap every validation is already full)")
+        if self.monitor.startswith("val_full/") and not self.full_val_every:
+            raise ConfigError(f"config key 'trainer.monitor'={self.monitor}: val_full/* metrics need "
+                              "trainer.full_val_every")
 
 
 @dataclass

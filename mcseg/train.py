@@ -74,7 +74,8 @@ def train(cfg: DictConfig) -> dict:
         dataset.prepare(splits["all"])  # preprocess and cache once (no-op when preprocessing is off)
     log.info("dataset %s: %s", dataset.name, {k: len(v) for k, v in splits.refs.items()})
     train_cases = load_cases(dataset, splits["train"])
-    val_cases = load_cases(dataset, splits["val"][: tcfg.val_max_cases] if tcfg.val_max_cases else splits["val"])
+    capped = tcfg.val_max_cases and not tcfg.full_val_every  # then the other validation cases are never used
+    val_cases = load_cases(dataset, splits["val"][: tcfg.val_max_cases] if capped else splits["val"])
 
     model = instantiate_checked(cfg.model, "model").to(device)
     loss_fn = instantiate_checked(cfg.loss, "loss").to(device)
@@ -117,13 +118,13 @@ def train(cfg: DictConfig) -> dict:
         shutdown(dist)
     print(format_summary(summary, dataset.class_names, title=f"{dataset.name} test split"))
     result = {f"test/{k}": summary.get(k) for k in HEADLINE}
-    result.update({k: v for k, v in trainer.history[-1].items() if k.startswith("val/")} if trainer.history else {})
+    result.update({k: v for k, v in trainer.history[-1].items() if k.startswith(("val/", "val_full/"))} if trainer.history else {})
     for name, after in summary.get("posthoc", {}).items():
         result.update({f"test_{name}/{k}": after.get(k) for k in HEADLINE})
     result["best_epoch"] = trainer.best_epoch
     result[f"best/{tcfg.monitor}"] = trainer.best_value
     best = next((h for h in trainer.history if h["epoch"] == trainer.best_epoch), {})
-    result.update({f"best_{k}": v for k, v in best.items() if k.startswith("val/")})
+    result.update({f"best_{k}": v for k, v in best.items() if k.startswith(("val/", "val_full/"))})
     result["score"] = validation_score(best, cfg.get("score"))
     # what mcseg-report reads: the configuration of this run and its validation (selection) metrics
     write_json(run_dir / "result.json", {**result, "run": run_identity(cfg)})

@@ -122,3 +122,32 @@ def test_cli_trains_and_evaluates(tmp_path):
                                    f"hydra.run.dir={tmp_path / 'eval_job'}"])
     assert done.returncode == 0, done.stderr[-3000:]
     assert (run / "eval/val/summary.json").is_file()
+
+
+def test_full_validation_every_n_epochs_next_to_a_capped_running_one(make_cfg, tmp_path, one_thread):
+    """val/* on the first val_max_cases cases each epoch; val_full/* on every case every N epochs,
+    equal to evaluate.py's numbers for the same checkpoint on the whole validation split."""
+    cfg = make_cfg(TINY_2D + ["dataset.n_cases=16", "trainer.max_epochs=2", "trainer.val_max_cases=1", "trainer.full_val_every=2",
+                              "trainer.monitor=val_full/mean_foreground_dice", "posthoc.fit=[]", "posthoc.apply=[]"])
+    result = train(cfg)
+    assert result["best_epoch"] == 1  # the only epoch with a full validation
+    n_val = len(json.loads((tmp_path / "run" / "split.json").read_text())["val"])
+    assert n_val > 1
+    ecfg = make_cfg([f"ckpt={tmp_path / 'run' / 'checkpoints' / 'best.pt'}", "split=val", "posthoc.apply=[]",
+                     f"evaluation.bootstrap_samples={cfg.evaluation.bootstrap_samples}"],
+                    config_name="evaluate", output_dir=tmp_path / "eval_job")
+    summary = evaluate(ecfg)
+    assert summary["n_cases"] == n_val
+    assert result["val_full/mean_foreground_dice"] == pytest.approx(summary["mean_foreground_dice"], rel=1e-6)
+    assert result["val_full/mean_ece"] == pytest.approx(summary["mean_ece"], rel=1e-6)
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (["trainer.full_val_every=2"], "trainer.full_val_every"),  # without a cap it would repeat val/*
+    (["trainer.monitor=val_full/mean_ece"], "trainer.monitor"),
+])
+def test_full_validation_settings_are_checked(make_cfg, overrides, key):
+    from mcseg.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=key):
+        train(make_cfg(TINY_2D + ["trainer.val_max_cases=null", *overrides]))

@@ -75,7 +75,7 @@ class Trainer:
         self.cfg, self.run_dir = cfg, run_dir
         self.model, self.loss_fn, self.optimizer, self.scheduler = model, loss_fn, optimizer, scheduler
         self.loader, self.sampler, self.predictor, self.restore = loader, sampler, predictor, restore
-        self.val_cases = val_cases  # already capped at trainer.val_max_cases when loaded
+        self.val_cases = val_cases  # all of them, or capped at trainer.val_max_cases when loaded (no full_val_every)
         self.num_classes, self.class_names, self.protocol = num_classes, class_names, protocol
         self.tb, self.config_container, self.images = tb, config_container, images
         self.device = predictor.device
@@ -174,10 +174,14 @@ class Trainer:
     def _run_epoch(self, epoch: int) -> None:
         train_metrics = self.train_epoch(epoch)
         metrics = {"epoch": epoch, **train_metrics}
-        if (epoch + 1) % self.cfg.val_every == 0 or epoch + 1 == self.cfg.max_epochs:
+        last = epoch + 1 == self.cfg.max_epochs
+        if (epoch + 1) % self.cfg.val_every == 0 or last:
             if self.dist.is_main:
                 metrics.update(self.validate(epoch))
             self._share_loss_state()
+        every = self.cfg.full_val_every
+        if every and ((epoch + 1) % every == 0 or last) and self.dist.is_main:
+            metrics.update(self.validate(epoch, full=True))
         self.scheduler.step()
         self.epoch, self.step_in_epoch, self.epoch_loss_sum = epoch + 1, 0, 0.0
         self.history.append(metrics)
@@ -307,18 +311,27 @@ class Trainer:
         log.warning("%s: step skipped (%d of at most %d)", message, self.nonfinite_skips,
                     self.cfg.max_nonfinite_skips)
 
-    def validate(self, epoch: int) -> dict:
-        """Segment the validation volumes; Dice, HD95 and calibration through the evaluator."""
+    def validate(self, epoch: int, full: bool = False) -> dict:
+        """Segment the validation volumes; Dice, HD95 and calibration through the evaluator.
+
+        The running validation (``val/*``) takes the first ``trainer.val_max_cases`` cases and
+        drives the loss's validation hooks (CALS); ``full`` takes every case (``val_full/*``),
+        without hooks, so a loss's state is updated once per epoch whatever the schedule.
+        """
         evaluator = Evaluator(self.num_classes, self.class_names, self.protocol, self.predictor.multilabel)
-        call_hook(self.loss_fn, "on_validation_start")
-        hook = getattr(self.loss_fn, "on_validation_batch", None)
-        kept = evaluate_cases(self.predictor, self.val_cases, evaluator, self.restore, on_logits=hook,
-                              keep=self.images)
-        call_hook(self.loss_fn, "on_validation_end", epoch)
+        cases = self.val_cases if full else self.val_cases[: self.cfg.val_max_cases or None]
+        if not full:
+            call_hook(self.loss_fn, "on_validation_start")
+        hook = None if full else getattr(self.loss_fn, "on_validation_batch", None)
+        images = 0 if full else self.images
+        kept = evaluate_cases(self.predictor, cases, evaluator, self.restore, on_logits=hook, keep=images)
+        if not full:
+            call_hook(self.loss_fn, "on_validation_end", epoch)
         summary = evaluator.summary()
-        metrics = {f"val/{k}": float(summary[k]) for k in HEADLINE if summary.get(k) is not None}
+        prefix = "val_full" if full else "val"
+        metrics = {f"{prefix}/{k}": float(summary[k]) for k in HEADLINE if summary.get(k) is not None}
         self.tb.scalars(metrics, epoch)
-        if self.images:
+        if images:
             self.tb.overlays("val", kept, epoch)
             self.tb.figure("val/reliability", reliability_figure(evaluator), epoch)
         return metrics
