@@ -60,7 +60,8 @@ def protocol_lines(runs: list[RunRecord], args: argparse.Namespace) -> list[str]
         f"(directories: {', '.join(str(d) for d in args.dirs)}).",
         f"Cells: mean ± std over seeds of each run's mean over cases, [95% bootstrap CI over cases of the per-case "
         f"values averaged over seeds, {args.bootstrap} resamples]; (p: two-sided Wilcoxon signed-rank test over "
-        f"cases against the baseline `{args.baseline}`, uncorrected).",
+        f"cases against the baseline `{args.baseline}`, uncorrected; it pairs cases, not seeds, so read it "
+        f"together with the std over seeds).",
         f"Overrides common to all configurations: `{' '.join(common_overrides([r.configuration for r in evaluated])) or 'none'}`.",
         f"Selection: each loss's configuration with the {args.select_mode} mean over seeds of `{args.select}` "
         f"(validation, from result.json); the {args.split} split is not used to select.",
