@@ -86,6 +86,10 @@ def read_volume(path: str | os.PathLike, spatial_dims: int | None = None) -> Vol
     return Volume(array=array, spacing=spacing, affine=affine)
 
 
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
+
 def atomic_write(path: Path, write_fn) -> None:
     """Call ``write_fn(tmp_path)`` then rename onto ``path`` so readers never see a partial file."""
     path = Path(path)
@@ -93,6 +97,7 @@ def atomic_write(path: Path, write_fn) -> None:
     suffix = "".join(path.suffixes)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=suffix)
     os.close(fd)
+    os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600 files: results must stay readable like any other file
     try:
         write_fn(Path(tmp))
         os.replace(tmp, path)

@@ -14,6 +14,7 @@ cases undefined in either excluded), per metric, uncorrected for multiple compar
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -104,6 +105,11 @@ def _hyperparameters(configuration: str, loss_name: str, common: set[str]) -> st
     return " ".join(parts) or "defaults"
 
 
+def _natural(text: str) -> list:
+    """Sort key in which numbers compare as numbers: margin=3 < margin=5 < margin=10."""
+    return [float(part) if i % 2 else part for i, part in enumerate(re.split(r"(\d+(?:\.\d+)?)", text))]
+
+
 def build_rows(runs: list[RunRecord], select: str = "score", select_mode: str = "max", baseline: str | None = "ce",
                n_boot: int = 1000, seed: int = 0) -> list[ConfigRow]:
     """Group evaluated runs into configurations, fill the metric cells, select and test."""
@@ -129,7 +135,7 @@ def build_rows(runs: list[RunRecord], select: str = "score", select_mode: str = 
     order = {}
     for run in runs:  # losses in the order their first run appears (sweep order)
         order.setdefault(run.loss_name, len(order))
-    rows.sort(key=lambda r: (order.get(r.loss_name, 0), r.configuration))
+    rows.sort(key=lambda r: (order.get(r.loss_name, 0), _natural(r.configuration)))
 
     sign = 1 if select_mode == "max" else -1
     for loss in {r.loss_name for r in rows}:

@@ -107,3 +107,16 @@ def test_a_corrupt_case_fails_prepare_with_its_file_named(make_cfg, tmp_path):
     ref.image_paths[1].write_bytes(ref.image_paths[1].read_bytes()[:200])
     with pytest.raises(ValueError, match="T1_IR.nii: cannot read"):
         dataset.prepare(dataset.case_refs(), workers=1, progress=False)
+
+
+def test_atomic_writes_leave_files_readable_like_any_other(tmp_path):
+    """mkstemp creates 0600 files; results written through atomic_write follow the umask instead."""
+    from pathlib import Path
+
+    from mcseg.data import io
+
+    target = Path(tmp_path) / "summary.json"
+    io.atomic_write(target, lambda tmp: tmp.write_text("{}"))
+    assert target.stat().st_mode & 0o777 == 0o666 & ~io._UMASK
+    assert target.stat().st_mode & 0o044 or io._UMASK & 0o044  # readable by others unless the umask forbids it
+    assert not [p for p in Path(tmp_path).iterdir() if p.name.startswith(".summary")]
