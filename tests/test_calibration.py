@@ -140,3 +140,24 @@ def test_apply_without_fit_is_a_config_error(make_cfg):
 
     with pytest.raises(ConfigError, match="posthoc.apply"):
         train(make_cfg(TINY_2D + ["posthoc.fit=[temperature]", "posthoc.apply=[vector]"]))
+
+
+@pytest.mark.parametrize("multilabel", [False, True])
+def test_voxel_samples_balanced_or_every_voxel(multilabel):
+    from mcseg.calibration.posthoc import _sample_voxels
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 10, 10)
+    if multilabel:
+        label = torch.zeros(2, 10, 10, dtype=torch.uint8)
+        label[0, :3, :4] = 1  # 12 foreground voxels
+    else:
+        label = torch.zeros(10, 10, dtype=torch.long)
+        label[:3, :4] = 1
+    z, y = _sample_voxels(logits, label, multilabel, g, "balanced")
+    fg = y.any(1) if multilabel else y > 0
+    assert len(z) == 24 and int(fg.sum()) == 12  # every foreground voxel and as many background ones
+    z, y = _sample_voxels(logits, label, multilabel, g, "all")
+    assert len(z) == 100 and torch.equal(z[:, 0], logits[0].flatten())
+    with pytest.raises(ConfigError, match="posthoc.voxels"):
+        PosthocConfig(voxels="foreground")

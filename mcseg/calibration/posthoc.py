@@ -1,8 +1,9 @@
 """Post-hoc calibration of a trained run: fit on the validation split, save, apply at evaluation.
 
 ``fit_posthoc`` segments the validation cases with the run's predictor, keeps a voxel sample
-(all foreground voxels of each case plus as many random background voxels, then at most
-``max_voxels`` in all, drawn uniformly: the reference protocol for 3D volumes), fits each
+(by default all foreground voxels of each case plus as many random background voxels, the
+reference protocol for 3D volumes; ``voxels: all`` keeps every voxel, the plain NLL of Guo et
+al.; then at most ``max_voxels`` in all, drawn uniformly), fits each
 requested scaler (:mod:`mcseg.calibration.scaling`) and writes ``<run>/calibration.json``.
 The evaluation then reports every metric before (``pre_T``) and after (``post_T``) scaling.
 """
@@ -25,6 +26,7 @@ from mcseg.errors import ConfigError
 log = logging.getLogger(__name__)
 
 CALIBRATION_FILE = "calibration.json"
+VOXEL_SAMPLES = ("balanced", "all")
 
 
 @dataclass
@@ -37,22 +39,29 @@ class PosthocConfig:
     max_iter: int = 100
     seed: int = 0
     refit: bool = False
+    voxels: str = "balanced"  # balanced: all foreground + as many background voxels per case | all: every voxel
 
     def __post_init__(self) -> None:
         for key in ("fit", "apply"):
             bad = [s for s in getattr(self, key) if s not in SCALERS]
             if bad:
                 raise ConfigError(f"config key 'posthoc.{key}': unknown scaler {bad[0]!r} (expected {', '.join(SCALERS)})")
+        if self.voxels not in VOXEL_SAMPLES:
+            raise ConfigError(f"config key 'posthoc.voxels': expected one of {', '.join(VOXEL_SAMPLES)}, "
+                              f"got {self.voxels!r}")
         if self.max_voxels < 1 or self.max_iter < 1:
             raise ConfigError("config keys 'posthoc.max_voxels' and 'posthoc.max_iter' must be >= 1")
 
 
 def _sample_voxels(logits: torch.Tensor, label: torch.Tensor, multilabel: bool, generator: torch.Generator,
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(N x K logits, targets) for all foreground voxels of one case plus as many random background ones."""
+                   voxels: str = "balanced") -> tuple[torch.Tensor, torch.Tensor]:
+    """(N x K logits, targets) of one case: every voxel (``all``), or all foreground voxels plus as
+    many random background ones (``balanced``)."""
     k = logits.shape[0]
     flat_logits = logits.reshape(k, -1).T
     flat_label = label.reshape(k, -1).T if multilabel else label.reshape(-1)
+    if voxels == "all":
+        return flat_logits.float(), flat_label
     foreground = flat_label.any(1) if multilabel else flat_label > 0
     fg_idx = torch.nonzero(foreground).flatten()
     bg_idx = torch.nonzero(~foreground).flatten()
@@ -63,7 +72,7 @@ def _sample_voxels(logits: torch.Tensor, label: torch.Tensor, multilabel: bool, 
 
 
 def collect_validation_voxels(predictor, cases: Iterable[CaseData], max_voxels: int, seed: int,
-                              ) -> tuple[torch.Tensor, torch.Tensor, int]:
+                              voxels: str = "balanced") -> tuple[torch.Tensor, torch.Tensor, int]:
     """Logits and targets of the voxel sample over ``cases`` (in the network's space); also the case count."""
     generator = torch.Generator().manual_seed(seed)
     predictor.model.eval()
@@ -73,7 +82,7 @@ def collect_validation_voxels(predictor, cases: Iterable[CaseData], max_voxels: 
             raise ValueError(f"post-hoc calibration: validation case {case.case_id} has no label")
         logits = predictor.logits(case)
         label = torch.from_numpy(np.asarray(case.label)).to(logits.device)
-        z, y = _sample_voxels(logits, label, predictor.multilabel, generator)
+        z, y = _sample_voxels(logits, label, predictor.multilabel, generator, voxels)
         logits_parts.append(z.cpu())
         target_parts.append(y.cpu())
         n_cases += 1
@@ -88,10 +97,11 @@ def collect_validation_voxels(predictor, cases: Iterable[CaseData], max_voxels: 
 
 def fit_posthoc(predictor, cases: Iterable[CaseData], cfg: PosthocConfig, run_dir: Path, checkpoint: str) -> dict:
     """Fit ``cfg.fit`` scalers on the validation ``cases`` and write ``<run_dir>/calibration.json``."""
-    logits, target, n_cases = collect_validation_voxels(predictor, cases, cfg.max_voxels, cfg.seed)
+    logits, target, n_cases = collect_validation_voxels(predictor, cases, cfg.max_voxels, cfg.seed, cfg.voxels)
     record = {"fitted_on": "val", "checkpoint": checkpoint, "n_cases": n_cases, "n_voxels": len(logits),
-              "sampling": "all foreground voxels + equally many random background voxels per case, "
-                          f"then at most {cfg.max_voxels} uniformly", "objective": "NLL, L-BFGS, float32",
+              "sampling": ("every voxel" if cfg.voxels == "all" else
+                           "all foreground voxels + equally many random background voxels per case")
+                          + f", then at most {cfg.max_voxels} uniformly", "objective": "NLL, L-BFGS, float32",
               "scalers": {}}
     link = predictor.link
     for kind in cfg.fit:
