@@ -20,6 +20,7 @@ from mcseg.engine.evaluator import EvalProtocol, Evaluator
 from mcseg.engine.inference import InferenceConfig
 from mcseg.engine.predict import SegmentationPredictor, evaluate_cases
 from mcseg.runtime import resolve_device
+from mcseg.sweep import find_run_dirs
 from mcseg.targets import instantiate_checked
 
 log = logging.getLogger(__name__)
@@ -102,10 +103,7 @@ def evaluate(cfg: DictConfig) -> dict:
 
 def find_runs(root: Path, checkpoint: str = "best.pt") -> list[Path]:
     """Run directories under ``root`` (itself included) that hold ``checkpoints/<checkpoint>``."""
-    root = Path(root)
-    if not root.is_dir():
-        raise FileNotFoundError(f"runs={root}: not a directory")
-    return sorted(p.parent.parent for p in root.rglob(f"checkpoints/{checkpoint}"))
+    return [d for d in find_run_dirs([root]) if (d / "checkpoints" / checkpoint).is_file()]
 
 
 def evaluate_runs(cfg: DictConfig, root: Path) -> dict:

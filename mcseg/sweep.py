@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -150,18 +151,45 @@ def run_job(fn: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
     return result
 
 
+# What marks a job's or run's directory: Hydra's record, mcseg's status and result files, checkpoints.
+RUN_MARKERS = (".hydra", STATUS_FILE, "result.json", "checkpoints")
+
+
+def find_run_dirs(roots: list[Path]) -> list[Path]:
+    """Job and run directories under (or equal to) each root, without duplicates, in job order.
+
+    Directories below an ``eval/`` folder (evaluation jobs writing into a run) are not runs.
+    """
+    found: dict[Path, None] = {}
+    for root in roots:
+        root = Path(root).resolve()
+        if not root.is_dir():
+            raise FileNotFoundError(f"{root} is not a directory")
+        for marker in RUN_MARKERS:
+            for hit in root.rglob(marker):
+                if "eval" not in hit.parent.relative_to(root).parts:
+                    found.setdefault(hit.parent, None)
+    return sorted(found, key=_job_order)
+
+
+def _job_order(run_dir: Path) -> tuple:
+    """Sweep job directories (``<n>_...``) in job-number order, not string order (10 after 9)."""
+    number, _, _ = run_dir.name.partition("_")
+    return (str(run_dir.parent), int(number) if number.isdigit() else math.inf, run_dir.name)
+
+
 def collect_job_status(sweep_dir: Path) -> list[dict]:
-    """``status.json`` of every job directory under ``sweep_dir`` (job directories hold ``.hydra/``)."""
+    """``status.json`` of every job directory under ``sweep_dir``."""
+    sweep_dir = Path(sweep_dir).resolve()
     jobs = []
-    for hydra_dir in sorted(Path(sweep_dir).rglob(".hydra")):
-        job_dir = hydra_dir.parent
+    for job_dir in find_run_dirs([sweep_dir]):
         path = job_dir / STATUS_FILE
         if path.is_file():
             record = json.loads(path.read_text())
         else:  # killed before it could write anything
             record = {"status": "missing", "error": f"no {STATUS_FILE}: the job never started or was killed"}
         jobs.append({"dir": str(job_dir.relative_to(sweep_dir)), **record})
-    return sorted(jobs, key=lambda j: (j.get("job_num") is None, j.get("job_num") or 0, j["dir"]))
+    return jobs
 
 
 def write_sweep_summary(sweep_dir: Path) -> dict:

@@ -31,7 +31,7 @@ from mcseg.metrics.overlap import dice_score, overlap_counts
 from mcseg.metrics.regions import REGIONS, region_mask
 from mcseg.metrics.reliability import TABLE_COLUMNS, reliability_table
 from mcseg.metrics.reliability import reliability_figure as _figure
-from mcseg.metrics.statistics import describe
+from mcseg.metrics.statistics import describe, nanmean
 from mcseg.metrics.surface import HD_DEFINITIONS, surface_distances
 
 __all__ = ["EvalProtocol", "Evaluator", "entropy_map", "reliability_figure", "CASE_COLUMNS", "ROW_COLUMNS"]
@@ -82,10 +82,6 @@ def entropy_map(probs: torch.Tensor, multilabel: bool = False) -> torch.Tensor:
         h = h + torch.special.entr(1.0 - p)
     return h.sum(0)
 
-
-def _nanmean(values: Sequence[float]) -> float:
-    v = np.asarray(values, dtype=np.float64)
-    return float(v[~np.isnan(v)].mean()) if (~np.isnan(v)).any() else math.nan
 
 
 def _json_safe(obj):
@@ -219,7 +215,7 @@ class Evaluator:
                     "n_region_voxels": v["n_voxels"]}, [cal.stats]
         cals = [self._binary_calibration(probs[r], label[r], prediction[r], spacing) for r in range(k)]
         per_region = [self._binary_values(cal.values) for cal in cals]
-        return {**{key: _nanmean([v[key] for v in per_region]) for key in CALIBRATION_KEYS},
+        return {**{key: nanmean([v[key] for v in per_region]) for key in CALIBRATION_KEYS},
                 "class_ece": [v["class_ece"] for v in per_region],
                 "n_region_voxels": sum(v["n_voxels"] for v in per_region)}, [cal.stats for cal in cals]
 
@@ -239,7 +235,7 @@ class Evaluator:
         flat = {"case": case["case"], **{key: case[key] for key in CALIBRATION_KEYS},
                 "n_region_voxels": case["n_region_voxels"], "region": self.protocol.region}
         for key in ("dice", "hd95_mm", "assd_mm"):
-            flat[f"mean_foreground_{key}"] = _nanmean([case[key][k] for k in self.foreground])
+            flat[f"mean_foreground_{key}"] = nanmean([case[key][k] for k in self.foreground])
         for k in self.foreground:
             name = self.class_names[k]
             flat.update({f"{key}/{name}": case[key][k] for key in (*CLASS_KEYS, "status")})
@@ -254,7 +250,7 @@ class Evaluator:
         values = [s.values() for s in stats]
         if self.multilabel:
             values = [self._binary_values(v) for v in values]
-            pooled = {key: _nanmean([v[key] for v in values]) for key in (*CALIBRATION_KEYS, "adaptive_ece_max_error")}
+            pooled = {key: nanmean([v[key] for v in values]) for key in (*CALIBRATION_KEYS, "adaptive_ece_max_error")}
             class_ece = [v["class_ece"] for v in values]
         else:
             pooled = {key: values[0][key] for key in (*CALIBRATION_KEYS, "adaptive_ece_max_error")}
@@ -268,7 +264,7 @@ class Evaluator:
         b, seed = self.protocol.bootstrap_samples, self.protocol.seed
         cases = self._cases
         fg = self.foreground
-        foreground = {key: describe([_nanmean([c[key][k] for k in fg]) for c in cases], b, seed)
+        foreground = {key: describe([nanmean([c[key][k] for k in fg]) for c in cases], b, seed)
                       for key in ("dice", "hd95_mm", "assd_mm")}
         calibration = {key: describe([c[key] for c in cases], b, seed) for key in CALIBRATION_KEYS}
         statuses = status_counts([[StructureStatus(v) for v in c["status"]] for c in cases], self.num_classes)

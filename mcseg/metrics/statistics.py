@@ -31,6 +31,12 @@ def bootstrap_ci(values: np.ndarray, n_boot: int = 1000, seed: int = 0, level: f
     return float(lo), float(hi)
 
 
+def nanmean(values: Iterable[float]) -> float:
+    """Mean of the non-NaN values; NaN when there are none."""
+    v = np.asarray(list(values), dtype=np.float64)
+    return float(v[~np.isnan(v)].mean()) if (~np.isnan(v)).any() else math.nan
+
+
 def describe(values: Iterable[float], n_boot: int = 1000, seed: int = 0) -> dict:
     """``{mean, std (ddof=1), median, ci95: [lo, hi], n, n_undefined}`` over the non-NaN values."""
     v = np.asarray(list(values), dtype=np.float64)

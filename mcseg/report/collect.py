@@ -1,7 +1,6 @@
 """Find the runs under run or sweep directories and read what each one measured.
 
-A run directory is one that holds ``status.json``, ``result.json`` or ``checkpoints/`` (written
-by ``train(cfg)``). Its identity (configuration, loss, seed) comes from ``result.json``'s
+Run directories are found by :func:`mcseg.sweep.find_run_dirs`. Its identity (configuration, loss, seed) comes from ``result.json``'s
 ``run`` record, else from Hydra's ``.hydra/`` files; its test metrics from
 ``eval/<split>/summary.json`` and ``per_case.csv`` (and ``eval/<split>/<scaler>/`` after
 post-hoc calibration); its validation metrics, by which configurations are selected, from
@@ -18,12 +17,10 @@ from pathlib import Path
 
 import yaml
 
-from mcseg.sweep import STATUS_FILE, describe_run
+from mcseg.metrics.statistics import nanmean
+from mcseg.sweep import STATUS_FILE, describe_run, find_run_dirs
 
 log = logging.getLogger(__name__)
-
-RUN_MARKERS = (STATUS_FILE, "result.json", "checkpoints")
-
 
 @dataclass
 class RunRecord:
@@ -53,11 +50,6 @@ def _read_json(path: Path) -> dict | None:
         return None
 
 
-def _nanmean(values: list[float]) -> float:
-    defined = [v for v in values if not math.isnan(v)]
-    return sum(defined) / len(defined) if defined else math.nan
-
-
 def read_per_case(path: Path) -> dict[str, dict]:
     """Per-case values from an evaluator's per_case.csv (one row per case and foreground class).
 
@@ -75,8 +67,8 @@ def read_per_case(path: Path) -> dict[str, dict]:
     out = {}
     for case, case_rows in rows.items():
         out[case] = {
-            "dice": _nanmean([number(r["dice"]) for r in case_rows]),
-            "hd95_mm": _nanmean([number(r["hd95_mm"]) for r in case_rows]),
+            "dice": nanmean([number(r["dice"]) for r in case_rows]),
+            "hd95_mm": nanmean([number(r["hd95_mm"]) for r in case_rows]),
             "ece": number(case_rows[0]["ece"]),
             "classwise_ece": number(case_rows[0]["classwise_ece"]),
         }
@@ -123,28 +115,6 @@ def read_run(run_dir: Path, split: str = "test") -> RunRecord | None:
                 record.summaries[name] = scaled
                 record.per_case[name] = read_per_case(eval_dir / name / "per_case.csv")
     return record
-
-
-def find_run_dirs(roots: list[Path]) -> list[Path]:
-    """Run directories under (or equal to) each root, without duplicates, in a stable order."""
-    found: dict[Path, None] = {}
-    for root in roots:
-        root = Path(root).resolve()
-        if not root.is_dir():
-            raise FileNotFoundError(f"mcseg-report: {root} is not a directory")
-        for marker in RUN_MARKERS:
-            for hit in sorted(root.rglob(marker)):
-                run_dir = hit.parent
-                if "eval" in run_dir.relative_to(root).parts:
-                    continue  # an evaluate job's own status.json
-                found.setdefault(run_dir, None)
-    return sorted(found, key=_job_order)
-
-
-def _job_order(run_dir: Path) -> tuple:
-    """Sweep job directories (``<n>_...``) in job-number order, not string order (10 after 9)."""
-    number, _, _ = run_dir.name.partition("_")
-    return (str(run_dir.parent), int(number) if number.isdigit() else math.inf, run_dir.name)
 
 
 def collect_runs(roots: list[Path], split: str = "test") -> list[RunRecord]:

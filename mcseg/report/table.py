@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.stats import wilcoxon
 
-from mcseg.metrics.statistics import bootstrap_ci
+from mcseg.metrics.statistics import bootstrap_ci, describe
 from mcseg.report.collect import RunRecord
 
 # (column, summary key, per-case key, scaler: "" raw outputs, "temperature" post-T, better: +1 higher / -1 lower)
@@ -57,11 +57,10 @@ class ConfigRow:
     temperature: float | None = None
 
 
-def _mean_std(values: list[float]) -> tuple[float, float]:
-    v = np.asarray([x for x in values if x is not None and not math.isnan(x)], dtype=np.float64)
-    if v.size == 0:
-        return math.nan, math.nan
-    return float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else math.nan
+def _mean_std(values: list[float | None]) -> tuple[float, float]:
+    """Mean and std (ddof=1) over the defined values (None and NaN left out)."""
+    stats = describe([math.nan if v is None else v for v in values], n_boot=0)
+    return stats["mean"], stats["std"]
 
 
 def case_means(runs: list[RunRecord], scaler: str, key: str) -> dict[str, float]:
