@@ -14,6 +14,7 @@ from mcseg.config import typed
 from mcseg.data.base import SegmentationDataset
 from mcseg.data.cases import CaseRef
 from mcseg.data.io import write_json
+from mcseg.data.validate import validate_cases
 from mcseg.errors import ConfigError
 from mcseg.engine.checkpoint import load_checkpoint, load_model_weights
 from mcseg.engine.evaluator import EvalProtocol, Evaluator
@@ -170,6 +171,7 @@ def evaluate_checkpoint(cfg: DictConfig, ckpt_path: Path) -> dict:
     record_dataset_facts(eval_cfg, dataset)
     # Another dataset gets its own split.json in this job's directory; the run's own is reused otherwise.
     splits = resolve_split(dataset, eval_cfg.dataset, Path(cfg.paths.output_dir) if other_dataset else run_dir)
+    validate_cases(dataset, splits[cfg.split], "scoring")  # the same header checks as training and mcseg-data check
     model = instantiate_checked(run_cfg.model, "model").to(device)
     load_model_weights(model, state["model"], ckpt_path)
     loss_fn = instantiate_checked(run_cfg.loss, "loss").to(device)

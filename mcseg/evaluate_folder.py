@@ -148,7 +148,7 @@ def evaluate_folder(pred_dir: Path, label_dir: Path, probs_dir: Path | None = No
         except ValueError as exc:
             raise FolderError(str(exc)) from None
         if protocol.save_uncertainty:
-            write_nifti(pred_dir / f"{case}_entropy.nii.gz", entropy_map(probs).numpy(), label_vol.affine)
+            write_nifti(pred_dir / f"{case}_entropy.nii.gz", entropy_map(probs).numpy(), label_vol.affine, labels[case])
     return evaluator.write(Path(output_dir) if output_dir is not None else pred_dir / "eval")
 
 

@@ -16,6 +16,7 @@ from mcseg.calibration import PosthocConfig, fit_posthoc, scalers_to_apply
 from mcseg.config import LoggerConfig, TrainerConfig, typed, validate_train_config
 from mcseg.data.io import write_json
 from mcseg.errors import ConfigError
+from mcseg.data.build import check_run_inputs
 from mcseg.engine.data import build_dataset, build_train_loader, load_cases, record_dataset_facts, resolve_split, sampling_config
 from mcseg.engine.distributed import init_distributed, shutdown
 from mcseg.engine.evaluator import EvalProtocol
@@ -71,6 +72,7 @@ def train(cfg: DictConfig) -> dict:
     record_dataset_facts(cfg, dataset)
     with dist.main_first():  # torchrun: rank 0 writes split.json and the cache, the others then read them
         splits = resolve_split(dataset, cfg.dataset, run_dir)
+        check_run_inputs(cfg, dataset, splits)  # every case's headers, posthoc vs. the split: before any work
         dataset.prepare(splits["all"])  # preprocess and cache once (no-op when preprocessing is off)
     log.info("dataset %s: %s", dataset.name, {k: len(v) for k, v in splits.refs.items()})
     train_cases = load_cases(dataset, splits["train"])

@@ -72,3 +72,96 @@ def test_dataset_json_cannot_point_outside_root(tmp_path):
 def test_dataset_without_root_names_the_key(tmp_path, monkeypatch):
     monkeypatch.delenv("MCSEG_ACDC_ROOT", raising=False)
     _fails_with(["dataset=acdc", "debug=fast"], tmp_path, "dataset.root")
+
+
+# --------------------------------------------------------------------------- bad data is found at start
+def _msd_cfg(make_cfg, root, *overrides):
+    return make_cfg(MSD_TINY + [f"dataset.root={root}", *overrides])
+
+
+def _move_label(label, fn):
+    """Rewrite ``label`` with its affine changed by ``fn`` (voxels kept)."""
+    img = nib.load(label)
+    affine = img.affine.copy()
+    fn(affine)
+    nib.save(nib.Nifti1Image(np.asarray(img.dataobj), affine), str(label))
+
+
+def _set_header(path, qform_code=1, sform_code=1, units=("mm", "sec")):
+    img = nib.load(path)
+    img.header.set_qform(img.affine, code=qform_code)
+    img.header.set_sform(img.affine, code=sform_code)
+    img.header.set_xyzt_units(*units)
+    nib.save(nib.Nifti1Image(np.asarray(img.dataobj), img.affine, img.header), str(path))
+
+
+@pytest.mark.parametrize("move", [
+    pytest.param(lambda a: a.__setitem__((0, 3), a[0, 3] + 20.0), id="origin-shifted-20mm"),
+    pytest.param(lambda a: a.__setitem__((slice(0, 3), slice(0, 3)), a[:3, :3] * 2), id="spacing-doubled"),
+])
+def test_label_elsewhere_in_world_space_is_refused_at_start(tmp_path, make_cfg, move):
+    from mcseg.data.io import VolumeError
+    from mcseg.train import train
+
+    root = write_msd(tmp_path / "msd")
+    _move_label(root / "labelsTr/case_004.nii.gz", move)
+    cfg = _msd_cfg(make_cfg, root)
+    with pytest.raises(VolumeError, match=r"labelsTr/case_004.nii.gz: label affine differs .* dataset.geometry_check"):
+        train(cfg)
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_geometry_opt_out_runs_and_predictions_keep_the_input_header(tmp_path, make_cfg):
+    """dataset.geometry_check=off accepts a shifted label; the predicted NIfTI files carry the
+    input's qform/sform codes and units (issue #12 items 5 and 15)."""
+    from mcseg.train import train
+
+    root = write_msd(tmp_path / "msd")
+    for path in (root / "imagesTr").glob("*.nii.gz"):
+        _set_header(path, qform_code=1, sform_code=2)
+    _move_label(root / "labelsTr/case_004.nii.gz", lambda a: a.__setitem__((0, 3), a[0, 3] + 20.0))
+    result = train(_msd_cfg(make_cfg, root, "dataset.geometry_check=off", "posthoc.fit=[]", "posthoc.apply=[]",
+                            "trainer.max_epochs=1"))
+    assert result["test/mean_foreground_dice"] is not None
+    predictions = sorted((tmp_path / "run" / "eval" / "test" / "predictions").glob("case_*.nii.gz"))
+    assert predictions
+    for pred in predictions:
+        written, source = nib.load(pred).header, nib.load(root / "imagesTr" / pred.name).header
+        assert (int(written["qform_code"]), int(written["sform_code"])) == (1, 2)
+        assert written.get_xyzt_units() == source.get_xyzt_units() == ("mm", "sec")
+        np.testing.assert_allclose(written.get_qform(), source.get_qform(), atol=1e-5)
+        np.testing.assert_allclose(written.get_sform(), source.get_sform(), atol=1e-5)
+
+
+def test_corrupt_test_split_file_is_refused_before_training(tmp_path, make_cfg):
+    import json
+    import time
+
+    from mcseg.data.io import VolumeError
+    from mcseg.train import train
+
+    root = write_msd(tmp_path / "msd")
+    split = {"train": ["case_000", "case_001", "case_002"], "val": ["case_003"], "test": ["case_004", "case_005"]}
+    (tmp_path / "split.json").write_text(json.dumps(split))
+    image = root / "imagesTr/case_005.nii.gz"
+    raw = image.read_bytes()
+    image.write_bytes(raw[: len(raw) // 2])  # a truncated copy: the header still reads
+    cfg = _msd_cfg(make_cfg, root, f"dataset.split.file={tmp_path / 'split.json'}")
+    start = time.perf_counter()
+    with pytest.raises(VolumeError, match=r"imagesTr/case_005.nii.gz: cannot read volume") as failure:
+        train(cfg)
+    assert not (tmp_path / "run" / "checkpoints").exists(), "refused only after training"
+    assert "checked before training" in str(failure.value)
+    assert time.perf_counter() - start < 10
+
+
+def test_posthoc_without_validation_cases_is_refused_at_start(tmp_path, make_cfg):
+    from mcseg.errors import ConfigError
+    from mcseg.train import train
+
+    root = write_msd(tmp_path / "msd")
+    cfg = _msd_cfg(make_cfg, root, "dataset.split.val_fraction=0", "posthoc.fit=[temperature]",
+                   "posthoc.apply=[temperature]")
+    with pytest.raises(ConfigError, match=r"posthoc.fit.*dataset.split.val_fraction=0"):
+        train(cfg)
+    assert not (tmp_path / "run" / "checkpoints").exists()

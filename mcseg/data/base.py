@@ -22,6 +22,7 @@ from mcseg.data.cache import CaseCache
 from mcseg.data.cases import CaseData, CaseRef, load_case, to_regions
 from mcseg.data.normalize import check_normalization, normalize_image
 from mcseg.data.preprocess import Geometry, forward, invert, preprocess_config
+from mcseg.data.validate import GEOMETRY_TOLERANCE_MM, GeometryRule
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,8 @@ class SegmentationDataset(ABC):
         augment: dict | None = None,
         label_mapping: Mapping[int, int] | None = None,
         regions: Mapping[str, Sequence[int]] | None = None,
+        geometry_check: str = "error",
+        geometry_tolerance: float = GEOMETRY_TOLERANCE_MM,
     ) -> None:
         if spatial_dims not in (2, 3):
             raise ValueError(f"dataset.spatial_dims={spatial_dims}: expected 2 or 3")
@@ -78,6 +81,7 @@ class SegmentationDataset(ABC):
         self.regions = {str(k): [int(v) for v in vals] for k, vals in regions.items()} if regions else None
         self.label_classes: int | None = None  # values a label file may hold (after label_mapping)
         self.layout_warnings: list[str] = []  # odd but usable things found by scan()
+        self.geometry = GeometryRule(str(geometry_check), geometry_tolerance)
         self._cache: CaseCache | None = None
 
     # ------------------------------------------------------------------ classes

@@ -90,11 +90,6 @@ def check_same_grid(vol: Volume, reference: Volume, path: Path, ref_path: Path, 
         )
 
 
-def affines_match(a: np.ndarray, b: np.ndarray) -> bool:
-    """Whether two voxel-to-world affines agree up to header rounding (1e-3 mm, 1e-4 relative)."""
-    return bool(np.allclose(np.asarray(a)[:3], np.asarray(b)[:3], rtol=1e-4, atol=1e-3))
-
-
 def apply_label_mapping(array: np.ndarray, mapping: Mapping[int, int] | None) -> np.ndarray:
     """Rename label values by ``mapping`` (values not in it are kept); ``array`` holds integers."""
     if not mapping or array.size == 0:

@@ -22,8 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from mcseg.data.cases import CaseRef, affines_match, read_label_array
+from mcseg.data.cases import CaseRef, read_label_array
 from mcseg.data.io import VolumeError, read_volume
+from mcseg.data.validate import inspect_case
 
 SPACING_TOLERANCE = 2.0  # a case whose spacing differs from the median by more than this factor is odd
 
@@ -39,57 +40,23 @@ class CaseReport:
 
 
 def check_case(dataset, ref: CaseRef) -> CaseReport:
-    """Read every file of ``ref`` and collect what is wrong with it (never raises for bad data)."""
-    report = CaseReport(ref.case_id)
-    dims = dataset.spatial_dims
-    first = None
-    channels = 0
-    for path in ref.image_paths:
-        try:
-            vol = read_volume(path, dims)
-        except VolumeError as exc:
-            report.errors.append(f"image: {exc}")
-            continue
-        channels += 1 if vol.array.ndim == dims else int(np.prod(vol.array.shape[dims:]))
-        if first is None:
-            first = (path, vol)
-            report.shape, report.spacing = list(vol.spatial_shape), [float(s) for s in vol.spacing]
-        else:
-            if vol.spatial_shape != first[1].spatial_shape:
-                report.errors.append(f"{path}: channel shape {vol.spatial_shape} does not match "
-                                     f"{first[0].name} shape {first[1].spatial_shape}")
-            elif not affines_match(vol.affine, first[1].affine):
-                report.errors.append(f"{path}: affine differs from that of {first[0].name} "
-                                     f"(max difference {np.abs(vol.affine - first[1].affine).max():.4g})")
+    """Read every file of ``ref`` and collect what is wrong with it (never raises for bad data):
+    the rules every run applies (:func:`~mcseg.data.validate.inspect_case`), then the voxels'."""
+    found = inspect_case(dataset, ref, read=read_volume)
+    report = CaseReport(ref.case_id, found.errors, found.warnings)
+    if found.images:
+        vol = found.images[0][1]
+        report.shape, report.spacing = list(vol.spatial_shape), [float(s) for s in vol.spacing]
+    for path, vol in found.images:
         finite = np.isfinite(vol.array) if np.issubdtype(vol.array.dtype, np.floating) else None
         if finite is not None and not finite.all():
             n_nan = int(np.isnan(vol.array).sum())
             n_inf = int((~finite).sum()) - n_nan
             report.errors.append(f"{path}: {n_nan} NaN and {n_inf} inf intensities")
-    if not ref.image_paths:
-        report.errors.append(f"case {ref.case_id}: no image files")
-    expected = getattr(dataset, "in_channels", None)
-    if expected is not None and channels and len(report.errors) == 0 and channels != expected:
-        report.errors.append(f"{ref.image_paths[0]}: {channels} channels, dataset.in_channels={expected}")
-    if ref.label_path is None:
-        report.errors.append(f"case {ref.case_id}: no label file")
+    if found.label is None:
         return report
     try:
-        lab = read_volume(ref.label_path, dims)
-    except VolumeError as exc:
-        report.errors.append(f"label: {exc}")
-        return report
-    if first is not None:
-        ref_path, ref_vol = first
-        if lab.spatial_shape != ref_vol.spatial_shape or lab.array.ndim != dims:
-            report.errors.append(f"{ref.label_path}: label shape {lab.array.shape} does not match image shape "
-                                 f"{ref_vol.spatial_shape} of {ref_path}")
-            return report
-        if not affines_match(lab.affine, ref_vol.affine):
-            report.errors.append(f"{ref.label_path}: label affine differs from that of {ref_path.name} "
-                                 f"(max difference {np.abs(lab.affine - ref_vol.affine).max():.4g})")
-    try:
-        label = read_label_array(lab.array, dataset.label_classes, ref.label_path, dataset.label_mapping)
+        label = read_label_array(found.label.array, dataset.label_classes, ref.label_path, dataset.label_mapping)
     except VolumeError as exc:
         report.errors.append(str(exc))
         return report

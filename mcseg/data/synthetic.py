@@ -75,6 +75,8 @@ def phantom(shape: tuple[int, ...], seed: int, index: int, noise: float = 0.18) 
 class SyntheticDataset(SegmentationDataset):
     """``n_cases`` phantoms of ``shape`` (2D or 3D), generated on demand from ``seed``."""
 
+    files_on_disk = False
+
     def __init__(
         self, name: str = "synthetic", shape: tuple[int, ...] = (96, 96), n_cases: int = 60, seed: int = 0,
         noise: float = 0.18, spacing: tuple[float, ...] | None = None, **kwargs

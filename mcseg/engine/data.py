@@ -6,46 +6,23 @@ import multiprocessing
 import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from pathlib import Path
 
 import torch
-from omegaconf import DictConfig, OmegaConf, open_dict
-from omegaconf.errors import MissingMandatoryValue
+from omegaconf import DictConfig
 from torch.utils.data import DataLoader
 
-from mcseg.config import SamplingConfig, SplitConfig, typed
+from mcseg.config import SamplingConfig, typed
 from mcseg.errors import ConfigError
 from mcseg.data.base import SegmentationDataset
+from mcseg.data.build import Splits, build_dataset, check_run_inputs, record_dataset_facts, resolve_split  # noqa: F401
 from mcseg.data.cases import CaseData, CaseRef
 from mcseg.data.sampling import EpochSampler, PatchDataset
-from mcseg.data.split import load_split, make_dataset_split, save_split
 from mcseg.engine.distributed import DistContext
-from mcseg.targets import instantiate_checked
 
 log = logging.getLogger(__name__)
 
 PREFETCH_BATCHES = 4  # batches each loader worker prepares ahead of the training step
 WORKER_START_METHOD = "fork" if sys.platform.startswith("linux") else "spawn"  # torch's defaults
-
-
-def build_dataset(node: DictConfig) -> SegmentationDataset:
-    """Instantiate the dataset of a ``dataset`` node (its ``split``/``sampling`` keys are not its arguments)."""
-    try:  # a mandatory value can surface while resolving (``???``) or once passed on (oc.env's default)
-        args = OmegaConf.to_container(node, resolve=True, throw_on_missing=True)
-        args.pop("split", None)
-        args.pop("sampling", None)
-        return instantiate_checked(args, "dataset", _convert_="all")
-    except MissingMandatoryValue as exc:
-        raise ConfigError(f"dataset.{exc.full_key} is not set: give dataset.{exc.full_key}=...") from None
-
-
-def record_dataset_facts(cfg: DictConfig, dataset: SegmentationDataset) -> None:
-    """Write what the dataset found (classes, channels) back into the config the model reads."""
-    with open_dict(cfg):
-        cfg.dataset.num_classes = dataset.num_classes
-        cfg.dataset.in_channels = dataset.in_channels
-        cfg.dataset.class_names = list(dataset.class_names)
 
 
 def default_workers(device: torch.device, processes_per_machine: int = 1) -> int:
@@ -69,37 +46,6 @@ def load_cases(dataset: SegmentationDataset, refs: list[CaseRef], workers: int |
         return [dataset.load(r) for r in refs]
     with ThreadPoolExecutor(workers) as pool:
         return list(pool.map(dataset.load, refs))
-
-
-@dataclass
-class Splits:
-    refs: dict[str, list[CaseRef]]
-
-    def __getitem__(self, name: str) -> list[CaseRef]:
-        if name == "all":
-            return [r for part in ("train", "val", "test") for r in self.refs[part]]
-        if name not in self.refs:
-            raise ValueError(f"split={name!r}: expected train, val, test or all")
-        return self.refs[name]
-
-
-def resolve_split(dataset: SegmentationDataset, node: DictConfig, run_dir: Path) -> Splits:
-    """Reuse ``<run>/split.json`` (resume), else ``dataset.split.file``, else make one by seed; save it."""
-    cfg = typed(node.get("split"), SplitConfig, "dataset.split")
-    refs = dataset.case_refs()
-    if not refs:
-        raise FileNotFoundError(f"dataset {dataset.name}: no cases found")
-    by_id = {r.case_id: r for r in refs}
-    ids = list(by_id)
-    run_split = run_dir / "split.json"
-    if run_split.is_file():
-        split = load_split(run_split, ids)
-    elif cfg.file:
-        split = load_split(cfg.file, ids)
-    else:
-        split = make_dataset_split(dataset, ids, cfg.val_fraction, cfg.test_fraction, cfg.seed)
-    save_split(split, run_split)
-    return Splits({name: [by_id[c] for c in split[name]] for name in split})
 
 
 def build_train_loader(

@@ -67,15 +67,18 @@ def evaluate_cases(
         label = torch.as_tensor(label, device=probs.device)
         evaluator.add_case(case.case_id, probs, label, spacing)
         pred = predictor.label_map(probs)
+        ref = case.meta.get("ref") if case.meta else None
+        source = ref.image_paths[0] if ref is not None and ref.image_paths else None  # its header is copied
         if pred_dir is not None and save_predictions:
             arr = pred.cpu().numpy()
             write_nifti(pred_dir / f"{case.case_id}.nii.gz", _channel_last(arr) if predictor.multilabel else arr,
-                        affine)
+                        affine, source)
         if pred_dir is not None and save_probabilities:
-            write_nifti(pred_dir / f"{case.case_id}_probs.nii.gz", _channel_last(probs.float().cpu().numpy()), affine)
+            write_nifti(pred_dir / f"{case.case_id}_probs.nii.gz", _channel_last(probs.float().cpu().numpy()), affine,
+                        source)
         if pred_dir is not None and save_uncertainty:
             unc = entropy_map(probs, multilabel=predictor.multilabel)
-            write_nifti(pred_dir / f"{case.case_id}_entropy.nii.gz", unc.float().cpu().numpy(), affine)
+            write_nifti(pred_dir / f"{case.case_id}_entropy.nii.gz", unc.float().cpu().numpy(), affine, source)
         del probs, pred
         for transform, extra_evaluator in (posthoc or {}).values():
             scaled, label, spacing, _ = restore(case, predictor.probabilities(transform(logits)))

@@ -1,0 +1,83 @@
+"""From the ``dataset`` config node to a dataset, its split, and the checks a run's inputs pass at start.
+
+Below the engine, so that ``mcseg-data`` and the entry points build datasets the same way.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import MissingMandatoryValue
+
+from mcseg.config import SplitConfig, typed
+from mcseg.data.base import SegmentationDataset
+from mcseg.data.cases import CaseRef
+from mcseg.data.split import load_split, make_dataset_split, save_split
+from mcseg.data.validate import validate_cases
+from mcseg.errors import ConfigError
+from mcseg.targets import instantiate_checked
+
+
+def build_dataset(node: DictConfig) -> SegmentationDataset:
+    """Instantiate the dataset of a ``dataset`` node (its ``split``/``sampling`` keys are not its arguments)."""
+    try:  # a mandatory value can surface while resolving (``???``) or once passed on (oc.env's default)
+        args = OmegaConf.to_container(node, resolve=True, throw_on_missing=True)
+        args.pop("split", None)
+        args.pop("sampling", None)
+        return instantiate_checked(args, "dataset", _convert_="all")
+    except MissingMandatoryValue as exc:
+        raise ConfigError(f"dataset.{exc.full_key} is not set: give dataset.{exc.full_key}=...") from None
+
+
+def record_dataset_facts(cfg: DictConfig, dataset: SegmentationDataset) -> None:
+    """Write what the dataset found (classes, channels) back into the config the model reads."""
+    with open_dict(cfg):
+        cfg.dataset.num_classes = dataset.num_classes
+        cfg.dataset.in_channels = dataset.in_channels
+        cfg.dataset.class_names = list(dataset.class_names)
+
+
+@dataclass
+class Splits:
+    refs: dict[str, list[CaseRef]]
+
+    def __getitem__(self, name: str) -> list[CaseRef]:
+        if name == "all":
+            return [r for part in ("train", "val", "test") for r in self.refs[part]]
+        if name not in self.refs:
+            raise ValueError(f"split={name!r}: expected train, val, test or all")
+        return self.refs[name]
+
+
+def resolve_split(dataset: SegmentationDataset, node: DictConfig, run_dir: Path) -> Splits:
+    """Reuse ``<run>/split.json`` (resume), else ``dataset.split.file``, else make one by seed; save it."""
+    cfg = typed(node.get("split"), SplitConfig, "dataset.split")
+    refs = dataset.case_refs()
+    if not refs:
+        raise FileNotFoundError(f"dataset {dataset.name}: no cases found")
+    by_id = {r.case_id: r for r in refs}
+    ids = list(by_id)
+    run_split = run_dir / "split.json"
+    if run_split.is_file():
+        split = load_split(run_split, ids)
+    elif cfg.file:
+        split = load_split(cfg.file, ids)
+    else:
+        split = make_dataset_split(dataset, ids, cfg.val_fraction, cfg.test_fraction, cfg.seed)
+    save_split(split, run_split)
+    return Splits({name: [by_id[c] for c in split[name]] for name in split})
+
+
+def check_run_inputs(cfg: DictConfig, dataset: SegmentationDataset, splits: Splits) -> None:
+    """What a training run checks once its split is known, before loading or training anything:
+    the headers of every case of every split (:func:`~mcseg.data.validate.validate_cases`) and
+    that post-hoc calibration has validation cases to be fitted on."""
+    fit = list((cfg.get("posthoc") or {}).get("fit") or [])
+    if fit and not splits["val"]:
+        split = cfg.dataset.get("split") or {}
+        source = f"dataset.split.file={split.get('file')}" if split.get("file") else \
+            f"dataset.split.val_fraction={split.get('val_fraction')}"
+        raise ConfigError(f"config key 'posthoc.fit'={fit}: post-hoc scalers are fitted on the validation split, "
+                          f"which is empty ({source}); set posthoc.fit=[] posthoc.apply=[] or give validation cases")
+    validate_cases(dataset, splits["all"], "training")
