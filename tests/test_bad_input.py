@@ -66,7 +66,7 @@ def test_dataset_json_cannot_point_outside_root(tmp_path):
     desc = json.loads((root / "dataset.json").read_text())
     desc["training"][0]["image"] = "../../etc/passwd"
     (root / "dataset.json").write_text(json.dumps(desc))
-    _fails_with(MSD_TINY + [f"dataset.root={root}"], tmp_path, "outside the dataset root")
+    _fails_with(MSD_TINY + [f"dataset.root={root}"], tmp_path, "leaves the dataset root")
 
 
 def test_dataset_without_root_names_the_key(tmp_path, monkeypatch):
@@ -165,3 +165,47 @@ def test_posthoc_without_validation_cases_is_refused_at_start(tmp_path, make_cfg
     with pytest.raises(ConfigError, match=r"posthoc.fit.*dataset.split.val_fraction=0"):
         train(cfg)
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("layout", ["root", "images_folder", "files"])
+def test_symlinked_dataset_folders_are_accepted(tmp_path, layout):
+    """Cluster layouts: the root, imagesTr/ or each file a symlink to shared storage (issue #12 item 13)."""
+    import shutil
+
+    from mcseg.data.io import read_header
+    from mcseg.data.msd import MSDDataset
+    from mcseg.data.validate import validate_cases
+
+    root = write_msd(tmp_path / "msd", n_cases=3)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    if layout == "root":
+        (tmp_path / "link").symlink_to(root, target_is_directory=True)
+        root = tmp_path / "link"
+    elif layout == "images_folder":
+        shutil.move(root / "imagesTr", shared / "imagesTr")
+        (root / "imagesTr").symlink_to(shared / "imagesTr", target_is_directory=True)
+    else:
+        for path in sorted((root / "imagesTr").iterdir()):
+            shutil.move(path, shared / path.name)
+            path.symlink_to(shared / path.name)
+    dataset = MSDDataset(str(root))
+    refs = dataset.case_refs()
+    assert [r.case_id for r in refs] == ["case_000", "case_001", "case_002"]
+    validate_cases(dataset, refs)
+    assert read_header(refs[0].image_paths[0]).shape == (24, 28, 20)
+
+
+@pytest.mark.parametrize("entry", ["../outside/case_000.nii.gz", "./imagesTr/../../outside/case_000.nii.gz",
+                                   "/etc/passwd"])
+def test_dataset_json_entries_leaving_the_root_are_refused(tmp_path, entry):
+    import json
+
+    from mcseg.data.msd import MSDDataset
+
+    root = write_msd(tmp_path / "msd", n_cases=3)
+    desc = json.loads((root / "dataset.json").read_text())
+    desc["training"][1]["label"] = entry
+    (root / "dataset.json").write_text(json.dumps(desc))
+    with pytest.raises(ValueError, match=r"dataset.json: entry .* leaves the dataset root"):
+        MSDDataset(str(root)).case_refs()

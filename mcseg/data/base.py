@@ -352,8 +352,12 @@ def resolve_root(root: str | os.PathLike | None, key: str = "dataset.root") -> P
 
 
 def inside_root(root: Path, relative: str, source: Path) -> Path:
-    """Resolve ``relative`` under ``root``; refuse paths that escape it (``../``, absolute)."""
-    path = (root / relative).resolve()
-    if not path.is_relative_to(root):
-        raise ValueError(f"{source}: path {relative!r} points outside the dataset root {root}")
+    """``root / relative`` for an entry of ``source`` (a dataset.json); refuse entries that leave the
+    root as written: absolute paths and ``..`` past the root. Symlinks are not followed for this
+    rule: a root, a folder or a file that is a symlink to shared storage is accepted."""
+    path = Path(os.path.normpath(root / relative))  # lexical: '..' resolved, symlinks kept
+    if Path(relative).is_absolute() or not path.is_relative_to(root):
+        raise ValueError(f"{source}: entry {relative!r} leaves the dataset root {root}: entries must be paths "
+                         "relative to the root, without '..' leading out of it (symlinks inside the root may "
+                         "point anywhere)")
     return path
