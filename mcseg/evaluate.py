@@ -21,6 +21,7 @@ from mcseg.engine.evaluator import EvalProtocol, Evaluator
 from mcseg.engine.inference import InferenceConfig
 from mcseg.engine.predict import SegmentationPredictor, evaluate_cases
 from mcseg.runtime import resolve_device
+from mcseg.text import plural
 from mcseg.sweep import find_run_dirs
 from mcseg.targets import instantiate_checked
 
@@ -58,7 +59,7 @@ def evaluate_split(
         after[name] = {"params": scalers[name], **{k: scaled.get(k) for k in POSTHOC_KEYS},
                        "pooled": {k: scaled["pooled"].get(k) for k in ("ece", "classwise_ece", "nll", "brier")}}
     summary = evaluator.write(out_dir, extra={"posthoc": after} if after else None)
-    log.info("evaluation of %d cases written to %s", len(refs), out_dir)
+    log.info("evaluation of %s written to %s", plural(len(refs), "case"), out_dir)
     return summary
 
 
@@ -69,7 +70,7 @@ def _fmt(value, digits: int = 4) -> str:
 def format_summary(summary: dict, class_names: list[str], title: str) -> str:
     """A plain-text table of per-class Dice and HD95 plus the case-level calibration means."""
     protocol = summary.get("protocol", {})
-    lines = [f"== {title}: {summary.get('n_cases')} cases; ECE region {protocol.get('region')}, "
+    lines = [f"== {title}: {plural(summary.get('n_cases') or 0, 'case')}; ECE region {protocol.get('region')}, "
              f"{protocol.get('n_bins')} bins, HD{protocol.get('hd_percentile', 95):g} in mm =="]
     lines.append(f"{'class':<16}{'Dice':>10}{'HD95 mm':>12}")
     per_class = summary.get("per_class", {})

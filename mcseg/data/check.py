@@ -25,6 +25,7 @@ import numpy as np
 from mcseg.data.cases import CaseRef, read_label_array
 from mcseg.data.io import VolumeError, read_volume
 from mcseg.data.validate import inspect_case
+from mcseg.text import plural
 
 SPACING_TOLERANCE = 2.0  # a case whose spacing differs from the median by more than this factor is odd
 
@@ -145,18 +146,18 @@ def check_dataset(dataset, workers: int = 1, progress: bool = True,
 
 
 def format_report(reports: list[CaseReport], summary: dict) -> str:
-    lines = [f"mcseg-data check: dataset {summary['dataset']} at {summary['root']}: {summary['cases']} cases"]
+    lines = [f"mcseg-data check: dataset {summary['dataset']} at {summary['root']}: {plural(summary['cases'], 'case')}"]
     lines += [f"ERROR   (layout) {p}" for p in summary["layout_errors"]]
     lines += [f"WARNING (layout) {p}" for p in summary["layout_warnings"]]
     for r in reports:
         lines += [f"ERROR   {r.case_id}: {e}" for e in r.errors]
         lines += [f"WARNING {r.case_id}: {w}" for w in r.warnings]
-    lines.append(f"summary: {summary['cases']} cases, {summary['cases_with_errors']} with errors, "
-                 f"{summary['cases_with_warnings']} with warnings only, {len(summary['layout_errors'])} layout errors")
+    lines.append(f"summary: {plural(summary['cases'], 'case')}, {summary['cases_with_errors']} with errors, "
+                 f"{summary['cases_with_warnings']} with warnings only, {plural(len(summary['layout_errors']), 'layout error')}")
     lines.append(f"shapes (voxels, min-median-max per axis): {summary['shape_min_median_max']}")
     lines.append(f"spacings (mm, min-median-max per axis): {summary['spacing_mm_min_median_max']}")
     lines.append("classes (label values after the dataset's mapping): " + ", ".join(
-        f"{c['value']} {c['name']} {100 * c['voxel_share']:.3g}% of voxels in {c['cases']} cases"
+        f"{c['value']} {c['name']} {100 * c['voxel_share']:.3g}% of voxels in {plural(c['cases'], 'case')}"
         for c in summary["classes"]))
     return "\n".join(lines)
 
@@ -211,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 1
         where = dataset.cache.dir if dataset.cache is not None else "nowhere (no preprocessing step is on)"
-        print(f"mcseg-data prepare: {n} cases preprocessed; cache {where}")
+        print(f"mcseg-data prepare: {plural(n, 'case')} preprocessed; cache {where}")
         return 0
     reports, summary = check_dataset(dataset, workers, progress=not args.no_progress,
                                      spacing_tolerance=args.spacing_tolerance)

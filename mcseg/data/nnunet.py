@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 
 from mcseg.data.base import SegmentationDataset, inside_root, resolve_root
+from mcseg.text import plural
 from mcseg.data.cases import CaseRef
 from mcseg.data.files import channel_cases
 
@@ -84,5 +85,5 @@ class NnUNetDataset(SegmentationDataset):
                                        self.file_ending)
         declared = self.description.get("numTraining")
         if isinstance(declared, int) and declared != len(refs):
-            self.note(f"{self.json_path}: numTraining={declared} but {len(refs)} cases found in imagesTr/labelsTr")
+            self.note(f"{self.json_path}: numTraining={declared} but {plural(len(refs), 'case')} found in imagesTr/labelsTr")
         return refs, problems

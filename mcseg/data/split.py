@@ -23,7 +23,7 @@ def make_split(case_ids: list[str], val_fraction: float, test_fraction: float, s
     n_val = max(1, round(n * val_fraction)) if val_fraction > 0 else 0
     n_test = max(1, round(n * test_fraction)) if test_fraction > 0 else 0
     if n - n_val - n_test < 1:
-        raise ValueError(f"dataset.split: {n} cases are too few for the requested val/test fractions")
+        raise ValueError(f"dataset.split: too few cases ({n}) for the requested val/test fractions")
     order = np.random.default_rng(seed).permutation(n)
     shuffled = [ids[i] for i in order]
     return {
@@ -134,7 +134,7 @@ def make_grouped_split(
         rest = [u for u in units if u not in test_units]
         n_val = max(1, round(len(units) * val_fraction)) if val_fraction > 0 else 0
     if len(rest) - n_val < 1:
-        raise ValueError(f"dataset.split: {len(units)} groups of cases are too few for the requested val/test fractions")
+        raise ValueError(f"dataset.split: too few groups of cases ({len(units)}) for the requested val/test fractions")
     val_units = draw(rest, n_val)
     pick = lambda chosen: sorted(c for u in chosen for c in members[u])  # noqa: E731
     return {

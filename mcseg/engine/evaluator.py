@@ -33,6 +33,7 @@ from mcseg.metrics.reliability import TABLE_COLUMNS, reliability_table
 from mcseg.metrics.reliability import reliability_figure as _figure
 from mcseg.metrics.statistics import describe, nanmean
 from mcseg.metrics.surface import HD_DEFINITIONS, surface_distances
+from mcseg.text import plural
 
 __all__ = ["EvalProtocol", "Evaluator", "entropy_map", "reliability_figure", "CASE_COLUMNS", "ROW_COLUMNS"]
 
@@ -361,7 +362,7 @@ class Evaluator:
                      lambda tmp: tmp.write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n"))
         sums, names = self.reliability_sums()
         _write_csv(out_dir / "reliability.csv", reliability_table(sums, names), TABLE_COLUMNS)
-        fig = reliability_figure(self, title=f"{out_dir.name}: {self.n_cases} cases pooled")
+        fig = reliability_figure(self, title=f"{out_dir.name}: {plural(self.n_cases, 'case')} pooled")
         atomic_write(out_dir / "reliability.png", lambda tmp: fig.savefig(tmp, format="png", dpi=100))
         return summary
 
@@ -384,7 +385,7 @@ def reliability_figure(source: Evaluator | BinSums, names: Sequence[str] | None 
     if isinstance(source, Evaluator):
         sums, names = source.reliability_sums()
         p = source.protocol
-        title = title or f"{source.n_cases} cases pooled"
+        title = title or f"{plural(source.n_cases, 'case')} pooled"
         title += f"; region {p.region}, {p.n_bins} bins"
         return _figure(sums, names, title)
     return _figure(source, names, title)

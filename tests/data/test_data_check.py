@@ -76,7 +76,7 @@ def test_every_broken_case_is_reported_with_its_file(tmp_path, capsys):
     assert "WARNING patient008_ED" in out and "far from the dataset median" in _lines(out, "patient008_ED")
     assert "ERROR   (layout)" in out and "patient009/Info.cfg: file not found" in out
     assert not _lines(out, "patient010_ED")  # untouched cases are quiet
-    assert "6 with errors, 2 with warnings only, 1 layout errors" in out
+    assert "6 with errors, 2 with warnings only, 1 layout error" in out
 
 
 def test_channel_mismatches_are_reported(tmp_path, capsys):
@@ -128,3 +128,15 @@ def test_the_module_runs_as_a_command_and_prepares_the_cache(tmp_path):
     done = subprocess.run(cmd + ["check", *overrides, "--workers", "2", "--no-progress"], capture_output=True,
                           text=True, env=env, timeout=240)
     assert done.returncode == 1 and "prostate_003.nii.gz: file not found" in done.stdout
+
+
+def test_counts_of_one_are_singular(tmp_path, capsys):
+    """'1 case', not '1 cases' (issue #12 item 15)."""
+    from tests.fake_datasets import write_msd
+
+    root = write_msd(tmp_path / "msd", n_cases=1)
+    code, out = _run(capsys, ["dataset=msd", f"dataset.root={root}"])
+    assert code == 0, out
+    assert "summary: 1 case, 0 with errors" in out and "0 layout errors" in out
+    assert "1 crescent" in out and "of voxels in 1 case" in out
+    assert "1 cases" not in out
