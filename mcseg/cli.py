@@ -1,14 +1,13 @@
 """Console entry points: ``mcseg-train`` and ``mcseg-evaluate`` (the same as ``train.py``/``evaluate.py``)."""
 from __future__ import annotations
 
-from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from mcseg.config import CONFIG_DIR  # noqa: F401  (importable from here too)
 from mcseg.sweep import job_name
 
-CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
 # ${mcseg_job:...} names sweep job directories (configs/hydra/default.yaml); registered on import,
 # which also happens in the worker processes of the joblib and submitit launchers.
 OmegaConf.register_new_resolver("mcseg_job", job_name, replace=True)

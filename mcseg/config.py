@@ -11,12 +11,15 @@ from __future__ import annotations
 import importlib
 import inspect
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from mcseg.errors import ConfigError
+
+CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")  # the Hydra configs every entry point composes
 
 
 @dataclass
@@ -72,6 +75,49 @@ class TrainerConfig:
         if self.monitor.startswith("val_full/") and not self.full_val_every:
             raise ConfigError(f"config key 'trainer.monitor'={self.monitor}: val_full/* metrics need "
                               "trainer.full_val_every")
+
+
+REGIONS = ("label_foreground", "union_foreground", "all", "boundary")  # where calibration is measured
+HD_DEFINITIONS = ("max_directed", "pooled")  # how the percentile Hausdorff distance pools two directions
+
+
+@dataclass
+class EvalProtocol:
+    """Mirrors the Hydra config node ``evaluation`` (configs/evaluation/default.yaml)."""
+
+    region: str = "union_foreground"  # label_foreground | union_foreground | all | boundary
+    n_bins: int = 15
+    boundary_width_mm: float = 2.0
+    hd_percentile: float = 95.0
+    hd_definition: str = "max_directed"  # or "pooled"
+    bootstrap_samples: int = 1000
+    save_uncertainty: bool = False
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        checks = {
+            "region": (self.region in REGIONS, f"one of {', '.join(REGIONS)}"),
+            "n_bins": (self.n_bins >= 1, "an integer >= 1"),
+            "boundary_width_mm": (self.boundary_width_mm >= 0, "a width in mm >= 0"),
+            "hd_percentile": (0 <= self.hd_percentile <= 100, "a percentile in [0, 100]"),
+            "hd_definition": (self.hd_definition in HD_DEFINITIONS, f"one of {', '.join(HD_DEFINITIONS)}"),
+            "bootstrap_samples": (self.bootstrap_samples >= 0, "an integer >= 0"),
+        }
+        for key, (ok, expected) in checks.items():
+            if not ok:
+                raise ConfigError(f"config key 'evaluation.{key}': expected {expected}, got {getattr(self, key)!r}")
+
+
+@dataclass
+class InferenceConfig:
+    """Mirrors the ``inference`` config node."""
+
+    sw_batch_size: int = 16
+    overlap: float = 0.5
+    blend_mode: str = "gaussian"
+    roi_size: list[int] | None = None  # 3D window; defaults to the training patch size
+    save_predictions: bool = True
+    save_probabilities: bool = False
 
 
 @dataclass
@@ -151,8 +197,5 @@ def validate_train_config(cfg: DictConfig) -> None:
     typed(cfg.dataset.get("sampling"), SamplingConfig, "dataset.sampling")
     typed(cfg.trainer, TrainerConfig, "trainer")
     typed(cfg.logger, LoggerConfig, "logger")
-    from mcseg.engine.evaluator import EvalProtocol
-    from mcseg.engine.inference import InferenceConfig
-
     typed(cfg.inference, InferenceConfig, "inference")
     typed(cfg.evaluation, EvalProtocol, "evaluation")

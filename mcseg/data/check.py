@@ -166,9 +166,8 @@ def _build(overrides: list[str]):
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from mcseg.cli import CONFIG_DIR
-    from mcseg.config import check_target_keys
-    from mcseg.engine.data import build_dataset
+    from mcseg.config import CONFIG_DIR, check_target_keys
+    from mcseg.data.build import build_dataset
 
     from omegaconf.errors import MissingMandatoryValue
 

@@ -1,4 +1,5 @@
-"""From the ``dataset`` config node to a split, loaded cases and a training loader."""
+"""Loaded cases and the training loader; building a dataset and its split live below, in
+:mod:`mcseg.data.build` (importable from here too)."""
 from __future__ import annotations
 
 import logging
@@ -14,7 +15,7 @@ from torch.utils.data import DataLoader
 from mcseg.config import SamplingConfig, typed
 from mcseg.errors import ConfigError
 from mcseg.data.base import SegmentationDataset
-from mcseg.data.build import Splits, build_dataset, check_run_inputs, record_dataset_facts, resolve_split  # noqa: F401
+from mcseg.data.build import Splits, build_dataset, record_dataset_facts, resolve_split  # noqa: F401  (re-exported)
 from mcseg.data.cases import CaseData, CaseRef
 from mcseg.data.sampling import EpochSampler, PatchDataset
 from mcseg.engine.distributed import DistContext

@@ -15,24 +15,24 @@ import json
 import math
 import warnings
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import torch
 from matplotlib.figure import Figure
 
+from mcseg.config import EvalProtocol  # the schema of the ``evaluation`` node; importable here too
 from mcseg.data.io import atomic_write
-from mcseg.errors import ConfigError
 from mcseg.metrics.binning import BinSums
 from mcseg.metrics.calibration import NLL_FLOOR, CalibrationStats, case_calibration, top_label
 from mcseg.metrics.empty import StructureStatus, status_counts
 from mcseg.metrics.overlap import dice_score, overlap_counts
-from mcseg.metrics.regions import REGIONS, region_mask
+from mcseg.metrics.regions import region_mask
 from mcseg.metrics.reliability import TABLE_COLUMNS, reliability_table
 from mcseg.metrics.reliability import reliability_figure as _figure
 from mcseg.metrics.statistics import describe, nanmean
-from mcseg.metrics.surface import HD_DEFINITIONS, surface_distances
+from mcseg.metrics.surface import surface_distances
 from mcseg.text import plural
 
 __all__ = ["EvalProtocol", "Evaluator", "entropy_map", "reliability_figure", "CASE_COLUMNS", "ROW_COLUMNS"]
@@ -41,33 +41,6 @@ ROW_COLUMNS = ("case", "class_index", "class_name", "dice", "hd95_mm", "assd_mm"
 CASE_COLUMNS = ("ece", "mce", "classwise_ece", "adaptive_ece", "nll", "brier", "n_region_voxels", "region")
 CALIBRATION_KEYS = ("ece", "mce", "classwise_ece", "adaptive_ece", "nll", "brier")
 CLASS_KEYS = ("dice", "hd95_mm", "assd_mm", "class_ece")
-
-
-@dataclass
-class EvalProtocol:
-    """Mirrors the Hydra config node ``evaluation`` (configs/evaluation/default.yaml)."""
-
-    region: str = "union_foreground"  # label_foreground | union_foreground | all | boundary
-    n_bins: int = 15
-    boundary_width_mm: float = 2.0
-    hd_percentile: float = 95.0
-    hd_definition: str = "max_directed"  # or "pooled"
-    bootstrap_samples: int = 1000
-    save_uncertainty: bool = False
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        checks = {
-            "region": (self.region in REGIONS, f"one of {', '.join(REGIONS)}"),
-            "n_bins": (self.n_bins >= 1, "an integer >= 1"),
-            "boundary_width_mm": (self.boundary_width_mm >= 0, "a width in mm >= 0"),
-            "hd_percentile": (0 <= self.hd_percentile <= 100, "a percentile in [0, 100]"),
-            "hd_definition": (self.hd_definition in HD_DEFINITIONS, f"one of {', '.join(HD_DEFINITIONS)}"),
-            "bootstrap_samples": (self.bootstrap_samples >= 0, "an integer >= 0"),
-        }
-        for key, (ok, expected) in checks.items():
-            if not ok:
-                raise ConfigError(f"config key 'evaluation.{key}': expected {expected}, got {getattr(self, key)!r}")
 
 
 def entropy_map(probs: torch.Tensor, multilabel: bool = False) -> torch.Tensor:

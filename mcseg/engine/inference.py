@@ -8,25 +8,14 @@ from __future__ import annotations
 
 import logging
 from contextlib import nullcontext
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from monai.inferers import sliding_window_inference
 
+from mcseg.config import InferenceConfig  # the schema of the ``inference`` node; importable here too
+
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class InferenceConfig:
-    """Mirrors the ``inference`` config node."""
-
-    sw_batch_size: int = 16
-    overlap: float = 0.5
-    blend_mode: str = "gaussian"
-    roi_size: list[int] | None = None  # 3D window; defaults to the training patch size
-    save_predictions: bool = True
-    save_probabilities: bool = False
 
 
 def _pad_to_multiple(x: torch.Tensor, divisor: int) -> tuple[torch.Tensor, tuple[slice, ...]]:

@@ -20,11 +20,11 @@ import numpy as np
 import torch
 from scipy.ndimage import distance_transform_edt
 
+from mcseg.config import REGIONS
 from mcseg.metrics.surface import boundary_mask
 
 __all__ = ["REGIONS", "region_mask", "boundary_band"]
 
-REGIONS = ("label_foreground", "union_foreground", "all", "boundary")
 
 
 def boundary_band(label_map: torch.Tensor, spacing: Sequence[float], width_mm: float) -> torch.Tensor:

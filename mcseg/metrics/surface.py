@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from scipy.spatial import cKDTree
 
+from mcseg.config import HD_DEFINITIONS
 from mcseg.metrics.base import CaseMetric
 from mcseg.metrics.empty import StructureStatus, status_counts, worst_case_distance
 
@@ -38,7 +39,6 @@ __all__ = [
     "SurfaceDistanceMetric",
 ]
 
-HD_DEFINITIONS = ("max_directed", "pooled")
 
 
 def boundary_mask(label_map: torch.Tensor, image_border: bool = True) -> torch.Tensor:
