@@ -66,7 +66,7 @@ def test_dataset_json_cannot_point_outside_root(tmp_path):
     desc = json.loads((root / "dataset.json").read_text())
     desc["training"][0]["image"] = "../../etc/passwd"
     (root / "dataset.json").write_text(json.dumps(desc))
-    _fails_with(MSD_TINY + [f"dataset.root={root}"], tmp_path, "leaves the dataset root")
+    _fails_with(MSD_TINY + [f"dataset.root={root}"], tmp_path, "outside the dataset root")
 
 
 def test_dataset_without_root_names_the_key(tmp_path, monkeypatch):
@@ -113,7 +113,8 @@ def test_label_elsewhere_in_world_space_is_refused_at_start(tmp_path, make_cfg, 
 
 def test_geometry_opt_out_runs_and_predictions_keep_the_input_header(tmp_path, make_cfg):
     """dataset.geometry_check=off accepts a shifted label; the predicted NIfTI files carry the
-    input's qform/sform codes and units (issue #12 items 5 and 15)."""
+    input's qform/sform codes and units (issue #12 items 5 and 15); evaluate.py refuses a truncated
+    file of the split it scores before scoring."""
     from mcseg.train import train
 
     root = write_msd(tmp_path / "msd")
@@ -131,6 +132,19 @@ def test_geometry_opt_out_runs_and_predictions_keep_the_input_header(tmp_path, m
         assert written.get_xyzt_units() == source.get_xyzt_units() == ("mm", "sec")
         np.testing.assert_allclose(written.get_qform(), source.get_qform(), atol=1e-5)
         np.testing.assert_allclose(written.get_sform(), source.get_sform(), atol=1e-5)
+
+    # evaluate.py checks the split it scores the same way before scoring
+    from mcseg.data.io import VolumeError
+    from mcseg.evaluate import evaluate
+
+    test_case = predictions[0].name
+    raw = (root / "imagesTr" / test_case).read_bytes()
+    (root / "imagesTr" / test_case).write_bytes(raw[: len(raw) // 2])
+    cfg = make_cfg([f"ckpt={tmp_path}/run/checkpoints/best.pt", f"eval_dir={tmp_path}/again"], config_name="evaluate",
+                   output_dir=tmp_path / "evaluate")
+    with pytest.raises(VolumeError, match=rf"imagesTr/{test_case}: cannot read volume .*checked before scoring"):
+        evaluate(cfg)
+    assert not (tmp_path / "again").exists()
 
 
 def test_corrupt_test_split_file_is_refused_before_training(tmp_path, make_cfg):
@@ -207,5 +221,5 @@ def test_dataset_json_entries_leaving_the_root_are_refused(tmp_path, entry):
     desc = json.loads((root / "dataset.json").read_text())
     desc["training"][1]["label"] = entry
     (root / "dataset.json").write_text(json.dumps(desc))
-    with pytest.raises(ValueError, match=r"dataset.json: entry .* leaves the dataset root"):
+    with pytest.raises(ValueError, match=r"dataset.json: entry .* points outside the dataset root .* as written"):
         MSDDataset(str(root)).case_refs()

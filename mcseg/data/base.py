@@ -359,7 +359,7 @@ def inside_root(root: Path, relative: str, source: Path) -> Path:
     rule: a root, a folder or a file that is a symlink to shared storage is accepted."""
     path = Path(os.path.normpath(root / relative))  # lexical: '..' resolved, symlinks kept
     if Path(relative).is_absolute() or not path.is_relative_to(root):
-        raise ValueError(f"{source}: entry {relative!r} leaves the dataset root {root}: entries must be paths "
-                         "relative to the root, without '..' leading out of it (symlinks inside the root may "
-                         "point anywhere)")
+        raise ValueError(f"{source}: entry {relative!r} points outside the dataset root {root} as written: "
+                         "entries must be relative paths with no '..' leading out of the root (symlinks inside "
+                         "the root may point anywhere)")
     return path

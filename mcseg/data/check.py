@@ -5,8 +5,10 @@
 
 ``check`` reads every file of every case (not the cache) and reports, per case, what is
 wrong: a missing or unreadable label or image, a shape or affine mismatch between channels
-and label, label values outside the task's classes, NaN/inf intensities (errors); an empty
-label map or a spacing far from the dataset's median (warnings). Then a summary: cases,
+and label (the rules training and evaluation also apply, :mod:`mcseg.data.validate`; an affine
+mismatch is a warning with ``dataset.geometry_check=warn``, unchecked with ``off``), label
+values outside the task's classes, NaN/inf intensities (errors); an empty label map or a
+spacing far from the dataset's median (warnings). Then a summary: cases,
 shapes, spacings, class frequencies. Exit status 1 when an error was found, 0 otherwise.
 ``prepare`` preprocesses every case into the cache (what a training run would do first).
 Arguments other than options are Hydra overrides of the training config.
@@ -146,14 +148,16 @@ def check_dataset(dataset, workers: int = 1, progress: bool = True,
 
 
 def format_report(reports: list[CaseReport], summary: dict) -> str:
-    lines = [f"mcseg-data check: dataset {summary['dataset']} at {summary['root']}: {plural(summary['cases'], 'case')}"]
+    lines = [f"mcseg-data check: dataset {summary['dataset']} at {summary['root']}: "
+             f"{plural(summary['cases'], 'case')}"]
     lines += [f"ERROR   (layout) {p}" for p in summary["layout_errors"]]
     lines += [f"WARNING (layout) {p}" for p in summary["layout_warnings"]]
     for r in reports:
         lines += [f"ERROR   {r.case_id}: {e}" for e in r.errors]
         lines += [f"WARNING {r.case_id}: {w}" for w in r.warnings]
     lines.append(f"summary: {plural(summary['cases'], 'case')}, {summary['cases_with_errors']} with errors, "
-                 f"{summary['cases_with_warnings']} with warnings only, {plural(len(summary['layout_errors']), 'layout error')}")
+                 f"{summary['cases_with_warnings']} with warnings only, "
+                 f"{plural(len(summary['layout_errors']), 'layout error')}")
     lines.append(f"shapes (voxels, min-median-max per axis): {summary['shape_min_median_max']}")
     lines.append(f"spacings (mm, min-median-max per axis): {summary['spacing_mm_min_median_max']}")
     lines.append("classes (label values after the dataset's mapping): " + ", ".join(

@@ -69,7 +69,8 @@ def _itk_geometry(img) -> tuple[tuple[float, ...], np.ndarray]:
     return zooms, affine
 
 
-def _spatial(path: Path, shape: tuple[int, ...], zooms: tuple[float, ...], spatial_dims: int | None) -> tuple[float, ...]:
+def _spatial(path: Path, shape: tuple[int, ...], zooms: tuple[float, ...],
+             spatial_dims: int | None) -> tuple[float, ...]:
     """The spacing of the ``spatial_dims`` leading axes; raises for too few axes or a bad spacing."""
     if spatial_dims is None:
         spatial_dims = min(len(shape), 3)

@@ -85,5 +85,6 @@ class NnUNetDataset(SegmentationDataset):
                                        self.file_ending)
         declared = self.description.get("numTraining")
         if isinstance(declared, int) and declared != len(refs):
-            self.note(f"{self.json_path}: numTraining={declared} but {plural(len(refs), 'case')} found in imagesTr/labelsTr")
+            self.note(f"{self.json_path}: numTraining={declared} but {plural(len(refs), 'case')} found in "
+                      "imagesTr/labelsTr")
         return refs, problems
