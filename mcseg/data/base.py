@@ -23,7 +23,6 @@ from mcseg.data.cases import CaseData, CaseRef, load_case, to_regions
 from mcseg.data.normalize import check_normalization, normalize_image
 from mcseg.data.preprocess import Geometry, forward, invert, preprocess_config
 from mcseg.data.validate import GEOMETRY_TOLERANCE_MM, GeometryRule
-from mcseg.text import plural
 
 log = logging.getLogger(__name__)
 
@@ -244,8 +243,7 @@ class SegmentationDataset(ABC):
         if workers is None:
             workers = max(1, min(8, (os.cpu_count() or 1) - 1))
         workers = max(1, min(workers, len(missing)))
-        log.info("preprocessing %s of %s into %s (%s)", plural(len(missing), "case"), self.name, cache.dir,
-                 plural(workers, "process", "processes"))
+        log.info("preprocessing %d cases of %s into %s (%d processes)", len(missing), self.name, cache.dir, workers)
         bar = tqdm(total=len(missing), desc=f"preprocessing {self.name}", disable=not progress, dynamic_ncols=True)
         try:
             if workers == 1:
