@@ -97,3 +97,123 @@ def test_rng_states_of_an_older_checkpoint_with_every_gpu_restore_the_current_on
     fake_cuda.update(visible=2, current=1)
     checkpoint.restore_rng_states(states)
     assert set(fake_cuda["set"]) == {1} and torch.equal(fake_cuda["set"][1], states["cuda"][1])
+
+
+# ----------------------------------------------------------------- out of memory in sliding-window inference
+ALLOCATION_FAILURES = {
+    "torch": lambda: torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated)"),
+    "cudnn": lambda: RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"),
+    "cublas": lambda: RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"),
+    "monai-gaussian-map": lambda: _monai_reraise(),
+}
+
+
+def _monai_reraise() -> RuntimeError:
+    """What MONAI raises when building its Gaussian importance map runs out of memory."""
+    try:
+        try:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        except Exception as e:
+            raise RuntimeError("patch size (16, 16, 16), mode=gaussian ... Seems to be OOM.") from e
+    except RuntimeError as exc:
+        return exc
+
+
+def _fail_first_window_call(monkeypatch, error, fail_on_call: int = 1, stitch=None):
+    """Make call ``fail_on_call`` of sliding-window inference raise ``error``; record every call's
+    keyword arguments and whether an exception was being handled while it ran."""
+    import sys
+
+    from mcseg.engine import inference
+
+    calls = []
+    real = inference.sliding_window_inference
+
+    def fake(inputs, *args, **kwargs):
+        calls.append({**kwargs, "handling": sys.exc_info()[0]})
+        if len(calls) == fail_on_call:
+            raise error()
+        if stitch is not None:
+            return stitch(inputs, kwargs)
+        return real(inputs, *args, **kwargs)
+
+    monkeypatch.setattr(inference, "sliding_window_inference", fake)
+    return calls
+
+
+@pytest.mark.parametrize("error", ALLOCATION_FAILURES.values(), ids=ALLOCATION_FAILURES.keys())
+def test_out_of_memory_retries_with_host_stitching_and_returns_logits_on_the_device(monkeypatch, error):
+    from mcseg.engine import inference
+
+    calls = _fail_first_window_call(
+        monkeypatch, error, stitch=lambda inputs, kw: torch.zeros(1, 2, *inputs.shape[2:], device=kw.get("device")))
+    image = torch.zeros(1, 16, 16, 32, device="meta")  # stands for an accelerator: not the CPU
+    cfg = inference.InferenceConfig(roi_size=[16, 16, 16])
+    out = inference.predict_logits(torch.nn.Identity(), image, 3, 16, cfg)
+    assert len(calls) == 2 and calls[1]["device"] == "cpu" and calls[1]["sw_device"] == image.device
+    assert calls[1]["buffer_steps"] >= 1 and calls[1]["buffer_dim"] == 2  # MONAI's buffered path, longest axis
+    assert calls[1]["handling"] is None  # retried after the except block: the failed attempt is released
+    assert out.shape == (2, 16, 16, 32) and out.device == image.device  # where the caller's statistics live
+
+
+def test_an_error_that_is_not_an_allocation_failure_is_not_retried(monkeypatch):
+    from mcseg.engine import inference
+
+    calls = _fail_first_window_call(monkeypatch, lambda: RuntimeError("CUDNN_STATUS_BAD_PARAM"))
+    cfg = inference.InferenceConfig(roi_size=[16, 16, 16])
+    with pytest.raises(RuntimeError, match="BAD_PARAM"):
+        inference.predict_logits(torch.nn.Identity(), torch.zeros(1, 16, 16, 16, device="meta"), 3, 16, cfg)
+    assert len(calls) == 1
+
+
+def test_a_multi_case_evaluation_where_one_case_falls_back_matches_one_without(make_cfg, monkeypatch):
+    """Three cases, the second out of memory on its first attempt: the summary is the one of an
+    evaluation without the failure (host stitching by MONAI's buffered path is the same blend), and
+    every case's logits reach the loss hook and the evaluator on the predictor's device. (On the CPU
+    the retry is allowed here by declaring the CPU an accelerator.)"""
+    from mcseg.engine import inference
+    from mcseg.engine.data import build_dataset, load_cases
+    from mcseg.engine.evaluator import EvalProtocol, Evaluator
+    from mcseg.engine.predict import SegmentationPredictor, evaluate_cases
+
+    dataset = build_dataset(make_cfg(["dataset=synthetic3d", "dataset.n_cases=3", "dataset.shape=[24,24,20]"]).dataset)
+    cases = load_cases(dataset, dataset.case_refs(), workers=1)
+    torch.manual_seed(0)
+    model = torch.nn.Conv3d(1, dataset.num_classes, 3, padding=1)
+    cfg = inference.InferenceConfig(roi_size=[16, 16, 16], overlap=0.5, sw_batch_size=2)
+    predictor = SegmentationPredictor(model, 3, 1, lambda z: z.softmax(1), False, cfg, None, "32", torch.device("cpu"))
+
+    def evaluate():
+        devices = []
+        evaluator = Evaluator(dataset.num_classes, dataset.class_names, EvalProtocol())
+        evaluate_cases(predictor, cases, evaluator, dataset.restore,
+                       on_logits=lambda logits, label: devices.append(logits.device))
+        assert devices == [predictor.device] * len(cases)
+        return evaluator.summary()
+
+    clean = evaluate()
+    monkeypatch.setattr(inference, "host_stitching_helps", lambda device: True)
+    calls = _fail_first_window_call(monkeypatch, ALLOCATION_FAILURES["torch"], fail_on_call=2)
+    fallen_back = evaluate()
+    assert [c.get("device") for c in calls] == [None, None, "cpu", None]
+    for key in ("mean_foreground_dice", "mean_ece", "mean_classwise_ece"):
+        assert fallen_back[key] == pytest.approx(clean[key], abs=1e-6), key
+
+
+@pytest.mark.parametrize(("dims", "shape"), [(2, (1, 20, 28, 6)), (3, (1, 16, 16, 16))], ids=["2d-slices", "3d-window"])
+def test_cudnn_autotuner_is_off_during_inference_and_restored_after(monkeypatch, dims, shape):
+    """Validation volumes differ in shape; with ``cudnn.benchmark`` on each new shape is tuned anew."""
+    from mcseg.engine import inference
+
+    seen = []
+
+    class Spy(torch.nn.Module):
+        def forward(self, x):
+            seen.append(torch.backends.cudnn.benchmark)
+            return x
+
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
+    cfg = inference.InferenceConfig(roi_size=[16, 16, 16])
+    inference.predict_logits(Spy(), torch.zeros(shape), dims, 4, cfg)
+    assert seen and not any(seen)
+    assert torch.backends.cudnn.benchmark is True
