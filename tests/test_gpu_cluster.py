@@ -217,3 +217,63 @@ def test_cudnn_autotuner_is_off_during_inference_and_restored_after(monkeypatch,
     inference.predict_logits(Spy(), torch.zeros(shape), dims, 4, cfg)
     assert seen and not any(seen)
     assert torch.backends.cudnn.benchmark is True
+
+
+# ----------------------------------------------------------------- CPUs a process may use
+CPU_ENV = ("SLURM_STEP_ID", "SLURM_CPUS_PER_TASK", "TORCHELASTIC_RUN_ID", "LOCAL_WORLD_SIZE")
+
+
+@pytest.mark.parametrize(
+    ("mask", "env", "expected"),
+    [
+        (4, {}, 4),  # a cgroup cpuset (or SLURM binding) of 4 CPUs on a 128-CPU node
+        (64, {"SLURM_STEP_ID": "0", "SLURM_CPUS_PER_TASK": "8"}, 8),  # an srun task SLURM did not bind
+        (16, {"TORCHELASTIC_RUN_ID": "r", "LOCAL_WORLD_SIZE": "4"}, 4),  # torchrun: 4 processes share one mask
+        (64, {"SLURM_STEP_ID": "0", "SLURM_CPUS_PER_TASK": "32", "TORCHELASTIC_RUN_ID": "r",
+              "LOCAL_WORLD_SIZE": "4"}, 8),  # torchrun inside an srun task
+        (2, {"TORCHELASTIC_RUN_ID": "r", "LOCAL_WORLD_SIZE": "4"}, 1),  # never none
+        (8, {"LOCAL_WORLD_SIZE": "4"}, 8),  # a submitit task: its own mask, LOCAL_WORLD_SIZE set by mcseg
+    ],
+)
+def test_available_cpus_are_the_process_allotment_not_the_node(monkeypatch, mask, env, expected):
+    from mcseg.runtime import available_cpus
+
+    monkeypatch.setattr("os.cpu_count", lambda: 128)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(mask)), raising=False)
+    for key in CPU_ENV:
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert available_cpus() == expected
+
+
+def test_workers_threads_and_preprocessing_processes_follow_the_allotment(monkeypatch, tmp_path):
+    from concurrent import futures
+
+    from mcseg.data.synthetic import SyntheticDataset
+    from mcseg.engine.data import default_workers, load_cases
+    from mcseg.runtime import helper_processes
+
+    monkeypatch.setattr("os.cpu_count", lambda: 128)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    for key in CPU_ENV:
+        monkeypatch.delenv(key, raising=False)
+    assert default_workers(torch.device("cuda")) == 3  # 4 allotted, one kept by the training step
+    assert helper_processes() == 3
+    pools = []
+    monkeypatch.setattr("mcseg.engine.data.ThreadPoolExecutor",
+                        lambda n: pools.append(n) or futures.ThreadPoolExecutor(n))
+    dataset = SyntheticDataset(n_cases=3, shape=[16, 16])
+    load_cases(dataset, dataset.case_refs())
+    assert pools == [4]
+
+
+def test_no_code_counts_the_node_s_cpus_itself():
+    """One helper answers "how many CPUs": ``os.cpu_count()`` only as its fallback."""
+    from pathlib import Path
+
+    import mcseg
+
+    package = Path(mcseg.__file__).parent
+    users = sorted(str(p.relative_to(package)) for p in package.rglob("*.py") if "cpu_count(" in p.read_text())
+    assert users == ["runtime.py"]

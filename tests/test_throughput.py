@@ -251,11 +251,16 @@ def test_build_train_loader_takes_workers_from_the_config(make_cfg):
      ("cpu", 16, 1, 0), ("cpu", 4, 1, 8), ("cpu", 1, 4, 3)],
 )
 def test_default_workers_take_the_cores_the_step_leaves_free(monkeypatch, device, threads, processes, expected):
+    """16 CPUs allotted on a 128-CPU node; ``processes`` torchrun processes share them."""
     from mcseg.engine.data import default_workers
 
-    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    monkeypatch.setattr("os.cpu_count", lambda: 128)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    monkeypatch.delenv("SLURM_STEP_ID", raising=False)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(processes))
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
-    assert default_workers(torch.device(device), processes) == expected
+    assert default_workers(torch.device(device)) == expected
 
 
 def test_a_large_volume_is_evaluated_holding_at_most_two_probability_tensors():
