@@ -277,3 +277,27 @@ def test_no_code_counts_the_node_s_cpus_itself():
     package = Path(mcseg.__file__).parent
     users = sorted(str(p.relative_to(package)) for p in package.rglob("*.py") if "cpu_count(" in p.read_text())
     assert users == ["runtime.py"]
+
+
+# ----------------------------------------------------------------- the declared torch floor
+# The newest torch APIs mcseg calls, with the first release that has each.
+NEWEST_TORCH_APIS = {
+    "torch.nn.utils.get_total_norm": (2, 6),  # pytorch/pytorch#139662, merged 2024-11-07, after 2.5
+    "torch.OutOfMemoryError": (2, 5),  # the device-agnostic error (was torch.cuda.OutOfMemoryError)
+}
+
+
+def test_declared_torch_floor_is_the_newest_api_used():
+    import re
+    from pathlib import Path
+
+    import mcseg
+
+    from .conftest import ROOT
+
+    floor = re.search(r'"torch>=([0-9.]+)"', (ROOT / "pyproject.toml").read_text())
+    assert floor, "pyproject.toml declares no torch>= floor"
+    sources = "".join(p.read_text() for p in Path(mcseg.__file__).parent.rglob("*.py"))
+    for api in NEWEST_TORCH_APIS:  # the table stays true: drop an API from it when the code drops it
+        assert api in sources, api
+    assert tuple(int(v) for v in floor.group(1).split(".")[:2]) == max(NEWEST_TORCH_APIS.values())
