@@ -301,3 +301,20 @@ def test_declared_torch_floor_is_the_newest_api_used():
     for api in NEWEST_TORCH_APIS:  # the table stays true: drop an API from it when the code drops it
         assert api in sources, api
     assert tuple(int(v) for v in floor.group(1).split(".")[:2]) == max(NEWEST_TORCH_APIS.values())
+
+
+# ----------------------------------------------------------------- settings that would silently do nothing
+@pytest.mark.parametrize("value", ["fp16", "16", "bf16-mixed", "float32"])
+def test_a_precision_the_code_does_not_implement_is_refused(make_cfg, value):
+    from mcseg.config import validate_train_config
+    from mcseg.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"trainer\.precision.*expected bf16 or 32"):
+        validate_train_config(make_cfg(TINY_2D + [f"trainer.precision={value}"]))
+
+
+@pytest.mark.parametrize("value", ["bf16", "32"])
+def test_the_implemented_precisions_are_accepted(make_cfg, value):
+    from mcseg.config import validate_train_config
+
+    validate_train_config(make_cfg(TINY_2D + [f"trainer.precision={value}"]))
