@@ -318,3 +318,106 @@ def test_the_implemented_precisions_are_accepted(make_cfg, value):
     from mcseg.config import validate_train_config
 
     validate_train_config(make_cfg(TINY_2D + [f"trainer.precision={value}"]))
+
+
+# ----------------------------------------------------------------- a failed rank stops the others
+class _GoneStore:
+    """The store of a process group whose host (rank 0's process) has exited."""
+
+    def add(self, key, amount):
+        raise RuntimeError("Connection reset by peer")
+
+    check = set = get = add
+
+
+@pytest.mark.parametrize("failure", ["reported", "rank-0-gone"])
+def test_a_waiting_rank_stops_at_once_when_another_failed(monkeypatch, failure):
+    import time
+
+    from torch import distributed
+
+    from mcseg.engine import distributed as mdist
+
+    store = distributed.HashStore() if failure == "reported" else _GoneStore()
+    monkeypatch.setattr(distributed.distributed_c10d, "_get_default_store", lambda: store)
+    rank0, rank1 = mdist.DistContext(0, 2), mdist.DistContext(1, 2)
+    if failure == "reported":
+        rank0.report_failure(ValueError("validation failed (simulated)"))
+    start = time.monotonic()
+    with pytest.raises(mdist.RankFailed, match="rank 0" if failure == "reported" else "unreachable"):
+        rank1.barrier()  # rank 1 waits while rank 0 validates
+    assert time.monotonic() - start < 5
+
+
+def test_a_store_barrier_lets_every_rank_through_once_all_arrived(monkeypatch):
+    import threading
+
+    from torch import distributed
+
+    from mcseg.engine import distributed as mdist
+
+    store = distributed.HashStore()
+    monkeypatch.setattr(distributed.distributed_c10d, "_get_default_store", lambda: store)
+    passed = []
+    threads = [threading.Thread(target=lambda r=r: (mdist._store_barrier(store, 3, "b"), passed.append(r)))
+               for r in range(2)]
+    for t in threads:
+        t.start()
+    threads[0].join(0.5)
+    assert passed == []  # two of three arrived: both wait
+    mdist._store_barrier(store, 3, "b")
+    for t in threads:
+        t.join(5)
+    assert sorted(passed) == [0, 1]
+
+
+SUBMITIT_LIKE_JOB = """
+import os, time
+from mcseg.engine.distributed import init_distributed, shutdown
+ctx, _ = init_distributed("cpu")
+try:
+    if ctx.rank == 0:  # validating while rank 1 waits at the barrier, then failing
+        time.sleep(1)
+        if os.environ["MODE"] == "killed":
+            os._exit(9)
+        raise ValueError("validation failed (simulated)")
+    ctx.barrier()
+except BaseException as exc:
+    ctx.report_failure(exc)
+    raise
+finally:
+    shutdown(ctx)
+"""
+
+
+@pytest.mark.parametrize("mode", [pytest.param("raised", marks=pytest.mark.slow), "killed"])
+def test_ranks_of_a_job_without_torchrun_stop_soon_after_rank_0_fails(tmp_path, mode):
+    """Two processes started as submitit starts its tasks (no torchrun agent to end the others):
+    rank 0 fails while rank 1 waits for it at a barrier, and rank 1 stops within seconds through
+    mcseg's store barrier (RankFailed), whatever the backend. (gloo, here, would also notice a dead
+    peer by itself; NCCL does not, and its barrier waited for the process group's timeout: two hours.)"""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from .conftest import ROOT
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "MODE": mode,
+           "PYTHONPATH": str(ROOT)}
+    env.pop("SUBMITIT_EXECUTOR", None)
+    procs = [subprocess.Popen([sys.executable, "-c", SUBMITIT_LIKE_JOB], env={**env, "RANK": str(r), "LOCAL_RANK": "0"},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    start = time.monotonic()
+    try:
+        _, err = procs[1].communicate(timeout=90)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert procs[1].returncode != 0 and "RankFailed" in err, err[-2000:]
+    assert time.monotonic() - start < 60
