@@ -21,12 +21,13 @@ class _Stop(Exception):
 def test_resume_on_an_accelerator_keeps_rng_states_and_step_counters_on_the_host(make_cfg, monkeypatch):
     """The checkpoint is read on the CPU: the RNG states reach ``torch.set_rng_state`` as CPU
     tensors, and Adam's step counters stay where a fresh non-capturable Adam keeps them (the
-    host), while its moments follow the parameters onto the device."""
+    host), while its moments follow the parameters onto the device. ``load_best`` reads on the
+    host too and copies only the weights to the device."""
     overrides = TINY_2D + ["trainer.max_epochs=1", "dataset.sampling.samples_per_epoch=4"]
     train(make_cfg(overrides))
     saved = checkpoint.load_checkpoint(make_cfg(overrides).paths.output_dir + "/checkpoints/last.pt")
-    original = Trainer.resume
-    seen = {}
+    original, load = Trainer.resume, torch.load
+    seen = {"map_location": []}
 
     def on_device(self, path):
         torch.__future__.set_swap_module_params_on_conversion(True)  # the optimiser keeps its parameters
@@ -37,7 +38,14 @@ def test_resume_on_an_accelerator_keeps_rng_states_and_step_counters_on_the_host
         self.device = torch.device("meta")
         original(self, path)
         seen["state"] = self.optimizer.state
+        self.load_best()  # the whole of best.pt (optimiser moments too) on the device would be 3x the weights
         raise _Stop
+
+    def spy(*args, **kwargs):
+        seen["map_location"].append(str(kwargs.get("map_location")))
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", spy)
 
     monkeypatch.setattr(Trainer, "resume", on_device)
     with pytest.raises(_Stop):
@@ -46,6 +54,7 @@ def test_resume_on_an_accelerator_keeps_rng_states_and_step_counters_on_the_host
     assert state and all(s["step"].device.type == "cpu" for s in state.values())
     assert all(s["exp_avg"].device.type == "meta" for s in state.values())
     assert torch.equal(torch.get_rng_state(), saved["rng"]["torch"])
+    assert seen["map_location"] == ["cpu", "cpu"]  # last.pt and best.pt read on the host
 
 
 @pytest.fixture
