@@ -7,7 +7,7 @@ float32 logits ``K x *S`` in the case's own geometry, on the image's device.
 A device allocation failure while stitching a 3D volume (:func:`is_out_of_memory`) is retried
 once with the windows on the device and the volume stitched in host memory (as nnU-Net does);
 the stitched logits go back to the device, where the caller's statistics live. cuDNN's
-autotuner is off during inference (:func:`inference_mode`): validation volumes differ in shape,
+autotuner is off during inference (:func:`cudnn_autotuner_off`): validation volumes differ in shape,
 and each new shape would be benchmarked anew.
 """
 from __future__ import annotations
@@ -91,7 +91,7 @@ def stitch_on_host(image: torch.Tensor, window: dict) -> torch.Tensor:
 
 
 @contextmanager
-def inference_mode():
+def cudnn_autotuner_off():
     """cuDNN's autotuner off: it would benchmark every new volume shape anew (restored after)."""
     benchmark = torch.backends.cudnn.benchmark
     torch.backends.cudnn.benchmark = False
@@ -113,7 +113,7 @@ def predict_logits(
     """
     device = image.device
     spatial_dims = image.ndim - 1
-    with autocast_context(device, precision), inference_mode():
+    with autocast_context(device, precision), cudnn_autotuner_off():
         if model_dims == 2 and spatial_dims == 3:
             axis = slice_axis % 3 + 1
             slices = image.movedim(axis, 0)  # Z x C x X x Y
