@@ -47,7 +47,7 @@ class SamplingConfig:
 class TrainerConfig:
     max_epochs: int = 20
     device: str = "auto"
-    precision: str = "bf16"  # bf16 autocast on CUDA only; "32" everywhere else
+    precision: str = "bf16"  # bf16 | 32: bf16 autocast on CUDA (float32 elsewhere); 32 everywhere
     grad_clip: float | None = 12.0
     deterministic: bool = False
     val_every: int = 1
@@ -66,6 +66,8 @@ class TrainerConfig:
     channels_last: str = "auto"  # auto | true | false: channels-last memory layout (auto: CUDA 2D only)
 
     def __post_init__(self) -> None:
+        if self.precision not in ("bf16", "32"):  # fp16 would need a gradient scaler, which is not implemented
+            raise ConfigError(f"config key 'trainer.precision': expected bf16 or 32, got {self.precision!r}")
         if str(self.channels_last).lower() not in ("auto", "true", "false"):
             raise ConfigError(f"config key 'trainer.channels_last': expected auto, true or false, "
                               f"got {self.channels_last!r}")

@@ -1,6 +1,7 @@
-"""Device choice, seeding and determinism switches."""
+"""Device choice, seeding, determinism switches and the CPUs a process may use."""
 from __future__ import annotations
 
+import os
 import random
 
 import numpy as np
@@ -18,6 +19,29 @@ def resolve_device(name: str) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"trainer.device={name!r} but no CUDA device is available")
     return device
+
+
+def available_cpus() -> int:
+    """CPUs this process may use, not the node's count (oversubscription was the worst slowdown the
+    benchmarks found): its affinity mask, which a cgroup cpuset or SLURM's binding sets; inside an
+    srun task at most ``SLURM_CPUS_PER_TASK`` (its allotment, also when SLURM does not bind it);
+    under torchrun, whose processes on a node inherit one mask, that mask's share per process
+    (``LOCAL_WORLD_SIZE``). At least 1."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity masks (macOS, Windows)
+        cpus = os.cpu_count() or 1
+    if os.environ.get("SLURM_STEP_ID") and os.environ.get("SLURM_CPUS_PER_TASK", "").isdigit():
+        cpus = min(cpus, int(os.environ["SLURM_CPUS_PER_TASK"]))
+    if os.environ.get("TORCHELASTIC_RUN_ID"):
+        cpus //= max(1, int(os.environ.get("LOCAL_WORLD_SIZE") or 1))
+    return max(1, cpus)
+
+
+def helper_processes(cap: int = 8) -> int:
+    """Processes for a parallel job the main process waits on (preprocessing): the available CPUs
+    less the main process's, at least 1, at most ``cap``."""
+    return max(1, min(cap, available_cpus() - 1))
 
 
 def seed_everything(seed: int, deterministic: bool) -> None:

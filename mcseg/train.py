@@ -115,6 +115,9 @@ def train(cfg: DictConfig) -> dict:
             predictor, dataset, splits["test"], protocol, run_dir / "eval" / "test",
             inference.save_predictions, inference.save_probabilities, scalers,
         )
+    except BaseException as exc:
+        dist.report_failure(exc)  # torchrun/submitit: the ranks waiting at a barrier stop now
+        raise
     finally:
         tb.close()
         shutdown(dist)

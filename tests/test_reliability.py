@@ -180,22 +180,3 @@ def test_unwritable_output_directory_is_a_clear_error(tmp_path):
     done = run_cli("train.py", TINY_2D + [f"hydra.run.dir={run_dir}"])
     assert done.returncode != 0
     assert "file_not_dir" in done.stderr or "mcseg_run" in done.stderr
-
-
-def test_out_of_memory_in_sliding_window_falls_back_to_cpu_stitching(monkeypatch):
-    from mcseg.engine import inference
-
-    calls = []
-
-    def fake_swi(inputs, roi_size, sw_batch_size, predictor, overlap, mode, **kwargs):
-        calls.append(kwargs.get("device"))
-        if kwargs.get("device") != "cpu":
-            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
-        return torch.zeros(1, 2, *inputs.shape[2:])
-
-    monkeypatch.setattr(inference, "sliding_window_inference", fake_swi)
-    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
-    image = torch.zeros(1, 16, 16, 16, device="meta")  # stands for an accelerator: not the CPU
-    cfg = inference.InferenceConfig(roi_size=[16, 16, 16])
-    out = inference.predict_logits(torch.nn.Identity(), image, 3, 16, cfg)
-    assert calls == [None, "cpu"] and out.shape == (2, 16, 16, 16) and out.device.type == "cpu"

@@ -3,6 +3,7 @@ label checks on the first step only, layout and compile switches, bounded evalua
 from __future__ import annotations
 
 import collections
+import functools
 import json
 import os
 import shutil
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 import mcseg
 from mcseg.engine.checkpoint import load_checkpoint
@@ -22,8 +24,11 @@ from mcseg.losses.base import target_checks
 from mcseg.runtime import use_channels_last
 from mcseg.train import train
 
-from .conftest import ROOT, TINY_2D, TINY_3D
+from .conftest import CONFIG_DIR, ROOT, TINY_2D, TINY_3D, compose_config
 from .test_reliability import _poison
+
+LOSSES = sorted(p.stem for p in (Path(CONFIG_DIR) / "loss").glob("*.yaml"))
+MULTILABEL = {"bce", "spa"}  # targets B x R x spatial in {0, 1}
 
 HOST_READS = ("item", "tolist", "__bool__", "__float__", "__int__", "cpu", "numpy")
 
@@ -108,6 +113,62 @@ def test_out_of_range_label_is_a_clear_error_at_the_first_step(make_cfg, monkeyp
         train(make_cfg(TINY_2D))
 
 
+class _DeviceTraffic(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records every operation that brings host data to the ``meta`` device (a host-to-device copy:
+    on CUDA, from pageable memory, a synchronisation) or reads a device value back (``item``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        leaves = torch.utils._pytree.tree_leaves((args, kwargs))
+        host = [t for t in leaves if isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.dim() > 0]
+        device = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.is_meta]
+        if (host and device) or func is torch.ops.aten._local_scalar_dense.default:
+            self.seen.append(str(func))
+        return out
+
+
+@functools.lru_cache(maxsize=None)
+def _loss_node(name: str) -> dict:
+    return OmegaConf.to_container(compose_config("train", TINY_2D + [f"loss={name}"], ROOT / "unused").loss,
+                                  resolve=True)
+
+
+def _loss_on_the_device(name: str, dims: int):
+    """The loss of ``configs/loss/<name>.yaml`` on the ``meta`` device (which stands for an
+    accelerator) and a step's logits and target there."""
+    from mcseg.targets import instantiate_checked
+
+    loss = instantiate_checked(_loss_node(name), "loss").to("meta")
+    spatial = (8,) * dims
+    logits = torch.empty(2, 4, *spatial, device="meta", requires_grad=True)
+    if name in MULTILABEL:
+        target = torch.empty(2, 4, *spatial, device="meta")
+    else:
+        target = torch.empty(2, *spatial, dtype=torch.long, device="meta")
+    return loss, logits, target
+
+
+@pytest.mark.parametrize("dims", [2, 3], ids=["2d", "3d"])
+@pytest.mark.parametrize("name", LOSSES)
+def test_every_loss_config_steps_without_host_traffic(name, dims):
+    """The part of a training step that changes with ``loss=``: after its first call (which may
+    build caches), a loss's forward and backward neither copy host data to the device (SVLS and
+    NACL once copied their kernel every step) nor read a value back. (The label-range check of a
+    run's first step is the one accepted read; the rest of the step is checked with CE by the
+    tests above and, on a GPU, by ``test_cuda_training_steps_never_synchronise`` for every loss.)"""
+    loss, logits, target = _loss_on_the_device(name, dims)
+    with target_checks(loss, False):
+        loss(logits, target).backward()
+        traffic = _DeviceTraffic()
+        with traffic:
+            loss(logits, target).backward()
+    assert traffic.seen == [], f"{name}: {traffic.seen}"
+
+
 def test_target_checks_switch_the_range_check_of_every_sub_loss(host_reads):
     loss = CEDiceLoss()
     logits, target = torch.randn(2, 3, 8, 8), torch.randint(0, 3, (2, 8, 8))
@@ -190,11 +251,16 @@ def test_build_train_loader_takes_workers_from_the_config(make_cfg):
      ("cpu", 16, 1, 0), ("cpu", 4, 1, 8), ("cpu", 1, 4, 3)],
 )
 def test_default_workers_take_the_cores_the_step_leaves_free(monkeypatch, device, threads, processes, expected):
+    """16 CPUs allotted on a 128-CPU node; ``processes`` torchrun processes share them."""
     from mcseg.engine.data import default_workers
 
-    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    monkeypatch.setattr("os.cpu_count", lambda: 128)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    monkeypatch.delenv("SLURM_STEP_ID", raising=False)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(processes))
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
-    assert default_workers(torch.device(device), processes) == expected
+    assert default_workers(torch.device(device)) == expected
 
 
 def test_a_large_volume_is_evaluated_holding_at_most_two_probability_tensors():
@@ -217,9 +283,17 @@ def test_a_large_volume_is_evaluated_holding_at_most_two_probability_tensors():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_training_steps_never_synchronise(make_cfg, tmp_path):
+@pytest.mark.parametrize("loss", LOSSES)
+def test_cuda_training_steps_never_synchronise(make_cfg, tmp_path, loss):
     """After the first step (its label check) a step launches work and returns: CUDA's sync
-    debug mode turns any synchronising call inside ``_train_step`` into an error."""
+    debug mode turns any synchronising call inside ``_train_step`` into an error, for every loss."""
+    if loss in MULTILABEL:
+        from .data.data_helpers import TINY_RUN, fake_download
+
+        _, overrides = fake_download("brats_regions", tmp_path)
+        overrides = [o for o in overrides if not o.startswith("loss=")] + TINY_RUN
+    else:
+        overrides = TINY_2D
     captured = {}
 
     def capture(self):
@@ -230,7 +304,8 @@ def test_cuda_training_steps_never_synchronise(make_cfg, tmp_path):
     Trainer.fit = capture
     try:
         with pytest.raises(KeyboardInterrupt):
-            train(make_cfg(TINY_2D + ["trainer.device=cuda", "dataset.sampling.samples_per_epoch=12"]))
+            train(make_cfg(overrides + [f"loss={loss}", "trainer.device=cuda",
+                                        "dataset.sampling.samples_per_epoch=12"]))
     finally:
         Trainer.fit = original
     trainer = captured["trainer"]

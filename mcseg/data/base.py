@@ -23,6 +23,7 @@ from mcseg.data.cases import CaseData, CaseRef, load_case, to_regions
 from mcseg.data.normalize import check_normalization, normalize_image
 from mcseg.data.preprocess import Geometry, forward, invert, preprocess_config
 from mcseg.data.validate import GEOMETRY_TOLERANCE_MM, GeometryRule
+from mcseg.runtime import helper_processes
 
 log = logging.getLogger(__name__)
 
@@ -241,7 +242,7 @@ class SegmentationDataset(ABC):
 
         workers = self.preprocess.workers if workers is None else workers
         if workers is None:
-            workers = max(1, min(8, (os.cpu_count() or 1) - 1))
+            workers = helper_processes()
         workers = max(1, min(workers, len(missing)))
         log.info("preprocessing %d cases of %s into %s (%d processes)", len(missing), self.name, cache.dir, workers)
         bar = tqdm(total=len(missing), desc=f"preprocessing {self.name}", disable=not progress, dynamic_ncols=True)

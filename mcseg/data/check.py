@@ -28,6 +28,7 @@ from mcseg.data.cases import CaseRef, read_label_array
 from mcseg.data.io import VolumeError, read_volume
 from mcseg.data.validate import inspect_case
 from mcseg.text import plural
+from mcseg.runtime import helper_processes
 
 SPACING_TOLERANCE = 2.0  # a case whose spacing differs from the median by more than this factor is odd
 
@@ -196,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="warn when a spacing differs from the median by more than this factor")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
-    workers = args.workers if args.workers is not None else max(1, min(8, (os.cpu_count() or 1) - 1))
+    workers = args.workers if args.workers is not None else helper_processes()
     try:
         dataset = _build(args.overrides)
     except Exception as exc:  # a bad override, a missing root: one line, not a traceback

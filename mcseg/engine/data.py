@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
-import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
@@ -19,6 +18,7 @@ from mcseg.data.build import Splits, build_dataset, record_dataset_facts, resolv
 from mcseg.data.cases import CaseData, CaseRef
 from mcseg.data.sampling import EpochSampler, PatchDataset
 from mcseg.engine.distributed import DistContext
+from mcseg.runtime import available_cpus
 
 log = logging.getLogger(__name__)
 
@@ -26,23 +26,23 @@ PREFETCH_BATCHES = 4  # batches each loader worker prepares ahead of the trainin
 WORKER_START_METHOD = "fork" if sys.platform.startswith("linux") else "spawn"  # torch's defaults
 
 
-def default_workers(device: torch.device, processes_per_machine: int = 1) -> int:
-    """Loader workers per training process: the cores of its share of the machine that its
-    training step leaves free, at most 8.
+def default_workers(device: torch.device) -> int:
+    """Loader workers per training process: the CPUs it may use (:func:`~mcseg.runtime.available_cpus`:
+    its affinity mask, its share under torchrun) that its training step leaves free, at most 8.
 
     A CUDA step keeps one core busy (the main process). A CPU step keeps torch's intra-op threads
     busy; with torch's default of one thread per core that is every core, and a CPU run then
     samples in the main process: a worker would only take time from the step (and stall its
     parallel regions while it runs) and add the cost of passing batches between processes.
     """
-    share = (os.cpu_count() or 1) // max(1, processes_per_machine)
+    share = available_cpus()
     busy = torch.get_num_threads() if device.type == "cpu" else 1
     return max(0, min(8, share - busy))
 
 
 def load_cases(dataset: SegmentationDataset, refs: list[CaseRef], workers: int | None = None) -> list[CaseData]:
     """Load cases in threads (file decompression releases the GIL)."""
-    workers = workers or max(1, os.cpu_count() or 1)
+    workers = workers or available_cpus()
     if workers <= 1 or len(refs) <= 1:
         return [dataset.load(r) for r in refs]
     with ThreadPoolExecutor(workers) as pool:
@@ -66,7 +66,7 @@ def build_train_loader(
         s.slice_axis, seed, augment=node.get("augment"),
     )
     sampler = EpochSampler(s.samples_per_epoch, dist.rank, dist.world_size)
-    workers = default_workers(device, dist.local_world_size) if s.num_workers is None else s.num_workers
+    workers = default_workers(device) if s.num_workers is None else s.num_workers
     if workers < 0:
         raise ConfigError(f"dataset.sampling.num_workers={workers}: expected an integer >= 0 or null")
     loader = DataLoader(

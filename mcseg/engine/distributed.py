@@ -14,12 +14,24 @@ The division of labour (see README, "Several GPUs"):
 * the training loss is reduced across ranks once per logging interval;
 * validation, checkpoints, TensorBoard, the test evaluation and result files are rank 0's;
   the other ranks wait at a barrier meanwhile.
+
+Waiting for another rank: :meth:`DistContext.barrier` (also taken before each broadcast from rank
+0) is kept in the process group's key-value store, not in a collective, so a waiting rank polls it
+and stops within a second when a rank reported a failure (:meth:`DistContext.report_failure`, from
+``train``) or when the store is unreachable, i.e. rank 0's process, which hosts it without torchrun,
+is gone. A collective would wait for the process group's timeout instead: rank 0 validating for
+an hour must not trip it, so it was two hours, and a crashed rank 0 under submitit (no torchrun
+agent to end the others) left the other ranks holding their GPUs that long. The collectives that
+remain are the ones every rank enters together during training, under torch's default timeout
+(NCCL 10 minutes, gloo 30 minutes); a barrier waits at most ``BARRIER_TIMEOUT``.
 """
 from __future__ import annotations
 
 import datetime
+import itertools
 import logging
 import os
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -31,9 +43,38 @@ from mcseg.runtime import resolve_device
 
 log = logging.getLogger(__name__)
 
-# Rank 0 validates and evaluates while the others wait at a barrier: allow that to take long
-# (the default of 30 minutes is shorter than a full validation of a large 3D dataset).
+# Rank 0 validates (and preprocesses, checkpoints) while the others wait at a barrier: allow that
+# to take long; a failure ends the wait at once (see the module docstring).
 BARRIER_TIMEOUT = datetime.timedelta(hours=2)
+POLL_SECONDS = 0.2
+FAILED_KEY = "mcseg/failed"
+_barrier_ids = itertools.count()  # every rank takes the same barriers in the same order
+
+
+class RankFailed(RuntimeError):
+    """Another rank of the job failed (or rank 0's process is gone): this one stops too."""
+
+
+def _store_barrier(store, world_size: int, name: str, timeout: datetime.timedelta = BARRIER_TIMEOUT) -> None:
+    """Wait until ``world_size`` processes reached barrier ``name`` of ``store``; raise
+    :class:`RankFailed` as soon as a rank reported a failure or the store is unreachable."""
+    key = f"mcseg/barrier/{name}"
+    deadline = time.monotonic() + timeout.total_seconds()
+    try:
+        arrived, wait = store.add(key, 1), 0.001
+        while arrived < world_size:
+            if store.check([FAILED_KEY]):
+                raise RankFailed(f"stopping: {store.get(FAILED_KEY).decode()}")
+            if time.monotonic() > deadline:
+                raise RankFailed(f"stopping: {world_size - arrived} rank(s) did not reach a barrier in {timeout}")
+            time.sleep(wait)
+            wait = min(2 * wait, POLL_SECONDS)  # a short wait stays short, a long one costs few polls
+            arrived = store.add(key, 0)
+    except RankFailed:
+        raise
+    except RuntimeError as exc:  # the store's host (rank 0's process, without torchrun) has exited
+        raise RankFailed(f"stopping: the process group's store is unreachable, rank 0 has probably failed "
+                         f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
 
 
 @dataclass(frozen=True)
@@ -55,8 +96,20 @@ class DistContext:
 
     # ------------------------------------------------------------ collectives (no-ops alone)
     def barrier(self) -> None:
+        """Wait for every rank; stops this one if another failed (see the module docstring)."""
         if self.enabled:
-            dist.barrier()
+            _store_barrier(dist.distributed_c10d._get_default_store(), self.world_size, str(next(_barrier_ids)))
+
+    def report_failure(self, exc: BaseException) -> None:
+        """Tell the other ranks, waiting at a barrier, that this one failed with ``exc``."""
+        if not self.enabled:
+            return
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        try:
+            dist.distributed_c10d._get_default_store().set(FAILED_KEY, f"rank {self.rank} failed: "
+                                                                       f"{type(exc).__name__}: {first}")
+        except (RuntimeError, ValueError):  # no process group (yet), or its store is gone already
+            pass
 
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         """``world_size x *shape`` stack of every rank's ``tensor`` (same shape on every rank)."""
@@ -83,6 +136,7 @@ class DistContext:
         """Rank 0's ``obj`` on every rank."""
         if not self.enabled:
             return obj
+        self.barrier()  # the others may wait long (rank 0 validating): in the store, not in the collective
         box = [obj]
         dist.broadcast_object_list(box, src=0)
         return box[0]
@@ -140,8 +194,7 @@ def init_distributed(device_name: str) -> tuple[DistContext, torch.device]:
         torch.cuda.set_device(device)
     backend = "nccl" if device.type == "cuda" else "gloo"
     if not dist.is_initialized():
-        dist.init_process_group(backend, timeout=BARRIER_TIMEOUT,
-                                device_id=device if device.type == "cuda" else None)
+        dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
     log.info("distributed training: rank %d of world size %d (local rank %d), backend %s, device %s",
              ctx.rank, ctx.world_size, ctx.local_rank, backend, device)
     return ctx, device

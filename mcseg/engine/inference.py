@@ -2,12 +2,19 @@
 
 2D models run slice-wise (slices batched, each padded to the network's size divisor and
 cropped back); 3D models run MONAI's sliding window with Gaussian blending. The result is
-float32 logits ``K x *S`` in the case's own geometry.
+float32 logits ``K x *S`` in the case's own geometry, on the image's device.
+
+A device allocation failure while stitching a 3D volume (:func:`is_out_of_memory`) is retried
+once with the windows on the device and the volume stitched in host memory (as nnU-Net does);
+the stitched logits go back to the device, where the caller's statistics live. cuDNN's
+autotuner is off during inference (:func:`cudnn_autotuner_off`): validation volumes differ in shape,
+and each new shape would be benchmarked anew.
 """
 from __future__ import annotations
 
+import gc
 import logging
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 
 import torch
 import torch.nn.functional as F
@@ -16,6 +23,10 @@ from monai.inferers import sliding_window_inference
 from mcseg.config import InferenceConfig  # the schema of the ``inference`` node; importable here too
 
 log = logging.getLogger(__name__)
+
+# Allocation failures that are not torch.OutOfMemoryError: cuDNN and cuBLAS report theirs as a
+# plain RuntimeError, and CUDA's own ("CUDA error: out of memory") may surface the same way.
+ALLOCATION_FAILURES = ("out of memory", "cudnn_status_alloc_failed", "cublas_status_alloc_failed")
 
 
 def _pad_to_multiple(x: torch.Tensor, divisor: int) -> tuple[torch.Tensor, tuple[slice, ...]]:
@@ -35,6 +46,50 @@ def autocast_context(device: torch.device, precision: str):
     return nullcontext()
 
 
+def is_out_of_memory(exc: BaseException | None) -> bool:
+    """Whether ``exc``, or an error it was raised from, is a device allocation failure (MONAI
+    re-raises one met while building its Gaussian map as a RuntimeError ``from`` it)."""
+    while exc is not None:
+        if isinstance(exc, torch.OutOfMemoryError):
+            return True
+        if isinstance(exc, RuntimeError) and any(m in str(exc).lower() for m in ALLOCATION_FAILURES):
+            return True
+        exc = exc.__cause__
+    return False
+
+
+def host_stitching_helps(device: torch.device) -> bool:
+    """Stitching in host memory frees device memory only when the device is not the host."""
+    return device.type != "cpu"
+
+
+def release_memory(device: torch.device) -> None:
+    """Free what a failed attempt left: unreachable tensors, then the caching allocator's blocks."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def stitch_on_host(image: torch.Tensor, window: dict) -> torch.Tensor:
+    """Sliding-window logits with the windows on ``image``'s device and the volume in host memory:
+    MONAI's buffered path blends one slab of windows (along the longest axis) on the device and
+    adds it to the host volume, one transfer per slab instead of one per window."""
+    longest = max(range(image.ndim - 1), key=lambda axis: image.shape[axis + 1])
+    return sliding_window_inference(image[None], sw_device=image.device, device="cpu", buffer_steps=1,
+                                    buffer_dim=longest, **window)[0].float()
+
+
+@contextmanager
+def cudnn_autotuner_off():
+    """cuDNN's autotuner off: it would benchmark every new volume shape anew (restored after)."""
+    benchmark = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = benchmark
+
+
 @torch.no_grad()
 def predict_logits(
     model: torch.nn.Module, image: torch.Tensor, model_dims: int, divisor: int, cfg: InferenceConfig,
@@ -47,7 +102,7 @@ def predict_logits(
     """
     device = image.device
     spatial_dims = image.ndim - 1
-    with autocast_context(device, precision):
+    with autocast_context(device, precision), cudnn_autotuner_off():
         if model_dims == 2 and spatial_dims == 3:
             axis = slice_axis % 3 + 1
             slices = image.movedim(axis, 0)  # Z x C x X x Y
@@ -68,10 +123,11 @@ def predict_logits(
                       mode=cfg.blend_mode)
         try:
             return sliding_window_inference(image[None], **window)[0].float()
-        except torch.OutOfMemoryError:
-            if device.type == "cpu":
+        except RuntimeError as exc:  # torch.OutOfMemoryError is one
+            if not (is_out_of_memory(exc) and host_stitching_helps(device)):
                 raise
-            # As nnU-Net does: keep the windows on the accelerator, stitch the volume in host memory.
-            log.warning("out of memory stitching a %s volume on %s; stitching on the CPU", tuple(image.shape), device)
-            torch.cuda.empty_cache()
-            return sliding_window_inference(image[None], sw_device=device, device="cpu", **window)[0].float()
+            log.warning("out of memory stitching a %s volume on %s (%s); stitching in host memory",
+                        tuple(image.shape), device, str(exc).splitlines()[0])
+        # Retried after the except block: its traceback would keep the failed attempt's buffers alive.
+        release_memory(device)
+        return stitch_on_host(image, window).to(device)

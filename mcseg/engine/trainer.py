@@ -124,7 +124,9 @@ class Trainer:
         }
 
     def resume(self, path: Path) -> None:
-        state = load_checkpoint(path, map_location=self.device)
+        # Read on the host: the RNG states must stay CPU tensors, and load_state_dict places the rest
+        # (Adam's step counters stay on the host as in a fresh run, its moments follow the parameters).
+        state = load_checkpoint(path)
         for key in RESUME_MUST_MATCH:
             saved, now = state["config"].get(key), self.config_container.get(key)
             if saved != now:
@@ -338,6 +340,6 @@ class Trainer:
 
     def load_best(self) -> None:
         path = self.ckpt_dir / "best.pt"
-        state = load_checkpoint(path, map_location=self.device)
+        state = load_checkpoint(path)  # on the host: only the weights are copied to the device
         load_model_weights(self.model, state["model"], path)
         self.loss_fn.load_state_dict(state.get("loss", {}))

@@ -7,7 +7,7 @@ from torch import Tensor
 
 from .base import SegmentationLoss, check_choice, check_float
 from .cross_entropy import nll
-from .neighbourhood import PADDINGS, kernel_repr, make_kernel, smooth_labels
+from .neighbourhood import PADDINGS, device_kernel, kernel_repr, make_kernel, smooth_labels
 
 __all__ = ["NACLLoss"]
 
@@ -59,7 +59,7 @@ class NACLLoss(SegmentationLoss):
         self.distance = check_choice("distance", distance, ("l1", "l2"))
 
     def neighbour_target(self, target: Tensor, valid: Tensor | None, num_classes: int, dtype: torch.dtype) -> Tensor:
-        kernel = make_kernel(self.kernel, self.kernel_size, self.sigma, target.ndim - 1)
+        kernel = device_kernel(self.kernel, self.kernel_size, self.sigma, target.ndim - 1, target.device, dtype)
         return smooth_labels(target, valid, num_classes, kernel, self.padding, dtype)
 
     def compute(self, logits: Tensor, target: Tensor, valid: Tensor | None) -> Tensor:

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from .base import check_choice, check_float, check_int, one_hot
 
-__all__ = ["KERNELS", "PADDINGS", "make_kernel", "smooth_labels"]
+__all__ = ["KERNELS", "PADDINGS", "device_kernel", "make_kernel", "smooth_labels"]
 
 KERNELS = ("mean", "gaussian", "svls")
 PADDINGS = ("replicate", "background", "zeros")
@@ -59,6 +59,14 @@ def make_kernel(kind: str, size: int, sigma: float, dims: int) -> Tensor:
     check_float("sigma", sigma, low=0.0, low_open=True)
     check_choice("spatial dims", dims, (1, 2, 3))
     return _kernel(kind, size, float(sigma), dims).clone()
+
+
+@functools.lru_cache(maxsize=64)
+def device_kernel(kind: str, size: int, sigma: float, dims: int, device: torch.device, dtype: torch.dtype) -> Tensor:
+    """:func:`make_kernel` on ``device`` in ``dtype``, made once: copying it from the host on every
+    forward would be a host-to-device copy per training step (on CUDA a synchronisation). Shared:
+    do not modify it in place."""
+    return make_kernel(kind, size, sigma, dims).to(device, dtype)
 
 
 def _pad(x: Tensor, r: int, padding: str, fill_first_channel: float) -> Tensor:

@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from .base import SegmentationLoss
-from .neighbourhood import kernel_repr, make_kernel, smooth_labels
+from .neighbourhood import device_kernel, kernel_repr, make_kernel, smooth_labels
 
 __all__ = ["SVLSLoss"]
 
@@ -40,7 +40,7 @@ class SVLSLoss(SegmentationLoss):
         self.kernel_size, self.sigma = kernel_size, float(sigma)
 
     def soft_target(self, target: Tensor, valid: Tensor | None, num_classes: int, dtype: torch.dtype) -> Tensor:
-        kernel = make_kernel("svls", self.kernel_size, self.sigma, target.ndim - 1)
+        kernel = device_kernel("svls", self.kernel_size, self.sigma, target.ndim - 1, target.device, dtype)
         return smooth_labels(target, valid, num_classes, kernel, "replicate", dtype)
 
     def compute(self, logits: Tensor, target: Tensor, valid: Tensor | None) -> Tensor:
