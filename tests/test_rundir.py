@@ -1,0 +1,128 @@
+"""A run directory has one owner, and a refused launch leaves it byte-identical (mcseg.rundir)."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mcseg import rundir
+from mcseg.engine.relaunch import resume_mismatch
+
+from .conftest import TINY_2D, run_cli
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("finished") / "run"
+    done = run_cli("train.py", TINY_2D + [f"hydra.run.dir={run}"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    return run
+
+
+def snapshot(root: Path) -> dict:
+    """Every file's bytes and mtime, and every directory's entries."""
+    out = {}
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            out[str(path.relative_to(root))] = (path.read_bytes(), path.stat().st_mtime_ns)
+        else:
+            out[str(path.relative_to(root))] = sorted(p.name for p in path.iterdir())
+    return out
+
+
+def _error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (["loss=margin", "optim.lr=0.5"], "last.pt exists"),  # another config, no resume
+    (["trainer.resume=true", "trainer.max_epochs=3"], "scheduler.total_iters=3"),  # a changed config on resume
+    (["trainer.resume=true"], "finished run"),  # the same config: re-evaluating would overwrite the results
+], ids=["new-config", "changed-resume", "finished-resume"])
+def test_a_refused_launch_leaves_the_run_directory_byte_identical(finished_run, overrides, says):
+    before = snapshot(finished_run)
+    done = run_cli("train.py", TINY_2D + overrides + [f"hydra.run.dir={finished_run}"])
+    assert done.returncode == 1
+    lines = _error_lines(done.stderr)
+    assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], done.stderr
+    assert snapshot(finished_run) == before
+
+
+def test_resume_with_another_dataset_config_is_refused(finished_run):
+    before = snapshot(finished_run)
+    done = run_cli("train.py", TINY_2D + ["trainer.resume=true", "dataset.normalization.scheme=none",
+                                          f"hydra.run.dir={finished_run}"])
+    assert done.returncode == 1 and "dataset.normalization.scheme" in done.stderr, done.stderr
+    assert snapshot(finished_run) == before
+
+
+def test_what_must_match_on_resume():
+    saved = {"seed": 0, "model": {"channels": [8]}, "dataset": {
+        "name": "msd", "root": "/old", "class_names": ["bg", "a"], "normalization": {"scheme": "zscore"},
+        "preprocess": {"cache_dir": None, "target_spacing": None}, "sampling": {"num_workers": 0, "batch_size": 2}}}
+
+    def changed(path: str, value) -> dict:
+        now = json.loads(json.dumps(saved))
+        *parents, leaf = path.split(".")
+        node = now
+        for name in parents:
+            node = node[name]
+        node[leaf] = value
+        return now
+
+    assert resume_mismatch(saved, saved) is None
+    for may in ("dataset.root", "dataset.preprocess.cache_dir", "dataset.sampling.num_workers"):
+        assert resume_mismatch(saved, changed(may, "/elsewhere")) is None, may
+    for must in ("dataset.normalization.scheme", "dataset.preprocess.target_spacing", "dataset.sampling.batch_size",
+                 "dataset.class_names", "model.channels", "seed"):
+        assert resume_mismatch(saved, changed(must, 7)).startswith(must), must
+
+
+def _hold(run: Path, pid: int, host: str | None = None, slurm: str | None = None) -> None:
+    run.mkdir(parents=True, exist_ok=True)
+    (run / rundir.LOCK_FILE).write_text(json.dumps({"host": host or socket.gethostname(), "pid": pid,
+                                                    "started": "2026-01-01T00:00:00", "slurm_job_id": slurm}))
+
+
+def test_a_second_launch_into_an_owned_directory_fails_naming_the_holder(tmp_path):
+    run = tmp_path / "run"
+    _hold(run, os.getpid())  # this test process: alive
+    done = run_cli("train.py", TINY_2D + [f"hydra.run.dir={run}"])
+    assert done.returncode == 1
+    lines = _error_lines(done.stderr)
+    assert len(lines) == 1 and f"pid {os.getpid()} on {socket.gethostname()}" in lines[0], done.stderr
+    assert sorted(p.name for p in run.iterdir()) == [rundir.LOCK_FILE]
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+@pytest.mark.parametrize("holder", [
+    {"pid": "dead"},  # same host, process gone
+    {"pid": 1, "host": "elsewhere", "stale": True},  # another host, no heartbeat
+    {"pid": 1, "host": "elsewhere", "slurm": "777"},  # the same SLURM job, requeued
+], ids=["dead-pid", "stale-heartbeat", "slurm-requeue"])
+def test_a_dead_holder_is_reclaimed_and_the_lock_released_on_exit(tmp_path, monkeypatch, caplog, holder):
+    run = tmp_path / "run"
+    _hold(run, _dead_pid() if holder["pid"] == "dead" else holder["pid"], holder.get("host"), holder.get("slurm"))
+    if holder.get("stale"):
+        old = os.stat(run / rundir.LOCK_FILE).st_mtime - rundir.STALE_S - 1
+        os.utime(run / rundir.LOCK_FILE, (old, old))
+    if holder.get("slurm"):
+        monkeypatch.setenv("SLURM_JOB_ID", holder["slurm"])
+    with caplog.at_level("WARNING"):
+        owner = rundir.claim(run)
+    assert "reclaimed" in caplog.text
+    assert json.loads((run / rundir.LOCK_FILE).read_text())["pid"] == os.getpid()
+    with pytest.raises(rundir.RunDirBusy, match=f"pid {os.getpid()}"):
+        rundir.claim(run)  # now held by a live process (this one)
+    rundir.release(owner)
+    assert not (run / rundir.LOCK_FILE).exists()
