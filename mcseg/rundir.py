@@ -161,6 +161,8 @@ class RunDir:
         if not self._file_handlers:
             return
         for handler in self._file_handlers:
+            handler.handleError = _quiet_failure(handler)
+        for handler in self._file_handlers:
             root.removeHandler(handler)
         self._held = logging.handlers.MemoryHandler(capacity=100_000, flushLevel=logging.CRITICAL + 1)
         root.addHandler(self._held)
@@ -204,6 +206,19 @@ class RunDir:
                     atomic_write(records / f"{name}.yaml", lambda tmp, n=name: tmp.write_text(self.record[n]))
         for callback in self.on_begin:
             callback()
+
+
+def _quiet_failure(handler: logging.FileHandler):
+    """A log file that cannot be written (full disk) says so once and is dropped, instead of printing a
+    traceback for every record; the error that follows names the path again."""
+
+    def handle_error(record: logging.LogRecord) -> None:
+        logging.getLogger().removeHandler(handler)
+        import sys
+
+        print(f"warning: cannot write the log file {handler.baseFilename}; logging to it stopped", file=sys.stderr)
+
+    return handle_error
 
 
 _current: RunDir | None = None

@@ -126,6 +126,7 @@ def run_job(fn: Callable[[DictConfig], Any], cfg: DictConfig, checks_itself: boo
     record = {"status": "running", "overrides": overrides, "job_num": num, "pid": os.getpid(),
               "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
     start = time.perf_counter()
+    unrecorded = []  # why status.json could not be updated (e.g. the full disk that ended the run)
 
     def finish(status: str, error: str | None = None) -> None:
         if not owner.started:  # refused before it began: the directory stays as it was
@@ -133,17 +134,18 @@ def run_job(fn: Callable[[DictConfig], Any], cfg: DictConfig, checks_itself: boo
         record.update(status=status, error=error, wall_time_s=round(time.perf_counter() - start, 1))
         try:
             write_json(out_dir / STATUS_FILE, record)
-        except OSError as exc:  # e.g. the disk that ended the run is full
-            print(f"error: cannot record status '{status}' in {out_dir / STATUS_FILE}: {exc}", file=sys.stderr)
+        except OSError as exc:
+            unrecorded.append(f"; {out_dir / STATUS_FILE} not updated ({exc.strerror or exc})")
 
     def fail(exc: BaseException) -> None:
+        note = "".join(unrecorded)
         if multirun:
             if owner is not None and owner.started:
                 log.error("job %s failed (%s: %s); the sweep goes on\n%s", num, type(exc).__name__, exc,
                           traceback.format_exc())
-            print(f"error in job {num} ({' '.join(overrides)}): {exc}", file=sys.stderr)
+            print(f"error in job {num} ({' '.join(overrides)}): {exc}{note}", file=sys.stderr)
             return
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {exc}{note}", file=sys.stderr)
         sys.exit(1)
 
     owner = None
@@ -270,3 +272,23 @@ class SweepSummary(Callback):
         log.info("sweep %s: %s (summary in %s)", sweep_dir, summary["counts"], sweep_dir / SUMMARY_FILE)
         for job in failed:
             log.error("job %s %s: %s", job["dir"], job["status"], job.get("error"))
+
+
+class OutputDirCheck(Callback):
+    """Hydra callback: an output directory that cannot be created is one line naming it, not Hydra's traceback."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _creatable(Path(config.hydra.run.dir))
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _creatable(Path(config.hydra.sweep.dir))
+
+
+def _creatable(path: Path) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        if not os.access(path, os.W_OK):
+            raise PermissionError(f"[Errno 13] Permission denied: '{path}'")
+    except OSError as exc:
+        print(f"error: cannot create the output directory {path}: {exc.strerror or exc}", file=sys.stderr)
+        sys.exit(1)

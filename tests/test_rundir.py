@@ -126,3 +126,58 @@ def test_a_dead_holder_is_reclaimed_and_the_lock_released_on_exit(tmp_path, monk
         rundir.claim(run)  # now held by a live process (this one)
     rundir.release(owner)
     assert not (run / rundir.LOCK_FILE).exists()
+
+
+def _job_cfg(make_cfg, run: Path):
+    return make_cfg(TINY_2D, output_dir=run)
+
+
+def test_a_full_disk_is_one_line_naming_the_path_and_orphans_go_on_the_next_start(make_cfg, tmp_path, monkeypatch,
+                                                                                  capsys):
+    import errno
+
+    from mcseg import sweep
+
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    orphan = run / "checkpoints" / ".last.k2x9_a.pt"  # what a kill during a checkpoint write leaves
+    orphan.write_bytes(b"")
+    status_writes = []
+    real_write_json = sweep.write_json
+
+    def write_json(path, payload):
+        status_writes.append(payload["status"])
+        if payload["status"] != "running":
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        real_write_json(path, payload)
+
+    def train_on_a_full_disk(cfg):
+        from mcseg.rundir import begin
+
+        begin()
+        raise OSError(errno.ENOSPC, "No space left on device", str(run / "checkpoints" / "last.pt"))
+
+    monkeypatch.setattr(sweep, "write_json", write_json)
+    with pytest.raises(SystemExit) as stop:
+        sweep.run_job(train_on_a_full_disk, _job_cfg(make_cfg, run), checks_itself=True)
+    assert stop.value.code == 1
+    lines = _error_lines(capsys.readouterr().err)
+    assert len(lines) == 1 and "last.pt" in lines[0] and "status.json not updated" in lines[0], lines
+    assert status_writes == ["running", "failed"]  # the failure was recorded where the disk allowed it
+    assert not orphan.exists() and not (run / rundir.LOCK_FILE).exists()
+
+
+def test_only_the_first_submitit_task_owns_the_run_directory(make_cfg, tmp_path, monkeypatch):
+    from mcseg import sweep
+
+    slurm = {"SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "42", "SLURM_NTASKS": "2", "SLURM_PROCID": "1",
+             "SLURM_LOCALID": "1", "SLURM_JOB_NUM_NODES": "1", "SLURM_JOB_NODELIST": "gpu07"}
+    for key, value in slurm.items():
+        monkeypatch.setenv(key, value)
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.setenv(key, "unset")  # recorded, so that what submitit's export writes is undone
+        monkeypatch.delenv(key)
+    run = tmp_path / "run"
+    run.mkdir()
+    assert sweep.run_job(lambda cfg: "trained", _job_cfg(make_cfg, run)) == "trained"
+    assert list(run.iterdir()) == []  # task 1 wrote neither status.json nor a lock
