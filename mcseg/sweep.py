@@ -26,6 +26,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from mcseg.data.io import atomic_write, write_json
+from mcseg.rundir import state_of
 
 log = logging.getLogger("mcseg")
 
@@ -236,6 +237,7 @@ def collect_job_status(sweep_dir: Path) -> list[dict]:
         path = job_dir / STATUS_FILE
         if path.is_file():
             record = json.loads(path.read_text())
+            record["status"] = state_of(job_dir, record.get("status"))  # "running" with its process gone
         else:  # killed before it could write anything
             record = {"status": "missing", "error": f"no {STATUS_FILE}: the job never started or was killed"}
         jobs.append({"dir": str(job_dir.relative_to(sweep_dir)), **record})

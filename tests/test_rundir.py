@@ -181,3 +181,43 @@ def test_only_the_first_submitit_task_owns_the_run_directory(make_cfg, tmp_path,
     run.mkdir()
     assert sweep.run_job(lambda cfg: "trained", _job_cfg(make_cfg, run)) == "trained"
     assert list(run.iterdir()) == []  # task 1 wrote neither status.json nor a lock
+
+
+def _fake_run(run: Path, dataset: str, loss: str, seed: int, dice: float, score: float, status: str = "completed"):
+    """A run directory as mcseg-report reads it: result.json, status.json, eval/test/{summary.json,per_case.csv}."""
+    (run / "eval" / "test").mkdir(parents=True)
+    identity = {"configuration": f"loss={loss}", "overrides": [f"loss={loss}"], "loss_name": loss, "loss": {},
+                "dataset": dataset, "seed": seed}
+    (run / "result.json").write_text(json.dumps({"score": score, "run": identity}))
+    (run / "status.json").write_text(json.dumps({"status": status}))
+    (run / "eval" / "test" / "summary.json").write_text(json.dumps(
+        {"mean_foreground_dice": dice, "mean_foreground_hd95_mm": 1.0, "mean_ece": 0.1, "mean_classwise_ece": 0.1}))
+    (run / "eval" / "test" / "per_case.csv").write_text(
+        "case,class,dice,hd95_mm,ece,classwise_ece\n" + "".join(f"c{i},1,{dice},1.0,0.1,0.1\n" for i in range(3)))
+
+
+def test_report_keeps_datasets_apart_finds_duplicate_seeds_and_stale_runs(tmp_path):
+    from mcseg.report.collect import collect_runs
+    from mcseg.report.table import build_rows
+    from mcseg.sweep import collect_job_status
+
+    _fake_run(tmp_path / "a_ce", "acdc", "ce", 0, 0.8, score=0.1)
+    _fake_run(tmp_path / "a_margin", "acdc", "margin", 0, 0.9, score=0.9)
+    _fake_run(tmp_path / "b_ce", "brats", "ce", 0, 0.5, score=0.5)
+    _fake_run(tmp_path / "b_margin_s0", "brats", "margin", 0, 0.4, score=0.2)
+    _fake_run(tmp_path / "b_margin_s0_again", "brats", "margin", 0, 0.45, score=0.2)  # the same seed twice
+    _fake_run(tmp_path / "killed", "brats", "ce", 1, 0.5, score=0.5, status="running")  # Ctrl-C: no lock left
+    _fake_run(tmp_path / "alive", "brats", "ce", 2, 0.5, score=0.5, status="running")
+    _hold(tmp_path / "alive", os.getpid())
+
+    runs = collect_runs([tmp_path])
+    status = {r.path.name: r.status for r in runs}
+    assert status["killed"] == "interrupted" and status["alive"] == "running"
+    assert {j["dir"]: j["status"] for j in collect_job_status(tmp_path)}["killed"] == "interrupted"
+    rows = build_rows(runs, baseline="ce", n_boot=10)
+    by = {(r.dataset, r.loss_name): r for r in rows}
+    assert len(rows) == 4  # loss=margin on acdc and on brats are different rows
+    assert by["brats", "margin"].seeds == [0]  # not [0, 0] with std 0
+    assert [r.path.name for r in runs if r.duplicate_of] == ["b_margin_s0_again"]
+    assert {k for k, r in by.items() if r.selected} == set(by)  # one configuration per loss and dataset
+    assert by["acdc", "ce"].baseline and by["brats", "ce"].baseline
