@@ -16,8 +16,9 @@ from mcseg.rundir import LaunchRefused
 # Config sections that must match between a checkpoint and the run resuming from it.
 RESUME_MUST_MATCH = ("model", "loss", "optim", "scheduler", "seed", "dataset")
 # Dataset keys that may change on resume: where the data lives and how it is cached and loaded,
-# not what the model sees (the data itself is compared through the facts recorded from it).
-DATASET_MAY_CHANGE = ("root", "preprocess.cache", "preprocess.cache_dir", "preprocess.workers",
+# not what the model sees (the data itself is compared through the facts recorded from it; a
+# resumed run reads its own split.json, whatever split.file says).
+DATASET_MAY_CHANGE = ("root", "split.file", "preprocess.cache", "preprocess.cache_dir", "preprocess.workers",
                       "sampling.num_workers")
 
 
