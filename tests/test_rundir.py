@@ -221,3 +221,21 @@ def test_report_keeps_datasets_apart_finds_duplicate_seeds_and_stale_runs(tmp_pa
     assert [r.path.name for r in runs if r.duplicate_of] == ["b_margin_s0_again"]
     assert {k for k, r in by.items() if r.selected} == set(by)  # one configuration per loss and dataset
     assert by["acdc", "ce"].baseline and by["brats", "ce"].baseline
+
+
+def test_a_resume_keeps_the_original_record_and_appends_to_the_history(make_cfg, tmp_path):
+    from mcseg import sweep
+
+    run = tmp_path / "run"
+    first = make_cfg(TINY_2D, output_dir=run)
+    assert sweep.run_job(lambda cfg: rundir.begin(resumed=False) or "first", first, checks_itself=True) == "first"
+    record = {p.name: p.read_bytes() for p in (run / ".hydra").iterdir()}
+    assert set(record) == {"config.yaml", "hydra.yaml", "overrides.yaml"}
+    again = make_cfg(TINY_2D + ["trainer.resume=true"], output_dir=run)
+    assert sweep.run_job(lambda cfg: rundir.begin(resumed=True) or "resumed", again, checks_itself=True) == "resumed"
+    assert all((run / ".hydra" / name).read_bytes() == data for name, data in record.items())
+    import yaml
+
+    history = yaml.safe_load((run / ".hydra" / rundir.RESUMES_FILE).read_text())
+    assert len(history) == 1 and "trainer.resume=true" in history[0]["overrides"]
+    assert json.loads((run / "status.json").read_text())["status"] == "completed"
