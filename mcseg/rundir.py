@@ -12,6 +12,7 @@ byte-identical. A resume keeps the original record and appends to ``.hydra/resum
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import logging.handlers
@@ -19,6 +20,7 @@ import os
 import socket
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 log = logging.getLogger("mcseg")
@@ -265,6 +267,41 @@ def begin(resumed: bool = False) -> None:
     """
     if _current is not None:
         _current.begin(resumed)
+
+
+@contextmanager
+def held(path: Path):
+    """Own ``path`` for the block (no records: another job, e.g. an evaluation, writing into a run).
+
+    Re-entrant: a directory this process already owns is simply used.
+    """
+    path = Path(path).resolve()
+    holder = read_lock(path)
+    if holder is not None and holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname():
+        yield
+        return
+    owner = RunDir(path)
+    owner.acquire()
+    owner.started = True
+    try:
+        yield
+    finally:
+        owner.release()
+
+
+def holds_checkpoint_run(fn):
+    """Decorate ``fn(cfg, ckpt_path, ...)``: hold the checkpoint's run directory (``<run>/checkpoints/x.pt``)
+    while ``fn`` writes into it, so it never writes into a run that another process is training or evaluating."""
+
+    @functools.wraps(fn)
+    def wrapper(cfg, ckpt_path: Path, *args, **kwargs):
+        ckpt_path = Path(ckpt_path)
+        if ckpt_path.parent.name != "checkpoints":
+            return fn(cfg, ckpt_path, *args, **kwargs)
+        with held(ckpt_path.parent.parent):
+            return fn(cfg, ckpt_path, *args, **kwargs)
+
+    return wrapper
 
 
 def state_of(run_dir: Path, status: str) -> str:

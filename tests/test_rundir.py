@@ -239,3 +239,21 @@ def test_a_resume_keeps_the_original_record_and_appends_to_the_history(make_cfg,
     history = yaml.safe_load((run / ".hydra" / rundir.RESUMES_FILE).read_text())
     assert len(history) == 1 and "trainer.resume=true" in history[0]["overrides"]
     assert json.loads((run / "status.json").read_text())["status"] == "completed"
+
+
+def test_evaluate_does_not_write_into_a_run_another_process_holds(finished_run, make_cfg, tmp_path):
+    from mcseg.evaluate import evaluate
+
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        _hold(finished_run, holder.pid)
+        before = snapshot(finished_run)
+        cfg = make_cfg([f"ckpt={finished_run}/checkpoints/best.pt", "split=val"], config_name="evaluate",
+                       output_dir=tmp_path / "eval_job")
+        with pytest.raises(rundir.RunDirBusy, match=f"pid {holder.pid}"):
+            evaluate(cfg)
+        assert snapshot(finished_run) == before
+    finally:
+        holder.kill()
+        holder.wait()
+        (finished_run / rundir.LOCK_FILE).unlink()
