@@ -28,6 +28,7 @@ log = logging.getLogger("mcseg")
 LOCK_FILE = "run.lock"
 HEARTBEAT_S = 30.0  # the lock file's mtime is refreshed this often while its holder lives
 STALE_S = 600.0  # a lock not refreshed for this long belongs to a dead process (any host)
+EMPTY_LOCK_S = 10.0  # a lock still empty this long after its creation was left by a killed writer
 RECORD_DIR = ".hydra"
 RESUMES_FILE = "resumes.yaml"
 # Temporary files of atomic writes (mcseg.data.io.atomic_write: ".<stem>.<random><suffix>") left by a killed writer.
@@ -70,8 +71,8 @@ def holder_gone(holder: dict) -> str | None:
     """Why the lock's holder no longer runs (a reason to reclaim), or None when it may be alive."""
     if holder["age_s"] > STALE_S:
         return f"no heartbeat for {holder['age_s']:.0f} s"
-    if not holder.get("pid"):
-        return None  # being written right now (fresh but empty)
+    if not holder.get("pid"):  # being written right now, or its writer was killed while writing it
+        return f"empty lock {holder['age_s']:.0f} s old" if holder["age_s"] > EMPTY_LOCK_S else None
     if holder.get("host") == socket.gethostname():
         return None if _pid_alive(int(holder["pid"])) else f"process {holder['pid']} has ended"
     slurm = os.environ.get("SLURM_JOB_ID")
@@ -134,8 +135,12 @@ class RunDir:
                 log.warning("%s: reclaimed from %s (%s)", self.path, describe_holder(holder), reason)
                 self.lock.unlink(missing_ok=True)
                 continue
-            with os.fdopen(fd, "w") as f:
-                f.write(json.dumps(me) + "\n")
+            try:
+                with os.fdopen(fd, "w") as f:
+                    f.write(json.dumps(me) + "\n")
+            except BaseException:  # e.g. a full disk: leave no empty lock behind
+                self.lock.unlink(missing_ok=True)
+                raise
             self._thread = threading.Thread(target=self._heartbeat, name="run.lock heartbeat", daemon=True)
             self._thread.start()
             return

@@ -107,14 +107,17 @@ def _dead_pid() -> int:
 
 @pytest.mark.parametrize("holder", [
     {"pid": "dead"},  # same host, process gone
-    {"pid": 1, "host": "elsewhere", "stale": True},  # another host, no heartbeat
+    {"pid": None, "stale": rundir.EMPTY_LOCK_S},  # its writer was killed before it wrote the holder
+    {"pid": 1, "host": "elsewhere", "stale": rundir.STALE_S},  # another host, no heartbeat
     {"pid": 1, "host": "elsewhere", "slurm": "777"},  # the same SLURM job, requeued
-], ids=["dead-pid", "stale-heartbeat", "slurm-requeue"])
+], ids=["dead-pid", "empty-lock", "stale-heartbeat", "slurm-requeue"])
 def test_a_dead_holder_is_reclaimed_and_the_lock_released_on_exit(tmp_path, monkeypatch, caplog, holder):
     run = tmp_path / "run"
     _hold(run, _dead_pid() if holder["pid"] == "dead" else holder["pid"], holder.get("host"), holder.get("slurm"))
+    if holder["pid"] is None:
+        (run / rundir.LOCK_FILE).write_text("")
     if holder.get("stale"):
-        old = os.stat(run / rundir.LOCK_FILE).st_mtime - rundir.STALE_S - 1
+        old = os.stat(run / rundir.LOCK_FILE).st_mtime - holder["stale"] - 1
         os.utime(run / rundir.LOCK_FILE, (old, old))
     if holder.get("slurm"):
         monkeypatch.setenv("SLURM_JOB_ID", holder["slurm"])
