@@ -18,7 +18,7 @@ def train_main(cfg: DictConfig):
     from mcseg.sweep import run_job
     from mcseg.train import train
 
-    result = run_job(train, cfg)
+    result = run_job(train, cfg, checks_itself=True)  # train begins its directory after its checks
     # Sweepers (Optuna) optimise the value named by `optimized_metric` (hparams_search presets);
     # a failed job returns None, which the Optuna sweeper records as a failed trial.
     metric = cfg.get("optimized_metric")

@@ -20,6 +20,7 @@ from mcseg.engine.checkpoint import load_checkpoint, load_model_weights
 from mcseg.engine.evaluator import EvalProtocol, Evaluator
 from mcseg.engine.inference import InferenceConfig
 from mcseg.engine.predict import SegmentationPredictor, evaluate_cases
+from mcseg.rundir import holds_checkpoint_run
 from mcseg.runtime import resolve_device
 from mcseg.text import plural
 from mcseg.sweep import find_run_dirs
@@ -155,6 +156,7 @@ def posthoc_scalers(cfg: DictConfig, run_cfg: DictConfig, run_dir: Path, predict
     return scalers_to_apply(record, posthoc.apply, run_dir)
 
 
+@holds_checkpoint_run  # never writes into a run another process is training or evaluating
 def evaluate_checkpoint(cfg: DictConfig, ckpt_path: Path) -> dict:
     """Re-evaluate ``ckpt_path`` with the run's saved config; ``cfg.dataset`` replaces its dataset if given."""
     from mcseg.engine.data import build_dataset, record_dataset_facts, resolve_split

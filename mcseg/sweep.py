@@ -15,6 +15,7 @@ import json
 import logging
 import math
 import os
+import signal
 import sys
 import time
 import traceback
@@ -25,6 +26,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from mcseg.data.io import atomic_write, write_json
+from mcseg.rundir import state_of
 
 log = logging.getLogger("mcseg")
 
@@ -105,50 +107,99 @@ def run_identity(cfg: DictConfig) -> dict:
                         str(cfg.dataset.get("name")), cfg.seed)
 
 
-def run_job(fn: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
-    """Call ``fn(cfg)``, record the outcome in ``<output_dir>/status.json`` and report errors.
+def run_job(fn: Callable[[DictConfig], Any], cfg: DictConfig, checks_itself: bool = False) -> Any:
+    """Own ``<output_dir>`` (:mod:`mcseg.rundir`), call ``fn(cfg)``, record the outcome in ``status.json``.
 
-    Returns ``fn``'s value, or ``None`` for a job that failed inside a multirun (an Optuna
-    sweeper then marks the trial failed). ``MCSEG_TRACEBACK=1`` re-raises instead.
+    ``checks_itself``: ``fn`` makes its pre-flight checks and calls :func:`mcseg.rundir.begin` before
+    writing (training); otherwise the directory is begun before ``fn`` runs. A launch refused before
+    it began (directory in use, :class:`~mcseg.rundir.LaunchRefused`) writes nothing, not even
+    ``status.json``. Returns ``fn``'s value, or ``None`` for a job that failed inside a multirun (an
+    Optuna sweeper then marks the trial failed). ``MCSEG_TRACEBACK=1`` re-raises instead.
     """
+    from mcseg import rundir
+    from mcseg.engine.distributed import env_context
     from mcseg.errors import TrainingInterrupted
 
     multirun, overrides, num = _hydra_job()
-    if int(os.environ.get("RANK", "0")) != 0:  # torchrun: rank 0 owns the run directory's files
+    if not env_context().is_main:  # torchrun or a submitit task > 0: rank 0 owns the run directory's files
         return fn(cfg)
     out_dir = Path(cfg.paths.output_dir)
     record = {"status": "running", "overrides": overrides, "job_num": num, "pid": os.getpid(),
               "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    write_json(out_dir / STATUS_FILE, record)
     start = time.perf_counter()
+    unrecorded = []  # why status.json could not be updated (e.g. the full disk that ended the run)
 
     def finish(status: str, error: str | None = None) -> None:
+        if not owner.started:  # refused before it began: the directory stays as it was
+            return
         record.update(status=status, error=error, wall_time_s=round(time.perf_counter() - start, 1))
-        write_json(out_dir / STATUS_FILE, record)
+        try:
+            write_json(out_dir / STATUS_FILE, record)
+        except OSError as exc:
+            unrecorded.append(f"; {out_dir / STATUS_FILE} not updated ({exc.strerror or exc})")
 
+    def fail(exc: BaseException) -> None:
+        note = "".join(unrecorded)
+        if multirun:
+            if owner is not None and owner.started:
+                log.error("job %s failed (%s: %s); the sweep goes on\n%s", num, type(exc).__name__, exc,
+                          traceback.format_exc())
+            print(f"error in job {num} ({' '.join(overrides)}): {exc}{note}", file=sys.stderr)
+            return
+        print(f"error: {exc}{note}", file=sys.stderr)
+        sys.exit(1)
+
+    owner = None
     try:
+        owner = rundir.claim(out_dir, cfg)
+    except OSError as exc:  # in use by a live process, or not writable: nothing was written
+        return fail(exc)
+    owner.on_begin.append(lambda: write_json(out_dir / STATUS_FILE, record))
+    previous = _stop_on_sigterm()
+    try:
+        if not checks_itself:
+            owner.begin(resumed=False)
         result = fn(cfg)
     except TrainingInterrupted as exc:  # stops a sweep too: the scheduler asked everything to end
         finish("interrupted", str(exc))
         log.warning("%s", exc)
         print(f"interrupted: {exc}", file=sys.stderr)
         sys.exit(EXIT_INTERRUPTED)
+    except KeyboardInterrupt:
+        finish("interrupted", "KeyboardInterrupt (Ctrl-C)")
+        raise
     except Exception as exc:
         finish("failed", f"{type(exc).__name__}: {exc}")
         if os.environ.get("MCSEG_TRACEBACK"):
             raise
-        if multirun:
-            log.error("job %s failed (%s: %s); the sweep goes on\n%s", num, type(exc).__name__, exc,
-                      traceback.format_exc())
-            print(f"error in job {num} ({' '.join(overrides)}): {exc}", file=sys.stderr)
-            return None
-        if not isinstance(exc, USER_ERRORS):
+        if not multirun and not isinstance(exc, USER_ERRORS):
             raise
-        log.error("%s: %s", type(exc).__name__, exc)
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(1)
-    finish("completed")
-    return result
+        if not multirun and owner.started:
+            log.error("%s: %s", type(exc).__name__, exc)
+        return fail(exc)
+    else:
+        finish("completed")
+        return result
+    finally:
+        rundir.release(owner)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _stop_on_sigterm():
+    """Outside the training loop (which checkpoints first), SIGTERM ends the job through its error path,
+    so the status is recorded and the run directory released. Returns the previous handler."""
+    import threading
+
+    from mcseg.errors import TrainingInterrupted
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def stop(signum, frame):
+        raise TrainingInterrupted("stopped by SIGTERM")
+
+    return signal.signal(signal.SIGTERM, stop)
 
 
 # What marks a job's or run's directory: Hydra's record, mcseg's status and result files, checkpoints.
@@ -186,6 +237,7 @@ def collect_job_status(sweep_dir: Path) -> list[dict]:
         path = job_dir / STATUS_FILE
         if path.is_file():
             record = json.loads(path.read_text())
+            record["status"] = state_of(job_dir, record.get("status"))  # "running" with its process gone
         else:  # killed before it could write anything
             record = {"status": "missing", "error": f"no {STATUS_FILE}: the job never started or was killed"}
         jobs.append({"dir": str(job_dir.relative_to(sweep_dir)), **record})
@@ -222,3 +274,23 @@ class SweepSummary(Callback):
         log.info("sweep %s: %s (summary in %s)", sweep_dir, summary["counts"], sweep_dir / SUMMARY_FILE)
         for job in failed:
             log.error("job %s %s: %s", job["dir"], job["status"], job.get("error"))
+
+
+class OutputDirCheck(Callback):
+    """Hydra callback: an output directory that cannot be created is one line naming it, not Hydra's traceback."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _creatable(Path(config.hydra.run.dir))
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _creatable(Path(config.hydra.sweep.dir))
+
+
+def _creatable(path: Path) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        if not os.access(path, os.W_OK):
+            raise PermissionError(f"[Errno 13] Permission denied: '{path}'")
+    except OSError as exc:
+        print(f"error: cannot create the output directory {path}: {exc.strerror or exc}", file=sys.stderr)
+        sys.exit(1)

@@ -22,11 +22,13 @@ from mcseg.engine.distributed import init_distributed, shutdown
 from mcseg.engine.evaluator import EvalProtocol
 from mcseg.engine.inference import InferenceConfig
 from mcseg.engine.predict import SegmentationPredictor
+from mcseg.engine.relaunch import check_launch
 from mcseg.engine.tb_logger import TensorBoardLogger
 from mcseg.engine.trainer import HEADLINE, Trainer
 from mcseg.evaluate import evaluate_split, format_summary
 from mcseg.models import MbLSUNet2D, size_divisor
 from mcseg.sweep import run_identity
+from mcseg.rundir import begin as begin_run
 from mcseg.runtime import seed_everything
 from mcseg.targets import instantiate_checked
 
@@ -70,6 +72,10 @@ def train(cfg: DictConfig) -> dict:
 
     dataset = build_dataset(cfg.dataset)
     record_dataset_facts(cfg, dataset)
+    container = OmegaConf.to_container(cfg, resolve=True)
+    # refused launches (last.pt without resume, a changed config, a finished run) end here, nothing written
+    resume_from = check_launch(run_dir, tcfg.resume, tcfg.auto_resume, container)
+    begin_run(resumed=resume_from is not None)
     with dist.main_first():  # torchrun: rank 0 writes split.json and the cache, the others then read them
         splits = resolve_split(dataset, cfg.dataset, run_dir)
         check_run_inputs(cfg, dataset, splits)  # every case's headers, posthoc vs. the split: before any work
@@ -89,18 +95,12 @@ def train(cfg: DictConfig) -> dict:
     loader, sampler = build_train_loader(train_cases, cfg.dataset, int(cfg.seed), device, dist)
 
     tb = TensorBoardLogger(run_dir / "tensorboard" if lcfg.tensorboard and dist.is_main else None)
-    container = OmegaConf.to_container(cfg, resolve=True)
     trainer = Trainer(
         tcfg, run_dir, model, loss_fn, optimizer, scheduler, loader, sampler, predictor, val_cases, dataset.restore,
         dataset.num_classes, dataset.class_names, protocol, tb, container, lcfg.images, dist,
     )
-    last = run_dir / "checkpoints" / "last.pt"
-    if tcfg.resume and not last.is_file():
-        raise FileNotFoundError(f"trainer.resume=true but {last} does not exist")
-    if last.is_file() and not (tcfg.resume or tcfg.auto_resume):
-        raise FileExistsError(f"{last} exists: pass trainer.resume=true to continue this run, or use a new run directory")
-    if last.is_file():
-        trainer.resume(last)
+    if resume_from is not None:
+        trainer.resume(resume_from)
     try:
         trainer.fit()
         if not dist.is_main:  # torchrun: the test evaluation and the result files are rank 0's

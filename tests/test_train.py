@@ -12,6 +12,7 @@ from omegaconf import open_dict
 from mcseg.engine.checkpoint import load_checkpoint
 from mcseg.engine.trainer import Trainer
 from mcseg.evaluate import evaluate
+from mcseg.rundir import LaunchRefused
 from mcseg.train import train
 
 from .conftest import TINY_2D, TINY_3D, run_cli
@@ -79,7 +80,7 @@ def test_resume_continues_at_the_right_epoch_with_saved_optimizer(make_cfg, tmp_
 
     started = []
     monkeypatch.setattr(Trainer, "train_epoch", lambda self, epoch: started.append(epoch) or original(self, epoch))
-    with pytest.raises(FileExistsError):  # an existing run is never silently overwritten
+    with pytest.raises(LaunchRefused, match="last.pt exists"):  # an existing run is never silently overwritten
         train(make_cfg(common, output_dir=tmp_path / "resumed"))
     train(make_cfg(common + ["trainer.resume=true"], output_dir=tmp_path / "resumed"))
     assert started == [2]

@@ -38,6 +38,7 @@ from mcseg.engine.distributed import DistContext, wrap_model
 from mcseg.engine.evaluator import EvalProtocol, Evaluator, reliability_figure
 from mcseg.engine.inference import autocast_context
 from mcseg.engine.predict import SegmentationPredictor, evaluate_cases
+from mcseg.engine.relaunch import resume_mismatch
 from mcseg.engine.tb_logger import TensorBoardLogger
 from mcseg.engine.window import FINITE, WHAT, BadStep, TrainingWindow, nonfinite_code
 from mcseg.errors import NonFiniteLossError, TrainingInterrupted
@@ -47,8 +48,6 @@ from mcseg.runtime import to_channels_last, use_channels_last
 log = logging.getLogger(__name__)
 
 HEADLINE = ("mean_foreground_dice", "mean_foreground_hd95_mm", "mean_ece", "mean_classwise_ece")
-# Config sections that must match between a checkpoint and the run resuming from it.
-RESUME_MUST_MATCH = ("model", "loss", "optim", "scheduler", "seed")
 
 
 def call_hook(obj, name: str, *args) -> None:
@@ -127,11 +126,9 @@ class Trainer:
         # Read on the host: the RNG states must stay CPU tensors, and load_state_dict places the rest
         # (Adam's step counters stay on the host as in a fresh run, its moments follow the parameters).
         state = load_checkpoint(path)
-        for key in RESUME_MUST_MATCH:
-            saved, now = state["config"].get(key), self.config_container.get(key)
-            if saved != now:
-                raise ValueError(f"{path}: config '{key}' differs from the checkpoint's ({saved} vs {now}); "
-                                 "resume with the run's own config")
+        mismatch = resume_mismatch(state["config"], self.config_container)
+        if mismatch:
+            raise ValueError(f"{path}: cannot resume with {mismatch}; resume with the run's own config")
         load_model_weights(self.model, state["model"], path)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])

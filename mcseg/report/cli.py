@@ -64,7 +64,8 @@ def protocol_lines(runs: list[RunRecord], args: argparse.Namespace) -> list[str]
         f"together with the std over seeds).",
         f"Overrides common to all configurations: `{' '.join(common_overrides([r.configuration for r in evaluated])) or 'none'}`.",
         f"Selection: each loss's configuration with the {args.select_mode} mean over seeds of `{args.select}` "
-        f"(validation, from result.json); the {args.split} split is not used to select.",
+        f"(validation, from result.json) on each dataset ({', '.join(sorted({r.dataset for r in evaluated}))}); "
+        f"runs on different datasets are never compared; the {args.split} split is not used to select.",
         f"Protocol: ECE region `{protocol.get('region')}`, {protocol.get('n_bins')} equal-width bins, top-label ECE "
         f"and classwise ECE per case then averaged; HD{protocol.get('hd_percentile', 95):g} in mm "
         f"({protocol.get('hd_definition')}); post_T: after temperature scaling fitted on the validation split "
@@ -73,13 +74,16 @@ def protocol_lines(runs: list[RunRecord], args: argparse.Namespace) -> list[str]
 
 
 def failure_lines(runs: list[RunRecord]) -> list[str]:
-    bad = [r for r in runs if r.status not in ("completed",) or not r.evaluated]
+    bad = [r for r in runs if r.status not in ("completed",) or not r.evaluated or r.duplicate_of]
     if not bad:
         return []
     lines = ["## Runs left out", "", "| run | status | error |", "|---|---|---|"]
     for r in bad:
         state = r.status if r.evaluated or r.status != "completed" else "not evaluated"
-        lines.append(f"| {r.path} | {state} | {(r.error or '').replace('|', '/')} |")
+        error = r.error or ""
+        if r.duplicate_of:
+            state, error = "duplicate seed", f"dataset, configuration and seed {r.seed} of {r.duplicate_of}"
+        lines.append(f"| {r.path} | {state} | {error.replace('|', '/')} |")
     return ["", *lines, ""]
 
 
@@ -117,7 +121,13 @@ def main(argv: list[str] | None = None) -> int:
     atomic_write(out / "report.md", lambda tmp: tmp.write_text(text))
     write_csv(rows, out / "report.csv")
     atomic_write(out / "report.tex", lambda tmp: tmp.write_text(latex(rows, title)))
-    figures = {"reliability_selected.png": reliability_overlay(rows, args.split), "margin_heatmap.png": margin_heatmap(rows)}
+    datasets = sorted({r.dataset for r in rows})
+    figures = {}
+    for dataset in datasets:  # one set of figures per dataset, named by it when there are several
+        own = [r for r in rows if r.dataset == dataset]
+        tag = f"_{dataset}" if len(datasets) > 1 else ""
+        figures[f"reliability_selected{tag}.png"] = reliability_overlay(own, args.split)
+        figures[f"margin_heatmap{tag}.png"] = margin_heatmap(own)
     for name, fig in figures.items():
         if fig is not None:
             atomic_write(out / name, lambda tmp, fig=fig: fig.savefig(tmp, format="png", dpi=120))

@@ -18,6 +18,7 @@ from pathlib import Path
 import yaml
 
 from mcseg.metrics.statistics import nanmean
+from mcseg.rundir import state_of
 from mcseg.sweep import STATUS_FILE, describe_run, find_run_dirs
 
 log = logging.getLogger(__name__)
@@ -31,11 +32,13 @@ class RunRecord:
     loss_name: str
     loss: dict
     seed: int
-    status: str
+    status: str  # as recorded in status.json; a "running" whose process is gone reads "interrupted"
     result: dict = field(default_factory=dict)
     summaries: dict[str, dict] = field(default_factory=dict)  # "" (raw outputs) or a scaler name -> summary.json
     per_case: dict[str, dict[str, dict]] = field(default_factory=dict)  # same keys -> case -> metric -> value
     error: str | None = None
+    dataset: str = "?"
+    duplicate_of: Path | None = None  # same dataset, configuration and seed as that run (set by the table)
 
     @property
     def evaluated(self) -> bool:
@@ -100,10 +103,10 @@ def read_run(run_dir: Path, split: str = "test") -> RunRecord | None:
             log.warning("%s: neither result.json nor .hydra/config.yaml; not a run the report can identify", run_dir)
         return None
     status = _read_json(run_dir / STATUS_FILE) or {}
-    state = status.get("status") or ("completed" if result else "unknown")
+    state = state_of(run_dir, status.get("status") or ("completed" if result else "unknown"))
     record = RunRecord(run_dir, identity["configuration"], identity["loss_name"], identity.get("loss") or {},
                        int(identity.get("seed", 0)), state, {k: v for k, v in (result or {}).items() if k != "run"},
-                       error=status.get("error"))
+                       error=status.get("error"), dataset=str(identity.get("dataset")))
     eval_dir = run_dir / "eval" / split
     summary = _read_json(eval_dir / "summary.json")
     if summary is not None:

@@ -37,29 +37,38 @@ def cell_text(cell: MetricCell | None, name: str, latex: bool = False) -> str:
     return text
 
 
+def several_datasets(rows: list[ConfigRow]) -> bool:
+    """Rows of more than one dataset: the tables then name each row's dataset."""
+    return len({r.dataset for r in rows}) > 1
+
+
 def markdown(rows: list[ConfigRow], title: str, protocol_lines: list[str]) -> str:
     names = [m[0] for m in METRICS]
+    first = ("| dataset ", "|---") if several_datasets(rows) else ("", "")
 
     def table(selected_only: bool) -> list[str]:
-        out = ["| loss | hyperparameters | seeds | val. selection | T | " + " | ".join(HEADERS[n] for n in names) + " |",
-               "|---|---|---|---|---|" + "---|" * len(names)]
+        out = [first[0] + "| loss | hyperparameters | seeds | val. selection | T | "
+               + " | ".join(HEADERS[n] for n in names) + " |",
+               first[1] + "|---|---|---|---|---|" + "---|" * len(names)]
         for row in rows:
             if selected_only and not row.selected:
                 continue
             mark = " (baseline)" if row.baseline else (" *" if row.selected and not selected_only else "")
-            out.append(f"| {row.loss_name}{mark} | {row.hyperparameters} | {len(row.seeds)} | "
+            dataset = f"| {row.dataset} " if first[0] else ""
+            out.append(f"{dataset}| {row.loss_name}{mark} | {row.hyperparameters} | {len(row.seeds)} | "
                        f"{_num(row.selection_value, 4)} | {_num(row.temperature, 2)} | "
                        + " | ".join(cell_text(row.cells.get(n), n) for n in names) + " |")
         return out
 
     lines = [f"# {title}", "", *protocol_lines, "",
-             "## Selected configuration of each loss (by validation)", "", *table(True), "",
+             "## Selected configuration of each loss (by validation)"
+             + (" on each dataset" if first[0] else ""), "", *table(True), "",
              "## All configurations (* = selected)", "", *table(False), ""]
     return "\n".join(lines)
 
 
 def write_csv(rows: list[ConfigRow], path: Path) -> None:
-    columns = ["loss", "hyperparameters", "configuration", "seeds", "selection_value", "selected", "baseline",
+    columns = ["dataset", "loss", "hyperparameters", "configuration", "seeds", "selection_value", "selected", "baseline",
                "temperature"]
     for name, *_ in METRICS:
         columns += [f"{name}_mean", f"{name}_std", f"{name}_ci95_lo", f"{name}_ci95_hi", f"{name}_n_cases",
@@ -68,7 +77,7 @@ def write_csv(rows: list[ConfigRow], path: Path) -> None:
     writer = csv.DictWriter(buffer, fieldnames=columns)
     writer.writeheader()
     for row in rows:
-        record = {"loss": row.loss_name, "hyperparameters": row.hyperparameters, "configuration": row.configuration,
+        record = {"dataset": row.dataset, "loss": row.loss_name, "hyperparameters": row.hyperparameters, "configuration": row.configuration,
                   "seeds": " ".join(map(str, row.seeds)), "selection_value": row.selection_value,
                   "selected": row.selected, "baseline": row.baseline, "temperature": row.temperature}
         for name, *_ in METRICS:
@@ -97,6 +106,8 @@ def latex(rows: list[ConfigRow], caption: str) -> str:
         if not row.selected:
             continue
         name = _tex_escape(row.loss_name) + (" (baseline)" if row.baseline else "")
+        if several_datasets(rows):
+            name = f"{_tex_escape(row.dataset)}: {name}"
         lines.append(f"{name} & {_tex_escape(row.hyperparameters)} & "
                      + " & ".join(cell_text(row.cells.get(n), n, latex=True) for n in names) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}", ""]

@@ -1,6 +1,8 @@
 """The comparison table: one row per configuration, seeds aggregated, selection by validation, tests.
 
-For each configuration (runs that differ only in their seed):
+Runs on different datasets are never compared: rows, selection and baseline are per dataset. A
+second run of a configuration with a seed already present is left out (``duplicate_of``), so the
+std over seeds is over distinct seeds. For each configuration (runs that differ only in their seed):
 * mean ± std over seeds of each run's summary value (the evaluator's mean over cases);
 * a 95% percentile-bootstrap interval over cases of the per-case values averaged over seeds;
 * ``pre_T`` (raw outputs) and ``post_T`` (after temperature scaling) calibration columns.
@@ -45,6 +47,7 @@ class MetricCell:
 
 @dataclass
 class ConfigRow:
+    dataset: str
     loss_name: str
     configuration: str
     hyperparameters: str
@@ -114,16 +117,21 @@ def build_rows(runs: list[RunRecord], select: str = "score", select_mode: str = 
     """Group evaluated runs into configurations, fill the metric cells, select and test."""
     if select_mode not in ("max", "min"):
         raise ValueError(f"select_mode={select_mode!r}: expected max or min")
-    groups: dict[str, list[RunRecord]] = {}
-    for run in runs:
-        if run.evaluated:
-            groups.setdefault(run.configuration, []).append(run)
+    groups: dict[tuple[str, str], list[RunRecord]] = {}
+    seen: dict[tuple[str, str, int], RunRecord] = {}
+    for run in sorted((r for r in runs if r.evaluated), key=lambda r: str(r.path)):
+        first = seen.setdefault((run.dataset, run.configuration, run.seed), run)
+        if first is not run:
+            run.duplicate_of = first.path
+            continue
+        groups.setdefault((run.dataset, run.configuration), []).append(run)
     rows = []
-    common = set(common_overrides(list(groups)))
-    for configuration, members in groups.items():
+    common = set(common_overrides([configuration for _, configuration in groups]))
+    for (dataset, configuration), members in groups.items():
         members = sorted(members, key=lambda r: r.seed)
         selection = _mean_std([r.result.get(select) for r in members])[0]
-        row = ConfigRow(members[0].loss_name, configuration, _hyperparameters(configuration, members[0].loss_name, common),
+        row = ConfigRow(dataset, members[0].loss_name, configuration,
+                        _hyperparameters(configuration, members[0].loss_name, common),
                         members, [r.seed for r in members], None if math.isnan(selection) else selection)
         row.cells = {name: _cell(members, key, case_key, scaler, n_boot, seed)
                      for name, key, case_key, scaler, _ in METRICS}
@@ -134,13 +142,20 @@ def build_rows(runs: list[RunRecord], select: str = "score", select_mode: str = 
     order = {}
     for run in runs:  # losses in the order their first run appears (sweep order)
         order.setdefault(run.loss_name, len(order))
-    rows.sort(key=lambda r: (order.get(r.loss_name, 0), _natural(r.configuration)))
+    rows.sort(key=lambda r: (r.dataset, order.get(r.loss_name, 0), _natural(r.configuration)))
 
     sign = 1 if select_mode == "max" else -1
-    for loss in {r.loss_name for r in rows}:
-        candidates = [r for r in rows if r.loss_name == loss and r.selection_value is not None]
+    for dataset, loss in {(r.dataset, r.loss_name) for r in rows}:
+        candidates = [r for r in rows if (r.dataset, r.loss_name) == (dataset, loss) and r.selection_value is not None]
         if candidates:
             max(candidates, key=lambda r: sign * r.selection_value).selected = True
+    for dataset in sorted({r.dataset for r in rows}):
+        _test_against_baseline([r for r in rows if r.dataset == dataset], baseline)
+    return rows
+
+
+def _test_against_baseline(rows: list[ConfigRow], baseline: str | None) -> None:
+    """Wilcoxon p-values of each row against the selected configuration of ``baseline`` (rows of one dataset)."""
     reference = next((r for r in rows if r.loss_name == baseline and r.selected), None)
     if reference is not None:
         reference.baseline = True
@@ -152,4 +167,3 @@ def build_rows(runs: list[RunRecord], select: str = "score", select_mode: str = 
                 if cell is not None and reference.cells.get(name) is not None:
                     cell.p_vs_baseline = paired_wilcoxon(case_means(row.runs, scaler, case_key),
                                                          case_means(reference.runs, scaler, case_key))
-    return rows

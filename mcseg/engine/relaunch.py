@@ -1,0 +1,78 @@
+"""Pre-flight checks of a training launch into a run directory, made before anything is written to it.
+
+* ``last.pt`` present: the launch must ask to resume (``trainer.resume``/``auto_resume``);
+* resuming: what the model sees and how it is trained must be the checkpoint's own
+  (:data:`RESUME_MUST_MATCH`, compared after :func:`~mcseg.engine.data.record_dataset_facts`, so the
+  class names and channels found in the data are compared too);
+* a finished run (``result.json``) is not trained or evaluated again: ``evaluate.py`` re-evaluates it.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from mcseg.engine.checkpoint import load_checkpoint
+from mcseg.rundir import LaunchRefused
+
+# Config sections that must match between a checkpoint and the run resuming from it.
+RESUME_MUST_MATCH = ("model", "loss", "optim", "scheduler", "seed", "dataset")
+# Dataset keys that may change on resume: where the data lives and how it is cached and loaded,
+# not what the model sees (the data itself is compared through the facts recorded from it; a
+# resumed run reads its own split.json, whatever split.file says).
+DATASET_MAY_CHANGE = ("root", "split.file", "preprocess.cache", "preprocess.cache_dir", "preprocess.workers",
+                      "sampling.num_workers")
+
+
+def _without(node: dict | None, dotted: tuple[str, ...]) -> dict | None:
+    if not isinstance(node, dict):
+        return node
+    node = {k: dict(v) if isinstance(v, dict) else v for k, v in node.items()}
+    for key in dotted:
+        *parents, leaf = key.split(".")
+        parent = node
+        for name in parents:
+            parent = parent.get(name) if isinstance(parent, dict) else None
+        if isinstance(parent, dict):
+            parent.pop(leaf, None)
+    return node
+
+
+def _first_difference(saved, now, prefix: str) -> str | None:
+    """The first dotted key at which two config nodes differ."""
+    if isinstance(saved, dict) and isinstance(now, dict):
+        for key in sorted(saved.keys() | now.keys()):
+            found = _first_difference(saved.get(key), now.get(key), f"{prefix}.{key}")
+            if found:
+                return found
+        return None
+    return None if saved == now else f"{prefix}={now!r} (checkpoint: {saved!r})"
+
+
+def resume_mismatch(saved: dict, now: dict) -> str | None:
+    """Where the resolved config ``now`` differs from a checkpoint's ``saved`` one in :data:`RESUME_MUST_MATCH`."""
+    for key in RESUME_MUST_MATCH:
+        a, b = saved.get(key), now.get(key)
+        if key == "dataset":
+            a, b = _without(a, DATASET_MAY_CHANGE), _without(b, DATASET_MAY_CHANGE)
+        found = _first_difference(a, b, key)
+        if found:
+            return found
+    return None
+
+
+def check_launch(run_dir: Path, resume: bool, auto_resume: bool, config: dict) -> Path | None:
+    """The checkpoint to resume from (None: a fresh start); :class:`LaunchRefused` if the launch may not run."""
+    last = Path(run_dir) / "checkpoints" / "last.pt"
+    if not last.is_file():
+        if resume:
+            raise LaunchRefused(f"trainer.resume=true but {last} does not exist")
+        return None
+    if not (resume or auto_resume):
+        raise LaunchRefused(f"{last} exists: pass trainer.resume=true to continue this run, or use a new run directory")
+    mismatch = resume_mismatch(load_checkpoint(last)["config"], config)
+    if mismatch:
+        raise LaunchRefused(f"{last}: cannot resume with {mismatch}; resume with the run's own config "
+                            "or start a new run directory")
+    if (Path(run_dir) / "result.json").is_file():
+        raise LaunchRefused(f"{run_dir} is a finished run (result.json): re-evaluate it with "
+                            f"`python evaluate.py ckpt={run_dir}/checkpoints/best.pt`, or train in a new run directory")
+    return last
