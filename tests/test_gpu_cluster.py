@@ -4,6 +4,8 @@ device (tensors that live "elsewhere" and cannot be read back) or by monkeypatch
 device would."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -26,7 +28,9 @@ def test_resume_on_an_accelerator_keeps_rng_states_and_step_counters_on_the_host
     host too and copies only the weights to the device."""
     overrides = TINY_2D + ["trainer.max_epochs=1", "dataset.sampling.samples_per_epoch=4"]
     train(make_cfg(overrides))
-    saved = checkpoint.load_checkpoint(make_cfg(overrides).paths.output_dir + "/checkpoints/last.pt")
+    run_dir = Path(make_cfg(overrides).paths.output_dir)
+    (run_dir / "result.json").unlink()  # a run stopped before its test evaluation: resumable, not finished
+    saved = checkpoint.load_checkpoint(run_dir / "checkpoints" / "last.pt")
     original, load = Trainer.resume, torch.load
     seen = {"map_location": []}
 
@@ -55,7 +59,7 @@ def test_resume_on_an_accelerator_keeps_rng_states_and_step_counters_on_the_host
     assert state and all(s["step"].device.type == "cpu" for s in state.values())
     assert all(s["exp_avg"].device.type == "meta" for s in state.values())
     assert torch.equal(torch.get_rng_state(), saved["rng"]["torch"])
-    assert seen["map_location"] == ["cpu", "cpu"]  # last.pt and best.pt read on the host
+    assert len(seen["map_location"]) >= 2 and set(seen["map_location"]) == {"cpu"}  # last.pt, best.pt on the host
 
 
 @pytest.fixture
