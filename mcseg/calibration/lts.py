@@ -11,11 +11,13 @@ mix leaf 1 with 2, leaf 3 with 4, then the two results (a two-level binary tree)
 fifth leaf is a convolution of the image and a fourth gate (of the logits) mixes it with the tree's
 output. Every weight starts at zero. Changes here: T = floor + softplus(a) instead of
 ReLU(a + 1) + 1e-8 (no dead gradient, T >= floor), with the leaves' constant chosen so that T = 1
-(the identity) at the start; replicate instead of reflect padding (any patch size); 2D (slice by
-slice) or 3D convolutions.
+(the identity) at the start; small random gate weights (else the leaves never differ); the logits
+divided by their standard deviation on the fitting cases; replicate instead of reflect padding
+(any patch size); 2D (slice by slice) or 3D convolutions.
 
 Training (as the paper): NLL of the calibrated probabilities, Adam, on the validation cases, keeping
-the weights with the lowest NLL on held-out validation cases (early stopping). Samples are 2D slices
+the weights with the lowest NLL on held-out validation cases (early stopping); here the logit
+convolutions' weights learn at ``lr / fan_in`` (:meth:`LTSNet.param_groups`). Samples are 2D slices
 or 3D patches drawn by the training sampler (:class:`~mcseg.data.sampling.PatchDataset`, no
 augmentation), so memory is one batch; the held-out NLL and :meth:`LTSNet.temperature_map` run in
 chunks (slices, or slabs with a halo of the receptive radius), so a whole volume is never pushed
@@ -27,6 +29,7 @@ import copy
 import hashlib
 import logging
 import math
+import pickle
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -355,7 +358,7 @@ def load_lts(path: Path, sha256: str | None = None, map_location: str | torch.de
         blob = torch.load(path, map_location=map_location, weights_only=True)
         net = LTSNet(**blob["config"])
         net.load_state_dict(blob["state_dict"])
-    except (RuntimeError, KeyError, TypeError, ValueError) as exc:
+    except (RuntimeError, KeyError, TypeError, ValueError, EOFError, pickle.UnpicklingError) as exc:
         raise ValueError(f"{path}: not an LTS weights file ({exc}); refit post-hoc calibration "
                          f"(posthoc.refit=true)") from None
     return net.eval()
