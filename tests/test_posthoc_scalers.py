@@ -169,3 +169,22 @@ def test_lts_input_errors_name_the_problem():
         LTSScaler(LTSConfig(dims=2, patch_size=[8, 8])).fit(FitData(cases=half_and_half_cases(1, (8, 8))))
     with pytest.raises(ValueError, match="image_channels=0"):
         LTSNet(3, 0, 2)(torch.zeros(1, 3, 4, 4), torch.zeros(1, 1, 4, 4))
+
+
+def test_lts_fits_multilabel_regions_through_the_link():
+    """Region masks and a sigmoid link: a global over-confidence (T = 2) is found and NLL drops."""
+    g = torch.Generator().manual_seed(7)
+    cases = []
+    for i in range(4):
+        z_star = smooth_logits(2, (6, 24, 24), g, std=2.0)
+        y = torch.bernoulli(torch.sigmoid(z_star), generator=g)
+        cases.append(CaseLogits(f"case{i}", (2.0 * z_star).numpy(), y.numpy()))
+    cfg = LTSConfig(dims=2, patch_size=[24, 24], batch_size=4, lr=0.05, steps_per_epoch=10, max_epochs=10,
+                    patience=3, slice_axis=0)
+    scaler = LTSScaler(cfg)
+    record = scaler.fit(FitData(cases=cases, link=torch.sigmoid, multilabel=True))
+    assert record["nll_after"] < record["nll_before"]
+    t = scaler.net.temperature_map(torch.as_tensor(cases[0].logits), slice_axis=0)
+    assert t.median().item() == pytest.approx(2.0, rel=0.15)
+    with pytest.raises(ValueError, match="link"):
+        LTSScaler(cfg).fit(FitData(cases=cases, multilabel=True))

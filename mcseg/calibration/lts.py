@@ -274,6 +274,8 @@ def fit_lts(cases: Sequence[CaseLogits], cfg: LTSConfig, link: Callable | None =
     ``nll_before`` / ``nll_after`` on the held-out cases (identity weights are kept if training never
     beat them), the epochs run, the best epoch and the case split.
     """
+    if multilabel and link is None:
+        raise ValueError("LTS on multi-label outputs needs the loss's link (sigmoid-type), got none")
     train_cases, held_cases = _split(list(cases), cfg.holdout, cfg.seed)
     k = int(_as_numpy(train_cases[0].logits).shape[0])
     image_channels = int(_as_numpy(train_cases[0].image).shape[0]) if cfg.use_image else 0
