@@ -39,7 +39,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mcseg.calibration.scaling import nll
 from mcseg.data.cases import CaseData
 from mcseg.data.sampling import PatchDataset
 
@@ -214,14 +213,16 @@ def _as_numpy(a) -> np.ndarray:
     return a.detach().cpu().numpy() if isinstance(a, Tensor) else np.asarray(a)
 
 
-def _case_nll(z: Tensor, y: Tensor, link: Callable | None, multilabel: bool) -> Tensor:
-    """Summed NLL over voxels (mean over regions for multi-label) of calibrated logits ``B x K x *S``."""
-    if link is None and not multilabel:
-        return F.cross_entropy(z, y.long(), reduction="sum")
-    k = z.shape[1]
-    probs = link(z).movedim(1, -1).reshape(-1, k)
-    target = y.movedim(1, -1).reshape(-1, k) if multilabel else y.reshape(-1)
-    return nll(probs, target, multilabel) * target.shape[0]
+def _voxel_nll(z: Tensor, y: Tensor, link: Callable | None, multilabel: bool) -> Tensor:
+    """NLL per voxel (``B x *S``; mean over regions for multi-label) of calibrated logits ``B x K x *S``,
+    as :func:`mcseg.calibration.scaling.nll` but unreduced; softmax (``link=None``) from ``log_softmax``."""
+    if link is None:
+        return F.cross_entropy(z, y.long(), reduction="none")
+    p = link(z)
+    if multilabel:
+        t = y.to(p.dtype)
+        return -(t * p.clamp_min(_LOG_FLOOR).log() + (1 - t) * (1 - p).clamp_min(_LOG_FLOOR).log()).mean(1)
+    return -p.gather(1, y.long()[:, None]).clamp_min(_LOG_FLOOR).log()[:, 0]
 
 
 class _Stacked:
@@ -260,8 +261,8 @@ def heldout_nll(net: LTSNet | None, cases: Sequence[CaseLogits], link: Callable 
         if net is not None:
             image = None if net.image_channels == 0 else torch.as_tensor(_as_numpy(c.image), dtype=torch.float32)
             z = net.apply(z, image, slice_axis, chunk)
-        total += float(_case_nll(z[None], y[None], link, multilabel))
-        count += y[0].numel() if multilabel else y.numel()
+        v = _voxel_nll(z[None], y[None], link, multilabel)
+        total, count = total + float(v.sum()), count + v.numel()
     return total / count
 
 
@@ -298,13 +299,8 @@ def fit_lts(cases: Sequence[CaseLogits], cfg: LTSConfig, link: Callable | None =
             y = torch.stack([b["label"] for b in batch])
             z, inside = x[:, :k], x[:, -1] > 0.5
             image = x[:, k:k + image_channels] if image_channels else None
-            t = net(z, image)
-            zc = z / t
-            if multilabel:
-                weight = inside[:, None].expand_as(y)
-                loss = _weighted_multilabel_nll(link(zc), y, weight)
-            else:
-                loss = _masked_nll(zc, y, inside, link)
+            v = _voxel_nll(z / net(z, image), y, link, multilabel)
+            loss = (v * inside).sum() / inside.sum().clamp_min(1)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
@@ -324,20 +320,6 @@ def fit_lts(cases: Sequence[CaseLogits], cfg: LTSConfig, link: Callable | None =
               "config": asdict(cfg), "net": net.config()}
     log.info("LTS: held-out NLL %.5f -> %.5f (best epoch %d of %d)", before, best, best_epoch, epoch + 1)
     return net, record
-
-
-def _masked_nll(z: Tensor, y: Tensor, inside: Tensor, link: Callable | None) -> Tensor:
-    if link is None:
-        per_voxel = F.cross_entropy(z, y.long(), reduction="none")
-    else:
-        per_voxel = -link(z).gather(1, y.long()[:, None]).clamp_min(_LOG_FLOOR).log()[:, 0]
-    return (per_voxel * inside).sum() / inside.sum().clamp_min(1)
-
-
-def _weighted_multilabel_nll(p: Tensor, y: Tensor, weight: Tensor) -> Tensor:
-    t = y.float()
-    per = -(t * p.clamp_min(_LOG_FLOOR).log() + (1 - t) * (1 - p).clamp_min(_LOG_FLOOR).log())
-    return (per * weight).sum() / weight.sum().clamp_min(1)
 
 
 def save_lts(net: LTSNet, path: Path) -> str:
