@@ -21,7 +21,8 @@ class SoftDice(nn.Module):
 
     Args:
         include_background: keep class 0 in the mean (default True, as MONAI, and as the
-            margin-segmentation code actually ran: its wrapper meant to drop it but did not).
+            margin-segmentation code's plain CE + Dice actually ran: its wrapper meant to drop it
+            but did not; its margin + Dice does drop it, see :class:`~mcseg.losses.MarginDiceLoss`).
         batch: pool the sums over the batch before the ratio (default False).
         smooth_nr, smooth_dr: numerator / denominator smoothing (default 1e-5).
     """

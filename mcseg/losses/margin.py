@@ -112,8 +112,10 @@ class MarginDiceLoss(MarginLoss):
     """``lambda_ce * CE + lambda_dice * soft Dice + alpha * MbLS margin penalty``.
 
     CE and the penalty as in :class:`MarginLoss` (mean over non-ignored voxels, penalty
-    also over the K classes); the Dice term as :class:`~mcseg.losses.dice.SoftDice`
-    (background included by default). Defaults m = 10, alpha = 0.1, 1:1 CE:Dice.
+    also over the K classes); the Dice term as :class:`~mcseg.losses.dice.SoftDice`, by
+    default WITHOUT the background, as the authors' ``LogitMarginDICEL1``
+    (Bala93/MarginLoss, ``include_background=False`` since April 2022; unlike their plain
+    CE + Dice, which includes it). Defaults m = 10, alpha = 0.1, 1:1 CE:Dice.
 
     Args:
         margin, alpha, schedule, mu, max_alpha, step_size: see :class:`MarginLoss`.
@@ -131,7 +133,7 @@ class MarginDiceLoss(MarginLoss):
         alpha: float = 0.1,
         lambda_ce: float = 1.0,
         lambda_dice: float = 1.0,
-        include_background: bool = True,
+        include_background: bool = False,
         batch: bool = False,
         smooth_nr: float = 1e-5,
         smooth_dr: float = 1e-5,

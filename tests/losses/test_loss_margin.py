@@ -1,13 +1,17 @@
 """MbLS margin loss and margin + Dice: hand values, the official formulation, the m -> inf limit, the schedule."""
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+from hydra.utils import instantiate
 from monai.losses import DiceCELoss
+from omegaconf import OmegaConf
 
 from .loss_zoo import random_inputs
+from ..conftest import CONFIG_DIR
 from mcseg.losses import CEDiceLoss, CELoss, MarginDiceLoss, MarginLoss
 
 
@@ -31,21 +35,53 @@ def test_hand_value():
     )
 
 
-def test_margin_dice_hand_value():
-    logits, target = two_voxels()
+def margin_dice_by_hand(include_background):
+    """CE + mean_k Dice_k + 0.1 * penalty on the two voxels (one sample), computed from scalars."""
     z = [[2.0, 0.0, -13.0], [0.0, 12.0, 1.0]]
     p = [[math.exp(v) / sum(math.exp(u) for u in row) for v in row] for row in z]
     ce = (-math.log(p[0][0]) - math.log(p[1][2])) / 2
     g = [[1, 0, 0], [0, 0, 1]]  # one-hot labels of the two voxels
     s = 1e-5
+    classes = range(0 if include_background else 1, 3)
     dice = 0.0
-    for k in range(3):
+    for k in classes:
         inter = sum(p[v][k] * g[v][k] for v in range(2))
         denom = sum(p[v][k] for v in range(2)) + sum(g[v][k] for v in range(2))
         dice += 1 - (2 * inter + s) / (denom + s)
     penalty = (5 / 3 + 3 / 3) / 2  # as in test_hand_value
-    expected = ce + dice / 3 + 0.1 * penalty
-    assert MarginDiceLoss()(logits, target).item() == pytest.approx(expected, rel=1e-12)
+    return ce + dice / len(classes) + 0.1 * penalty
+
+
+def test_margin_dice_hand_value():
+    logits, target = two_voxels()
+    # default: background excluded from the Dice term, as the authors' LogitMarginDICEL1
+    assert MarginDiceLoss()(logits, target).item() == pytest.approx(margin_dice_by_hand(False), rel=1e-12)
+    with_bg = MarginDiceLoss(include_background=True)(logits, target).item()
+    assert with_bg == pytest.approx(margin_dice_by_hand(True), rel=1e-12)
+    assert abs(margin_dice_by_hand(True) - margin_dice_by_hand(False)) > 1e-3  # the test can tell them apart
+
+
+def official_margin_dice(logits, targets, margin, alpha):
+    """The published LogitMarginDICEL1.forward (Bala93/MarginLoss, since 2023 with softmax): CE over all
+    voxels + mean over samples and FOREGROUND classes of 1 - (2 sum p g + 1e-5) / (sum p + sum g + 1e-5),
+    sums over the spatial dims of each sample, + alpha * relu(max z - z - m) averaged over voxels and classes."""
+    probs = torch.softmax(logits, 1)[:, 1:]
+    truth = F.one_hot(targets, logits.shape[1]).movedim(-1, 1).to(logits.dtype)[:, 1:]
+    dims = tuple(range(2, logits.ndim))
+    dice = (1 - (2 * (probs * truth).sum(dims) + 1e-5) / (probs.sum(dims) + truth.sum(dims) + 1e-5)).mean()
+    penalty = F.relu(logits.amax(1, keepdim=True) - logits - margin).mean()
+    return F.cross_entropy(logits, targets) + dice + alpha * penalty
+
+
+@pytest.mark.parametrize("shape", [(2, 4, 6, 5), (2, 3, 4, 3, 5)])
+def test_margin_dice_preset_is_the_authors_loss(shape):
+    """configs/loss/margin_dice.yaml builds the authors' margin + Dice (background excluded from Dice)."""
+    cfg = OmegaConf.load(Path(CONFIG_DIR) / "loss" / "margin_dice.yaml")
+    loss = instantiate(cfg)
+    assert isinstance(loss, MarginDiceLoss) and not loss.dice.include_background
+    logits, target = random_inputs(shape, seed=24, dtype=torch.float64, scale=6.0)
+    expected = official_margin_dice(logits, target, margin=10.0, alpha=0.1)
+    assert loss(logits, target).item() == pytest.approx(expected.item(), rel=1e-10)
 
 
 def official_mbls(logits, targets, margin, alpha, ignore_index):
@@ -80,13 +116,13 @@ def test_margin_dice_is_ce_dice_plus_penalty():
     logits, target = random_inputs((2, 3, 6, 6), seed=23, dtype=torch.float64, scale=5.0)
     penalty = F.relu(logits.amax(1, keepdim=True) - logits - 2.0).mean()
     ref = DiceCELoss(to_onehot_y=True, softmax=True)(logits, target.unsqueeze(1)) + 0.3 * penalty
-    ours = MarginDiceLoss(margin=2.0, alpha=0.3)(logits, target)
+    ours = MarginDiceLoss(margin=2.0, alpha=0.3, include_background=True)(logits, target)
     assert ours.item() == pytest.approx(ref.item(), abs=1e-10)
     ce_dice = CEDiceLoss(include_background=False, lambda_ce=0.5, lambda_dice=2.0)(logits, target)
     ours = MarginDiceLoss(margin=2.0, alpha=0.3, include_background=False, lambda_ce=0.5, lambda_dice=2.0)
     assert ours(logits, target).item() == pytest.approx((ce_dice + 0.3 * penalty).item(), abs=1e-10)
     inf = MarginDiceLoss(margin=float("inf"))(logits, target)
-    assert inf.item() == pytest.approx(CEDiceLoss()(logits, target).item(), abs=1e-12)
+    assert inf.item() == pytest.approx(CEDiceLoss(include_background=False)(logits, target).item(), abs=1e-12)
 
 
 # ------------------------------------------------------------------ schedule
