@@ -28,7 +28,9 @@ def train_main(cfg: DictConfig):
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="evaluate")
 def evaluate_main(cfg: DictConfig):
-    from mcseg.evaluate import evaluate
+    from mcseg.evaluate import evaluate, move_job_record
     from mcseg.sweep import run_job
 
-    run_job(evaluate, cfg)
+    result = run_job(evaluate, cfg)
+    if cfg.get("ckpt") and result:  # its results and their provenance are elsewhere: no job directory left behind
+        move_job_record(Path(cfg.paths.output_dir), Path(result["provenance"]["output_dir"]))
