@@ -39,6 +39,7 @@ from mcseg.engine.inference import InferenceConfig
 from mcseg.engine.provenance import checkpoint_identity, dataset_identity, file_sha256
 from mcseg.errors import ConfigError
 from mcseg.runtime import resolve_device
+from mcseg.targets import check_targets
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +189,7 @@ def evaluate_checkpoint(cfg: DictConfig, ckpt_path: Path, overrides: list[str] |
     ckpt = resolve_checkpoint_path(Path(ckpt_path).expanduser().resolve())
     state = load_checkpoint(ckpt)
     run_cfg = OmegaConf.create(state["config"])
+    check_targets(run_cfg)  # a checkpoint's stored config is untrusted input: refused before anything is built
     refuse_fixed_overrides(cfg, run_cfg, overrides)
     split, run_dir, split_source = checkpoint_split(ckpt, state, bool(cfg.get("eval_dir")))
     sha = file_sha256(ckpt)
