@@ -4,6 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from mcseg.sweep import job_name
@@ -32,5 +34,8 @@ def evaluate_main(cfg: DictConfig):
     from mcseg.sweep import run_job
 
     result = run_job(evaluate, cfg)
-    if cfg.get("ckpt") and result:  # its results and their provenance are elsewhere: no job directory left behind
+    hc = HydraConfig.get()
+    chosen = any(o.startswith("hydra.run.dir=") for o in hc.overrides.hydra)
+    if cfg.get("ckpt") and result and hc.mode == RunMode.RUN and not chosen:
+        # its results and their provenance are elsewhere: no timestamped job directory left behind
         move_job_record(Path(cfg.paths.output_dir), Path(result["provenance"]["output_dir"]))

@@ -186,6 +186,8 @@ def evaluate_checkpoint(cfg: DictConfig, ckpt_path: Path, overrides: list[str] |
     and recorded in the provenance. Returns the summary (with its ``provenance``).
     """
     overrides = list(overrides or [])
+    if cfg.split not in (*SPLITS, "all"):
+        raise ConfigError(f"split={cfg.split!r}: expected one of {', '.join(SPLITS)} or all")
     ckpt = resolve_checkpoint_path(Path(ckpt_path).expanduser().resolve())
     state = load_checkpoint(ckpt)
     run_cfg = OmegaConf.create(state["config"])
