@@ -262,3 +262,32 @@ def test_train_and_evaluate_do_not_import_each_other():
         imported = {node.module for node in ast.walk(ast.parse(path.read_text()))
                     if isinstance(node, ast.ImportFrom) and node.module}
         assert not imported & entry_points, f"{path.name} imports {imported & entry_points}"
+
+
+def test_the_report_never_takes_another_checkpoints_numbers_for_the_runs(runs, make_cfg, tmp_path):
+    """#12.3: even written into <run>/eval/test by hand (eval_dir=), last.pt's numbers are not the run's."""
+    from mcseg.report.collect import read_run
+
+    run = copy_run(runs.run2d, tmp_path / "run")
+    assert read_run(run, "test").evaluated
+    other = other_model(run / "checkpoints/best.pt", run / "checkpoints/last.pt")
+    evaluate_with(make_cfg, tmp_path, [f"ckpt={other}", f"eval_dir={run}/eval/test", "overwrite=true",
+                                       "posthoc.apply=[]"])
+    assert not read_run(run, "test").evaluated
+
+
+def test_a_checkpoint_without_a_stored_split_uses_its_runs_split_or_is_refused(runs, make_cfg, tmp_path, caplog):
+    """#12.4: checkpoints written before splits were stored: the split.json of the run they sit in, with a
+    warning; outside a run they are refused (nothing else says which cases are its test cases)."""
+    run = copy_run(runs.run2d, tmp_path / "run")
+    state = load_checkpoint(run / "checkpoints/best.pt")
+    del state["split"], state["dataset"]
+    save_checkpoint(run / "checkpoints/old.pt", state)
+    with caplog.at_level(logging.WARNING):
+        summary = evaluate_with(make_cfg, tmp_path, [f"ckpt={run}/checkpoints/old.pt", "posthoc.apply=[]"])
+    assert "before checkpoints stored their split" in caplog.text
+    assert summary["provenance"]["split"]["cases"] == read(run / "split.json")["test"]
+    assert summary["provenance"]["split"]["source"] == str(run / "split.json")
+    shutil.copy(run / "checkpoints/old.pt", tmp_path / "old.pt")
+    with pytest.raises(ValueError, match="holds no split"):
+        evaluate_with(make_cfg, tmp_path, [f"ckpt={tmp_path / 'old.pt'}", f"eval_dir={tmp_path / 'out'}"])
