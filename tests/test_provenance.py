@@ -49,7 +49,9 @@ def copy_run(run: Path, dest: Path) -> Path:
 
 
 def evaluate_with(make_cfg, tmp_path, overrides):
-    return evaluate(make_cfg(["evaluation.bootstrap_samples=10", "save_predictions=false", *overrides],
+    """Fast settings (temperature scaling only, few resamples, no NIfTI written), then ``overrides``."""
+    return evaluate(make_cfg(["evaluation.bootstrap_samples=10", "save_predictions=false",
+                              "posthoc.apply=[temperature]", *overrides],
                              config_name="evaluate", output_dir=tmp_path / "job"))
 
 

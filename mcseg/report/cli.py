@@ -46,7 +46,7 @@ def evaluate_missing(runs: list[RunRecord], split: str, scalers: list[str], devi
         # an evaluation without the post-hoc scalers is replaced by one of the same best.pt with them
         cfg.ckpt, cfg.paths.output_dir, cfg.overwrite = str(ckpt), str(run.path / "eval"), run.evaluated
         try:
-            evaluate_checkpoint(cfg, ckpt, ["mcseg-report", *overrides])
+            evaluate_checkpoint(cfg, ckpt, overrides)
         except Exception as exc:  # listed in the report as not evaluated; the others go on
             log.error("evaluation of %s failed: %s: %s", run.path, type(exc).__name__, exc)
         out.append(read_run(run.path, split) or run)
