@@ -211,22 +211,22 @@ def evaluate_checkpoint(cfg: DictConfig, ckpt_path: Path, overrides: list[str] |
     if not other and split is None:
         raise ValueError(f"{ckpt} holds no split (written before checkpoints stored theirs) and sits in no run "
                          f"directory with a split.json: evaluate it inside its run, or on another dataset with dataset=")
-    out_dir = output_dir(cfg, ckpt, sha, run_dir, selected, dataset.name if other else None)
-    if other:
-        splits = resolve_split(dataset, eval_cfg.dataset, out_dir)
-        split_source = str(out_dir / "split.json")
-    else:
-        splits = own_splits(ckpt, dataset, split)
-        stored, root = state.get("dataset") or {}, getattr(dataset, "root", None)
-        if stored.get("root") and stored["root"] != str(root):
-            log.warning("%s was trained on the data at %s; evaluating the same case ids at %s", ckpt,
-                        stored["root"], root)
-
+    # everything that can be refused is, before the first file is written or replaced
     device = resolve_device(cfg.device)
     model, loss_fn = restore_model(run_cfg, state, ckpt, device)
     inference = typed(run_cfg.inference, InferenceConfig, "inference")
     protocol = typed(cfg.evaluation, EvalProtocol, "evaluation")
     predictor = build_predictor(eval_cfg, model, loss_fn, device, inference, run_cfg.trainer.precision)
+    if not other:
+        splits = own_splits(ckpt, dataset, split)
+        stored, root = state.get("dataset") or {}, getattr(dataset, "root", None)
+        if stored.get("root") and stored["root"] != str(root):
+            log.warning("%s was trained on the data at %s; evaluating the same case ids at %s", ckpt,
+                        stored["root"], root)
+    out_dir = output_dir(cfg, ckpt, sha, run_dir, selected, dataset.name if other else None)
+    if other:  # another dataset's split, made (or reused) beside its evaluation
+        splits = resolve_split(dataset, eval_cfg.dataset, out_dir)
+        split_source = str(out_dir / "split.json")
     refs = splits[cfg.split]
     provenance = {
         "checkpoint": checkpoint, "run_dir": str(run_dir) if run_dir is not None else None,
