@@ -3,6 +3,8 @@ from __future__ import annotations
 
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from mcseg.config import CONFIG_DIR  # noqa: F401  (importable from here too)
@@ -27,7 +29,12 @@ def train_main(cfg: DictConfig):
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="evaluate")
 def evaluate_main(cfg: DictConfig):
-    from mcseg.evaluate import evaluate
+    from mcseg.evaluate import evaluate, move_job_record
     from mcseg.sweep import run_job
 
-    run_job(evaluate, cfg)
+    result = run_job(evaluate, cfg)
+    hc = HydraConfig.get()
+    chosen = any(o.startswith("hydra.run.dir=") for o in hc.overrides.hydra)
+    if cfg.get("ckpt") and result and hc.mode == RunMode.RUN and not chosen:
+        # its results and their provenance are elsewhere: no timestamped job directory left behind
+        move_job_record(Path(cfg.paths.output_dir), Path(result["provenance"]["output_dir"]))

@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     except (FolderError, VolumeError, ValueError) as exc:
         print(f"mcseg-evaluate-folder: error: {exc}", file=sys.stderr)
         return 2
-    from mcseg.evaluate import format_summary
+    from mcseg.engine.evaluation import format_summary
 
     names = ["background", *summary["classes"]]
     print(format_summary(summary, names, title=f"{args.pred_dir}"))

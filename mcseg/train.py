@@ -17,38 +17,23 @@ from mcseg.config import LoggerConfig, TrainerConfig, typed, validate_train_conf
 from mcseg.data.io import write_json
 from mcseg.errors import ConfigError
 from mcseg.data.build import check_run_inputs
-from mcseg.engine.data import build_dataset, build_train_loader, load_cases, record_dataset_facts, resolve_split, sampling_config
+from mcseg.engine.build import build_predictor
+from mcseg.engine.checkpoint import load_checkpoint
+from mcseg.engine.data import build_dataset, build_train_loader, load_cases, record_dataset_facts, resolve_split
 from mcseg.engine.distributed import init_distributed, shutdown
 from mcseg.engine.evaluator import EvalProtocol
 from mcseg.engine.inference import InferenceConfig
-from mcseg.engine.predict import SegmentationPredictor
-from mcseg.engine.relaunch import check_launch
 from mcseg.engine.tb_logger import TensorBoardLogger
 from mcseg.engine.trainer import HEADLINE, Trainer
-from mcseg.evaluate import evaluate_split, format_summary
-from mcseg.models import MbLSUNet2D, size_divisor
+from mcseg.engine.evaluation import evaluate_split, format_summary
+from mcseg.engine.provenance import checkpoint_identity, dataset_identity, hydra_overrides, split_case_ids
+from mcseg.engine.relaunch import check_launch
 from mcseg.sweep import run_identity
 from mcseg.rundir import begin as begin_run
 from mcseg.runtime import seed_everything
 from mcseg.targets import instantiate_checked
 
 log = logging.getLogger(__name__)
-
-
-def build_predictor(cfg: DictConfig, model, loss_fn, device, inference: InferenceConfig, precision: str) -> SegmentationPredictor:
-    sampling = sampling_config(cfg.dataset)
-    if isinstance(model, MbLSUNet2D) and sampling.dims != 2:
-        raise ValueError("model=mbls_unet is a 2D network: set dataset.sampling.dims=2")
-    divisor = size_divisor(model)
-    if any(p % divisor for p in sampling.patch_size):
-        raise ValueError(
-            f"dataset.sampling.patch_size={sampling.patch_size}: each size must be a multiple of {divisor} "
-            f"(the network downsamples by {divisor})"
-        )
-    return SegmentationPredictor(
-        model, sampling.dims, divisor, loss_fn.probabilities, bool(getattr(loss_fn, "multilabel", False)),
-        inference, sampling.patch_size, precision, device, sampling.slice_axis,
-    )
 
 
 def train(cfg: DictConfig) -> dict:
@@ -99,6 +84,10 @@ def train(cfg: DictConfig) -> dict:
         tcfg, run_dir, model, loss_fn, optimizer, scheduler, loader, sampler, predictor, val_cases, dataset.restore,
         dataset.num_classes, dataset.class_names, protocol, tb, container, lcfg.images, dist,
     )
+    # what every checkpoint records of its data: the split's case ids and the dataset's identity
+    split_ids = split_case_ids(splits.refs)
+    trained_on = dataset_identity(dataset, [c for ids in split_ids.values() for c in ids])
+    trainer.provenance = {"split": split_ids, "dataset": trained_on}
     if resume_from is not None:
         trainer.resume(resume_from)
     try:
@@ -108,12 +97,19 @@ def train(cfg: DictConfig) -> dict:
         trainer.load_best()
         del train_cases
         scalers = {}
+        best_path = run_dir / "checkpoints" / "best.pt"
+        best = checkpoint_identity(best_path, load_checkpoint(best_path))
+        overrides = hydra_overrides()
         if posthoc.fit:  # post-hoc calibration of best.pt on the validation cases
-            record = fit_posthoc(predictor, val_cases, posthoc, run_dir, "best.pt")
+            record = fit_posthoc(predictor, val_cases, posthoc, run_dir, best, {"dataset": trained_on, "overrides": overrides})
             scalers = scalers_to_apply(record, posthoc.apply, run_dir)
+        provenance = {"checkpoint": {**best, "selected": True}, "run_dir": str(run_dir),
+                      "split": {"name": "test", "source": "training", "cases": split_ids["test"]},
+                      "dataset": trained_on, "trained_on": trained_on, "overrides": overrides,
+                      "output_dir": str(run_dir / "eval" / "test")}
         summary = evaluate_split(
             predictor, dataset, splits["test"], protocol, run_dir / "eval" / "test",
-            inference.save_predictions, inference.save_probabilities, scalers,
+            inference.save_predictions, inference.save_probabilities, scalers, provenance,
         )
     except BaseException as exc:
         dist.report_failure(exc)  # torchrun/submitit: the ranks waiting at a barrier stop now

@@ -197,7 +197,7 @@ def evaluation_rate(cfg, trainer: Trainer, n_cases: int, out_dir: Path) -> dict:
     """(d): test volumes/s through ``evaluate_split`` (after one untimed volume)."""
     from mcseg.config import typed
     from mcseg.engine.data import build_dataset, resolve_split
-    from mcseg.evaluate import evaluate_split
+    from mcseg.engine.evaluation import evaluate_split
 
     dataset = build_dataset(cfg.dataset)
     refs = resolve_split(dataset, cfg.dataset, Path(cfg.paths.output_dir))["test"]

@@ -113,8 +113,8 @@ def test_training_fits_on_validation_and_reports_pre_and_post_t(make_cfg, tmp_pa
     cfg = make_cfg(TINY_2D)
     result = train(cfg)
     run = tmp_path / "run"
-    record = json.loads((run / "calibration.json").read_text())
-    assert record["fitted_on"] == "val" and record["checkpoint"] == "best.pt"
+    (record,) = json.loads((run / "calibration.json").read_text())["fits"].values()  # keyed by best.pt's sha256
+    assert record["fitted_on"] == "val" and record["checkpoint"]["path"] == str(run / "checkpoints" / "best.pt")
     assert set(record["scalers"]) == {"temperature", "vector"}
     for scaler in record["scalers"].values():
         assert scaler["nll_after"] <= scaler["nll_before"]

@@ -6,6 +6,12 @@ reference protocol for 3D volumes; ``voxels: all`` keeps every voxel, the plain 
 al.; then at most ``max_voxels`` in all, drawn uniformly), fits each
 requested scaler (:mod:`mcseg.calibration.scaling`) and writes ``<run>/calibration.json``.
 The evaluation then reports every metric before (``pre_T``) and after (``post_T``) scaling.
+
+``calibration.json`` holds one fit per checkpoint, keyed by the checkpoint file's sha256
+(``{"fits": {sha256: record}}``), never by its file name: fits of several checkpoints coexist,
+and a different model that happens to have the same file name is fitted anew. A fitted
+temperature outside ``PLAUSIBLE_TEMPERATURE`` is kept but warned about (and listed in the
+record's ``warnings``): it usually means too few validation voxels.
 """
 from __future__ import annotations
 
@@ -27,6 +33,8 @@ log = logging.getLogger(__name__)
 
 CALIBRATION_FILE = "calibration.json"
 VOXEL_SAMPLES = ("balanced", "all")
+# Fitted temperatures outside this range are legal but suspicious (e.g. T = 6223 on one validation case).
+PLAUSIBLE_TEMPERATURE = (0.05, 20.0)
 
 
 @dataclass
@@ -95,31 +103,64 @@ def collect_validation_voxels(predictor, cases: Iterable[CaseData], max_voxels: 
     return logits, target, n_cases
 
 
-def fit_posthoc(predictor, cases: Iterable[CaseData], cfg: PosthocConfig, run_dir: Path, checkpoint: str) -> dict:
-    """Fit ``cfg.fit`` scalers on the validation ``cases`` and write ``<run_dir>/calibration.json``."""
-    logits, target, n_cases = collect_validation_voxels(predictor, cases, cfg.max_voxels, cfg.seed, cfg.voxels)
-    record = {"fitted_on": "val", "checkpoint": checkpoint, "n_cases": n_cases, "n_voxels": len(logits),
+def fit_posthoc(predictor, cases: Iterable[CaseData], cfg: PosthocConfig, where: Path, checkpoint: dict,
+                provenance: dict | None = None) -> dict:
+    """Fit ``cfg.fit`` scalers on the validation ``cases`` and add them to ``<where>/calibration.json``.
+
+    ``checkpoint``: the identity of the checkpoint whose predictor this is
+    (:func:`mcseg.engine.provenance.checkpoint_identity`; its ``sha256`` is the record's key);
+    ``provenance``: more of what produced the fit (dataset identity, overrides) for the record.
+    """
+    ids: list[str] = []
+
+    def noted(cases_: Iterable[CaseData]):
+        for case in cases_:
+            ids.append(case.case_id)
+            yield case
+
+    logits, target, n_cases = collect_validation_voxels(predictor, noted(cases), cfg.max_voxels, cfg.seed, cfg.voxels)
+    record = {"fitted_on": "val", "checkpoint": checkpoint, "val_cases": ids, **(provenance or {}),
+              "n_cases": n_cases, "n_voxels": len(logits),
               "sampling": ("every voxel" if cfg.voxels == "all" else
                            "all foreground voxels + equally many random background voxels per case")
                           + f", then at most {cfg.max_voxels} uniformly", "objective": "NLL, L-BFGS, float32",
-              "scalers": {}}
+              "scalers": {}, "warnings": []}
     link = predictor.link
     for kind in cfg.fit:
         record["scalers"][kind] = fit_scaler(kind, logits, target, link, predictor.multilabel, cfg.max_iter)
         log.info("post-hoc %s scaling: %s", kind, {k: v for k, v in record["scalers"][kind].items()
                                                     if k in ("temperature", "nll_before", "nll_after")})
-    write_json(run_dir / CALIBRATION_FILE, record)
+        t = record["scalers"][kind].get("temperature")
+        if t is not None and not PLAUSIBLE_TEMPERATURE[0] <= t <= PLAUSIBLE_TEMPERATURE[1]:
+            message = (f"post-hoc temperature T={t:.4g} fitted on {n_cases} validation case(s), {len(logits)} voxels, "
+                       f"is outside {PLAUSIBLE_TEMPERATURE}: the validation split is probably too small to fit it")
+            log.warning(message)
+            record["warnings"].append(message)
+    path = Path(where) / CALIBRATION_FILE
+    stored = _read_calibration(path) or {"fits": {}}
+    stored["fits"][checkpoint["sha256"]] = record
+    write_json(path, stored)
     return record
 
 
-def load_calibration(run_dir: Path) -> dict | None:
-    path = Path(run_dir) / CALIBRATION_FILE
+def _read_calibration(path: Path) -> dict | None:
+    """The whole calibration.json (``{"fits": {sha256: record}}``); a file of an older version, whose one
+    fit is keyed by a file name only, is kept under ``"unkeyed"`` and matches no checkpoint."""
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text())
+        stored = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not valid JSON ({exc}); delete it or pass posthoc.refit=true") from None
+    if "fits" not in stored:
+        stored = {"fits": {}, "unkeyed": stored}
+    return stored
+
+
+def load_calibration(where: Path, sha256: str) -> dict | None:
+    """The fit of the checkpoint whose file has hash ``sha256`` in ``<where>/calibration.json``, or None."""
+    stored = _read_calibration(Path(where) / CALIBRATION_FILE)
+    return (stored or {}).get("fits", {}).get(sha256)
 
 
 def scalers_to_apply(record: dict | None, names: list[str], where: Path) -> dict[str, dict]:

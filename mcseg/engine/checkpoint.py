@@ -64,11 +64,22 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:
-        raise ValueError(f"{path}: not a loadable mcseg checkpoint ({type(exc).__name__}: {exc})") from exc
+        raise ValueError(f"{path}: not an mcseg checkpoint (a file train.py writes to <run>/checkpoints/); "
+                         f"torch.load(weights_only=True) refused it: {_load_error(exc)}") from exc
     missing = [k for k in REQUIRED_KEYS if not isinstance(state, dict) or k not in state]
     if missing:
         raise ValueError(f"{path}: checkpoint lacks keys {missing}")
     return state
+
+
+def _load_error(exc: Exception) -> str:
+    """The reason in torch.load's error, without its advice to retry with ``weights_only=False`` (which
+    would run whatever code the file holds)."""
+    text = str(exc)
+    if "WeightsUnpickler error:" in text:
+        text = text.split("WeightsUnpickler error:", 1)[1]
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"
 
 
 def load_model_weights(model: torch.nn.Module, weights: dict, source: str | Path) -> None:

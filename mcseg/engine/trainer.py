@@ -92,6 +92,7 @@ class Trainer:
         self.best_epoch: int | None = None
         self.history: list[dict] = []
         self._stop_requested = False
+        self.provenance: dict = {}  # split case ids and dataset identity, stored in every checkpoint (set by train)
 
     def _training_module(self, model: torch.nn.Module) -> torch.nn.Module:
         """``model`` as the training step calls it: channels-last, DDP, compiled, as configured."""
@@ -120,6 +121,7 @@ class Trainer:
             "history": self.history,
             "rng": rng_states(),
             "config": self.config_container,
+            **self.provenance,
         }
 
     def resume(self, path: Path) -> None:

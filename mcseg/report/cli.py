@@ -30,7 +30,7 @@ def evaluate_missing(runs: list[RunRecord], split: str, scalers: list[str], devi
     from hydra import compose, initialize_config_dir
 
     from mcseg.cli import CONFIG_DIR
-    from mcseg.evaluate import evaluate_checkpoint
+    from mcseg.engine.checkpoint_eval import evaluate_checkpoint
 
     out = []
     for run in runs:
@@ -39,13 +39,14 @@ def evaluate_missing(runs: list[RunRecord], split: str, scalers: list[str], devi
             out.append(run)
             continue
         log.info("evaluating %s (%s split)", run.path, split)
+        overrides = [f"split={split}", f"device={device}", f"posthoc.apply=[{','.join(scalers)}]"]
         with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-            cfg = compose(config_name="evaluate", overrides=[f"split={split}", f"device={device}",
-                                                             f"posthoc.apply=[{','.join(scalers)}]"])
-        # set, not passed as overrides: sweep job directories hold '=' and ',' that the override grammar parses
-        cfg.ckpt, cfg.paths.output_dir = str(ckpt), str(run.path / "eval")
+            cfg = compose(config_name="evaluate", overrides=overrides)
+        # set, not passed as overrides: sweep job directories hold '=' and ',' that the override grammar parses;
+        # an evaluation without the post-hoc scalers is replaced by one of the same best.pt with them
+        cfg.ckpt, cfg.paths.output_dir, cfg.overwrite = str(ckpt), str(run.path / "eval"), run.evaluated
         try:
-            evaluate_checkpoint(cfg, ckpt)
+            evaluate_checkpoint(cfg, ckpt, overrides)
         except Exception as exc:  # listed in the report as not evaluated; the others go on
             log.error("evaluation of %s failed: %s: %s", run.path, type(exc).__name__, exc)
         out.append(read_run(run.path, split) or run)

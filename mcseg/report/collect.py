@@ -109,6 +109,10 @@ def read_run(run_dir: Path, split: str = "test") -> RunRecord | None:
                        error=status.get("error"), dataset=str(identity.get("dataset")))
     eval_dir = run_dir / "eval" / split
     summary = _read_json(eval_dir / "summary.json")
+    if summary is not None and not summary.get("provenance", {}).get("checkpoint", {}).get("selected", True):
+        log.warning("%s: evaluates %s, not the run's selected checkpoint; not reported", eval_dir,
+                    summary["provenance"]["checkpoint"].get("path"))
+        summary = None
     if summary is not None:
         record.summaries[""] = summary
         record.per_case[""] = read_per_case(eval_dir / "per_case.csv")

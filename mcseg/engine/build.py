@@ -1,0 +1,39 @@
+"""Build what training and evaluation both need from a config: the predictor (model + geometry),
+and a trained model restored from a checkpoint's stored config."""
+from __future__ import annotations
+
+import torch
+from omegaconf import DictConfig
+
+from mcseg.engine.checkpoint import load_model_weights
+from mcseg.engine.data import sampling_config
+from mcseg.engine.inference import InferenceConfig
+from mcseg.engine.predict import SegmentationPredictor
+from mcseg.models import MbLSUNet2D, size_divisor
+from mcseg.targets import instantiate_checked
+
+
+def build_predictor(cfg: DictConfig, model, loss_fn, device, inference: InferenceConfig, precision: str) -> SegmentationPredictor:
+    """The predictor of ``model`` with the geometry of ``cfg.dataset.sampling`` (dims, slice axis, patch size)."""
+    sampling = sampling_config(cfg.dataset)
+    if isinstance(model, MbLSUNet2D) and sampling.dims != 2:
+        raise ValueError("model=mbls_unet is a 2D network: set dataset.sampling.dims=2")
+    divisor = size_divisor(model)
+    if any(p % divisor for p in sampling.patch_size):
+        raise ValueError(
+            f"dataset.sampling.patch_size={sampling.patch_size}: each size must be a multiple of {divisor} "
+            f"(the network downsamples by {divisor})"
+        )
+    return SegmentationPredictor(
+        model, sampling.dims, divisor, loss_fn.probabilities, bool(getattr(loss_fn, "multilabel", False)),
+        inference, sampling.patch_size, precision, device, sampling.slice_axis,
+    )
+
+
+def restore_model(run_cfg: DictConfig, state: dict, source, device: torch.device) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """Model (with the checkpoint's weights) and loss (with its state) of a checkpoint's stored config."""
+    model = instantiate_checked(run_cfg.model, "model").to(device)
+    load_model_weights(model, state["model"], source)
+    loss_fn = instantiate_checked(run_cfg.loss, "loss").to(device)
+    loss_fn.load_state_dict(state.get("loss", {}))
+    return model, loss_fn

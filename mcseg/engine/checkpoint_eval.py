@@ -1,0 +1,254 @@
+"""Re-evaluate a saved checkpoint: on which split, where the results go, and what produced them.
+
+* What the checkpoint fixes comes from its stored config: the model and loss, the patch
+  geometry (``dataset.sampling``: dimensionality, slice axis, patch size), ``inference`` and the
+  precision, also on another dataset. Overrides of any of these are refused, by name.
+* The split is the checkpoint's own (case ids stored at training). A checkpoint of an older
+  version without them uses the ``split.json`` of the run directory it sits in, with a warning.
+* ``<run>`` is the checkpoint's run directory when the checkpoint is ``<run>/checkpoints/<file>``
+  and ``<run>/split.json`` is its split. A checkpoint anywhere else, or copied into another
+  run's directory, is evaluated only where ``eval_dir=`` says: nothing is written next to it.
+* The run's selected checkpoint (the content of ``<run>/checkpoints/best.pt``) is evaluated into
+  ``<run>/eval/<split>/``; any other checkpoint into ``<run>/eval/<stem>-<sha8>/<split>/``; on
+  another dataset the last part is ``<dataset>-<split>``. An existing evaluation is replaced
+  only with ``overwrite=true``.
+* Post-hoc scalers are looked up in, or fitted into, ``calibration.json`` by the checkpoint's
+  sha256 (:mod:`mcseg.calibration.posthoc`).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from mcseg.calibration import SCALERS, PosthocConfig, fit_posthoc, load_calibration, scalers_to_apply
+from mcseg.config import typed
+from mcseg.data.base import SegmentationDataset
+from mcseg.data.split import SPLITS
+from mcseg.engine.build import build_predictor, restore_model
+from mcseg.engine.checkpoint import load_checkpoint
+from mcseg.engine.data import Splits, build_dataset, record_dataset_facts, resolve_split
+from mcseg.engine.evaluation import PROVENANCE_FILE, evaluate_split, format_summary
+from mcseg.engine.evaluator import EvalProtocol
+from mcseg.engine.inference import InferenceConfig
+from mcseg.engine.provenance import checkpoint_identity, dataset_identity, file_sha256
+from mcseg.data.validate import validate_cases
+from mcseg.errors import ConfigError
+from mcseg.rundir import holds_checkpoint_run
+from mcseg.runtime import resolve_device
+from mcseg.targets import check_targets
+
+log = logging.getLogger(__name__)
+
+SELECTED = "best.pt"  # the checkpoint training selected; its evaluation is the run's official one
+# Keys of the evaluation's own config; every other key of the checkpoint's stored config is fixed by it.
+EVALUATION_KEYS = ("dataset", "evaluation", "posthoc", "paths", "task_name", "hydra")
+# Parts of a dataset node the checkpoint fixes even when the data come from another dataset.
+FIXED_DATASET_KEYS = ("sampling",)
+
+
+def resolve_checkpoint_path(path: Path) -> Path:
+    """``path``, or the selected checkpoint of the run directory ``path``."""
+    if not path.is_dir():
+        return path
+    for candidate in (path / "checkpoints" / SELECTED, path / SELECTED):
+        if candidate.is_file():
+            log.info("ckpt=%s is a directory: evaluating its selected checkpoint %s", path, candidate)
+            return candidate
+    raise FileNotFoundError(f"ckpt={path} is a directory without checkpoints/{SELECTED}: pass "
+                            f"ckpt=<run>/checkpoints/<file>.pt, or runs={path} to evaluate every run under it")
+
+
+def refuse_fixed_overrides(cfg: DictConfig, run_cfg: DictConfig, overrides: list[str]) -> None:
+    """A ConfigError naming each key (and override) that sets what the checkpoint fixes."""
+    keys = [k for k in cfg if k in run_cfg and k not in EVALUATION_KEYS]
+    keys += [f"dataset.{k}" for k in FIXED_DATASET_KEYS
+             if any(o.lstrip("+~").startswith(f"dataset.{k}") for o in overrides)]
+    if not keys:
+        return
+    named = [next((o for o in overrides if o.lstrip("+~").split("=")[0].startswith(k)), k) for k in keys]
+    raise ConfigError(f"evaluate: {', '.join(named)} set(s) what the checkpoint fixes (the model, loss, trainer, "
+                      f"inference and dataset.sampling come from its stored config); remove it, or train a run "
+                      f"with it")
+
+
+def _same_split(a: dict, b: dict) -> bool:
+    return all(sorted(a.get(name, [])) == sorted(b.get(name, [])) for name in SPLITS)
+
+
+def checkpoint_split(ckpt: Path, state: dict, has_eval_dir: bool) -> tuple[dict | None, Path | None, str]:
+    """(the checkpoint's split as case ids, its run directory or None, where the split came from).
+
+    Refuses a checkpoint copied into another run's directory (a split.json that is not its
+    split) unless ``eval_dir=`` takes its results elsewhere.
+    """
+    candidate = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else None
+    split_file = candidate / "split.json" if candidate is not None else None
+    on_disk = json.loads(split_file.read_text()) if split_file is not None and split_file.is_file() else None
+    stored = state.get("split")
+    if stored is None:
+        if on_disk is None:
+            return None, None, "none"
+        log.warning("%s was written before checkpoints stored their split: using %s", ckpt, split_file)
+        return on_disk, candidate, str(split_file)
+    if on_disk is None:
+        return stored, None, "checkpoint"
+    if _same_split(stored, on_disk):
+        return stored, candidate, "checkpoint"
+    if not has_eval_dir:
+        raise ValueError(f"{ckpt}: its split (stored at training) is not {split_file}: the checkpoint was not "
+                         f"trained in {candidate}; pass eval_dir=<folder> to evaluate it on its own split elsewhere")
+    return stored, None, "checkpoint"
+
+
+def check_compatible(ckpt: Path, run_cfg: DictConfig, dataset: SegmentationDataset) -> None:
+    """One line when the model's input channels or classes differ from the dataset's (before any inference)."""
+    trained = run_cfg.dataset
+    want = (trained.get("in_channels"), trained.get("num_classes"), bool(trained.get("multilabel", False)))
+    have = (dataset.in_channels, dataset.num_classes, dataset.multilabel)
+    if want != have:
+        raise ValueError(f"{ckpt}: the model takes {want[0]} input channel(s) and predicts {want[1]} classes"
+                         f"{' (multi-label)' if want[2] else ''}, but dataset {dataset.name} has {have[0]} channel(s) "
+                         f"and {have[1]} classes{' (multi-label)' if have[2] else ''}: evaluate it on a dataset "
+                         f"with the channels and classes it was trained on")
+    if list(trained.get("class_names") or []) != list(dataset.class_names):
+        log.warning("%s: classes trained as %s are scored as %s of dataset %s", ckpt,
+                    list(trained.get("class_names") or []), dataset.class_names, dataset.name)
+
+
+def output_dir(cfg: DictConfig, ckpt: Path, sha256: str, run_dir: Path | None, selected: bool,
+               other_dataset: str | None) -> Path:
+    """Where this evaluation goes (module docstring); refuses to replace an earlier one unless ``overwrite``."""
+    if cfg.get("eval_dir"):
+        out = Path(cfg.eval_dir).expanduser().resolve()
+    elif run_dir is None:
+        raise ConfigError(f"ckpt={ckpt} is not in a run directory of its own (<run>/checkpoints/<file> next to "
+                          f"its <run>/split.json): pass eval_dir=<folder> to say where its evaluation goes")
+    else:
+        base = run_dir / "eval" if selected else run_dir / "eval" / f"{ckpt.stem}-{sha256[:8]}"
+        out = base / (f"{other_dataset}-{cfg.split}" if other_dataset else str(cfg.split))
+    if (out / "summary.json").exists():
+        if not cfg.get("overwrite"):
+            raise FileExistsError(f"{out / 'summary.json'} exists (an earlier evaluation; {PROVENANCE_FILE} says of "
+                                  f"what): pass overwrite=true to replace it, or eval_dir=<another folder>")
+        clear_evaluation(out)
+    return out
+
+
+def clear_evaluation(out: Path) -> None:
+    """Remove an earlier evaluation's files from ``out`` (only the files an evaluation writes)."""
+    for name in ("summary.json", "per_case.csv", "reliability.csv", "reliability.png", PROVENANCE_FILE, "split.json"):
+        (out / name).unlink(missing_ok=True)
+    for name in ("predictions", *SCALERS):
+        if (out / name).is_dir():
+            shutil.rmtree(out / name)
+
+
+def posthoc_scalers(cfg: DictConfig, run_cfg: DictConfig, own_split: dict | None, own: SegmentationDataset | None,
+                    where: Path, predictor, checkpoint: dict, provenance: dict) -> dict:
+    """The scalers of ``cfg.posthoc.apply`` for this checkpoint: from ``<where>/calibration.json`` (by its
+    sha256), else fitted now on its own validation split (also when evaluating another dataset) and saved."""
+    posthoc = typed(cfg.posthoc, PosthocConfig, "posthoc")
+    if not posthoc.apply:
+        return {}
+    record = None if posthoc.refit else load_calibration(where, checkpoint["sha256"])
+    if record is None or set(posthoc.apply) - set(record.get("scalers", {})):
+        if own_split is None:
+            raise ValueError(f"posthoc.apply={posthoc.apply}: fitting needs the validation split of "
+                             f"{checkpoint['path']}, which neither the checkpoint nor a run directory holds: "
+                             f"pass posthoc.apply=[]")
+        own = own or build_dataset(run_cfg.dataset)
+        by_id = {r.case_id: r for r in own.case_refs()}
+        refs = [by_id[c] for c in own_split["val"] if c in by_id]
+        own.prepare(refs)
+        fit_cfg = replace(posthoc, fit=sorted(set(posthoc.fit) | set(posthoc.apply)))
+        record = fit_posthoc(predictor, (own.load(r) for r in refs), fit_cfg, where, checkpoint, provenance)
+    return scalers_to_apply(record, posthoc.apply, where)
+
+
+def own_splits(ckpt: Path, dataset: SegmentationDataset, split: dict) -> Splits:
+    """The checkpoint's split as case references of ``dataset``; one line if a case is missing."""
+    by_id = {r.case_id: r for r in dataset.case_refs()}
+    missing = [c for name in SPLITS for c in split[name] if c not in by_id]
+    if missing:
+        raise ValueError(f"{ckpt}: {len(missing)} case(s) of its split are not in dataset {dataset.name} "
+                         f"(first: {missing[0]}): its dataset.root must hold the data it was trained on")
+    return Splits({name: [by_id[c] for c in split[name]] for name in SPLITS})
+
+
+def evaluate_checkpoint(cfg: DictConfig, ckpt_path: Path, overrides: list[str] | None = None) -> dict:
+    """Evaluate ``ckpt_path`` (a file, or a run directory: its best.pt) as the module docstring says.
+
+    ``cfg`` is an evaluate config (configs/evaluate.yaml); ``overrides`` the command line's, checked
+    and recorded in the provenance. Returns the summary (with its ``provenance``).
+    """
+    if cfg.split not in (*SPLITS, "all"):
+        raise ConfigError(f"split={cfg.split!r}: expected one of {', '.join(SPLITS)} or all")
+    return _evaluate_held(cfg, resolve_checkpoint_path(Path(ckpt_path).expanduser().resolve()), overrides)
+
+
+@holds_checkpoint_run  # never writes into a run another process is training or evaluating
+def _evaluate_held(cfg: DictConfig, ckpt: Path, overrides: list[str] | None) -> dict:
+    overrides = list(overrides or [])
+    state = load_checkpoint(ckpt)
+    run_cfg = OmegaConf.create(state["config"])
+    check_targets(run_cfg)  # a checkpoint's stored config is untrusted input: refused before anything is built
+    refuse_fixed_overrides(cfg, run_cfg, overrides)
+    split, run_dir, split_source = checkpoint_split(ckpt, state, bool(cfg.get("eval_dir")))
+    sha = file_sha256(ckpt)
+    best = run_dir / "checkpoints" / SELECTED if run_dir is not None else None
+    selected = best is not None and best.is_file() and (best.resolve() == ckpt or file_sha256(best) == sha)
+    checkpoint = {**checkpoint_identity(ckpt, state, sha), "selected": selected}
+
+    other = cfg.get("dataset") is not None
+    eval_cfg = OmegaConf.create(state["config"])  # the run's own config stays intact for calibration
+    if other:  # the data of another dataset, seen through the geometry the model was trained with
+        eval_cfg.dataset = OmegaConf.to_container(cfg.dataset)
+        for key in FIXED_DATASET_KEYS:
+            eval_cfg.dataset[key] = run_cfg.dataset.get(key)
+    dataset = build_dataset(eval_cfg.dataset)
+    record_dataset_facts(eval_cfg, dataset)
+    check_compatible(ckpt, run_cfg, dataset)
+    if not other and split is None:
+        raise ValueError(f"{ckpt} holds no split (written before checkpoints stored theirs) and sits in no run "
+                         f"directory with a split.json: evaluate it inside its run, or on another dataset with dataset=")
+    # everything that can be refused is, before the first file is written or replaced
+    device = resolve_device(cfg.device)
+    model, loss_fn = restore_model(run_cfg, state, ckpt, device)
+    inference = typed(run_cfg.inference, InferenceConfig, "inference")
+    protocol = typed(cfg.evaluation, EvalProtocol, "evaluation")
+    predictor = build_predictor(eval_cfg, model, loss_fn, device, inference, run_cfg.trainer.precision)
+    if not other:
+        splits = own_splits(ckpt, dataset, split)
+        stored, root = state.get("dataset") or {}, getattr(dataset, "root", None)
+        if stored.get("root") and stored["root"] != str(root):
+            log.warning("%s was trained on the data at %s; evaluating the same case ids at %s", ckpt,
+                        stored["root"], root)
+    out_dir = output_dir(cfg, ckpt, sha, run_dir, selected, dataset.name if other else None)
+    if other:  # another dataset's split, made (or reused) beside its evaluation
+        splits = resolve_split(dataset, eval_cfg.dataset, out_dir)
+        split_source = str(out_dir / "split.json")
+    refs = splits[cfg.split]
+    validate_cases(dataset, refs, "scoring")  # the same header checks as training and mcseg-data check
+    provenance = {
+        "checkpoint": checkpoint, "run_dir": str(run_dir) if run_dir is not None else None,
+        "split": {"name": str(cfg.split), "source": split_source, "cases": [r.case_id for r in refs]},
+        "dataset": dataset_identity(dataset, [r.case_id for r in splits["all"]]),
+        "trained_on": state.get("dataset") or {"name": run_cfg.dataset.get("name")},
+        "geometry": {"dims": predictor.model_dims, "slice_axis": predictor.slice_axis,
+                     "patch_size": list(predictor.roi_size or [])},
+        "overrides": overrides, "output_dir": str(out_dir), "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+    fit_provenance = {"dataset": provenance["trained_on"], "overrides": overrides}
+    scalers = posthoc_scalers(cfg, run_cfg, split, None if other else dataset, run_dir or out_dir, predictor,
+                              checkpoint, fit_provenance)
+    summary = evaluate_split(predictor, dataset, refs, protocol, out_dir, cfg.save_predictions,
+                             cfg.save_probabilities, scalers, provenance)
+    print(format_summary(summary, dataset.class_names, title=f"{dataset.name} {cfg.split} split ({ckpt.name}, "
+                                                             f"sha256 {sha[:8]}) -> {out_dir}"))
+    return summary

@@ -1,0 +1,95 @@
+"""Evaluate a split with a trained model: per-case files, a summary and its plain-text table.
+
+Used by training (the test split of ``best.pt``) and by the re-evaluation of a saved checkpoint
+(:mod:`mcseg.engine.checkpoint_eval`).
+"""
+from __future__ import annotations
+
+import logging
+import math
+from functools import partial
+from pathlib import Path
+
+from mcseg.calibration import scale_logits
+from mcseg.data.base import SegmentationDataset
+from mcseg.data.cases import CaseRef
+from mcseg.data.io import write_json
+from mcseg.engine.evaluator import EvalProtocol, Evaluator
+from mcseg.engine.predict import SegmentationPredictor, evaluate_cases
+
+from mcseg.text import plural
+
+log = logging.getLogger(__name__)
+# Headline values copied from each post-hoc scaler's summary into the main summary's "posthoc"
+POSTHOC_KEYS = ("mean_foreground_dice", "mean_foreground_hd95_mm", "mean_ece", "mean_classwise_ece", "mean_nll",
+                "mean_brier")
+PROVENANCE_FILE = "provenance.json"
+
+
+def evaluate_split(
+    predictor: SegmentationPredictor, dataset: SegmentationDataset, refs: list[CaseRef], protocol: EvalProtocol,
+    out_dir: Path, save_predictions: bool, save_probabilities: bool, scalers: dict[str, dict] | None = None,
+    provenance: dict | None = None,
+) -> dict:
+    """Segment ``refs`` one case at a time and write per_case.csv, summary.json and diagrams to ``out_dir``.
+
+    Each post-hoc scaler in ``scalers`` (name -> fitted parameters) is evaluated in the same
+    pass; its files go to ``out_dir/<name>/`` and its headline values to ``summary["posthoc"]``.
+    ``provenance`` (what produced these numbers: :mod:`mcseg.engine.provenance`) goes into every
+    summary.json and into ``out_dir/provenance.json``, the sidecar of per_case.csv and the predictions.
+    """
+    if not refs:
+        raise ValueError(f"dataset {dataset.name}: the split to evaluate has no cases")
+
+    def new_evaluator() -> Evaluator:
+        return Evaluator(dataset.num_classes, dataset.class_names, protocol, predictor.multilabel)
+
+    evaluator = new_evaluator()
+    origin = {"provenance": provenance} if provenance is not None else {}
+    posthoc = {name: (partial(scale_logits, params=params, channel_dim=0), new_evaluator())
+               for name, params in (scalers or {}).items()}
+    dataset.prepare(refs)
+    cases = (dataset.load(ref) for ref in refs)  # one case in memory at a time
+    evaluate_cases(predictor, cases, evaluator, dataset.restore, out_dir, save_predictions, save_probabilities,
+                   protocol.save_uncertainty, posthoc=posthoc)
+    after = {}
+    for name, (_, scaled_evaluator) in posthoc.items():
+        scaled = scaled_evaluator.write(out_dir / name, extra={"posthoc": {"scaler": name, "params": scalers[name]},
+                                                               **origin})
+        after[name] = {"params": scalers[name], **{k: scaled.get(k) for k in POSTHOC_KEYS},
+                       "pooled": {k: scaled["pooled"].get(k) for k in ("ece", "classwise_ece", "nll", "brier")}}
+    summary = evaluator.write(out_dir, extra={**({"posthoc": after} if after else {}), **origin})
+    if provenance is not None:
+        write_json(out_dir / PROVENANCE_FILE, provenance)
+    log.info("evaluation of %s written to %s", plural(len(refs), "case"), out_dir)
+    return summary
+
+
+def _fmt(value, digits: int = 4) -> str:
+    return "nan" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
+
+
+def format_summary(summary: dict, class_names: list[str], title: str) -> str:
+    """A plain-text table of per-class Dice and HD95 plus the case-level calibration means."""
+    protocol = summary.get("protocol", {})
+    lines = [f"== {title}: {plural(summary.get('n_cases') or 0, 'case')}; ECE region {protocol.get('region')}, "
+             f"{protocol.get('n_bins')} bins, HD{protocol.get('hd_percentile', 95):g} in mm =="]
+    lines.append(f"{'class':<16}{'Dice':>10}{'HD95 mm':>12}")
+    per_class = summary.get("per_class", {})
+    for name in class_names[1:] if not summary.get("multilabel") else class_names:
+        entry = per_class.get(name, {})
+        lines.append(f"{name:<16}{_fmt(entry.get('dice', {}).get('mean')):>10}"
+                     f"{_fmt(entry.get('hd95_mm', {}).get('mean'), 2):>12}")
+    lines.append(f"{'foreground mean':<16}{_fmt(summary.get('mean_foreground_dice')):>10}"
+                 f"{_fmt(summary.get('mean_foreground_hd95_mm'), 2):>12}")
+    pooled = summary.get("pooled", {})
+    lines.append(f"ECE {_fmt(summary.get('mean_ece'))}   classwise ECE {_fmt(summary.get('mean_classwise_ece'))}"
+                 f"   (means of per-case values)")
+    lines.append(f"ECE {_fmt(pooled.get('ece'))}   classwise ECE {_fmt(pooled.get('classwise_ece'))}"
+                 f"   (pooled over all voxels of the split)")
+    for name, after in summary.get("posthoc", {}).items():
+        shown = f"T={after['params']['temperature']:.3f}" if "temperature" in after["params"] else "per-class w, b"
+        lines.append(f"post-hoc {name} ({shown}): Dice {_fmt(after.get('mean_foreground_dice'))}   "
+                     f"ECE {_fmt(after.get('mean_ece'))}   classwise ECE {_fmt(after.get('mean_classwise_ece'))}   "
+                     f"NLL {_fmt(summary.get('mean_nll'))} -> {_fmt(after.get('mean_nll'))}")
+    return "\n".join(lines)
