@@ -1,6 +1,7 @@
 """Console entry points: ``mcseg-train`` and ``mcseg-evaluate`` (the same as ``train.py``/``evaluate.py``)."""
 from __future__ import annotations
 
+from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
