@@ -15,6 +15,7 @@ import json
 import logging
 import math
 import os
+import signal
 import sys
 import time
 import traceback
@@ -30,7 +31,7 @@ log = logging.getLogger("mcseg")
 
 STATUS_FILE = "status.json"
 SUMMARY_FILE = "sweep_summary.json"
-EXIT_INTERRUPTED = 143  # 128 + SIGTERM, what schedulers expect from a terminated job
+EXIT_INTERRUPTED = 128  # + the signal's number (143: SIGTERM, 130: SIGINT), what schedulers and shells expect
 # Errors that are the user's input, not a bug: one clear line and a non-zero exit.
 # OSError covers a full disk and unwritable output directories (the message names the path).
 USER_ERRORS = (ValueError, OSError, FloatingPointError)
@@ -132,7 +133,11 @@ def run_job(fn: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
         finish("interrupted", str(exc))
         log.warning("%s", exc)
         print(f"interrupted: {exc}", file=sys.stderr)
-        sys.exit(EXIT_INTERRUPTED)
+        sys.exit(EXIT_INTERRUPTED + exc.signum)
+    except KeyboardInterrupt:  # Ctrl-C outside the training loop, or a second one inside it
+        finish("interrupted", "KeyboardInterrupt")
+        print("interrupted: Ctrl-C (no checkpoint written since the last one)", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED + signal.SIGINT)
     except Exception as exc:
         finish("failed", f"{type(exc).__name__}: {exc}")
         if os.environ.get("MCSEG_TRACEBACK"):

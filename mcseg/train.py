@@ -26,7 +26,7 @@ from mcseg.engine.trainer import HEADLINE, Trainer
 from mcseg.evaluate import evaluate_split, format_summary
 from mcseg.models import MbLSUNet2D, size_divisor
 from mcseg.sweep import run_identity
-from mcseg.runtime import seed_everything
+from mcseg.runtime import describe_device, seed_everything
 from mcseg.targets import instantiate_checked
 
 log = logging.getLogger(__name__)
@@ -92,6 +92,8 @@ def train(cfg: DictConfig) -> dict:
         tcfg, run_dir, model, loss_fn, optimizer, scheduler, loader, sampler, predictor, val_cases, dataset.restore,
         dataset.num_classes, dataset.class_names, protocol, tb, container, lcfg.images, dist,
     )
+    device_info = describe_device(device, tcfg.precision, trainer.channels_last, tcfg.compile)
+    log.info("device: %s", ", ".join(f"{k} {v}" for k, v in device_info.items()))
     last = run_dir / "checkpoints" / "last.pt"
     if tcfg.resume and not last.is_file():
         raise FileNotFoundError(f"trainer.resume=true but {last} does not exist")
@@ -126,6 +128,7 @@ def train(cfg: DictConfig) -> dict:
     best = next((h for h in trainer.history if h["epoch"] == trainer.best_epoch), {})
     result.update({f"best_{k}": v for k, v in best.items() if k.startswith(("val/", "val_full/"))})
     result["score"] = validation_score(best, cfg.get("score"))
+    result["device"] = device_info
     # what mcseg-report reads: the configuration of this run and its validation (selection) metrics
     write_json(run_dir / "result.json", {**result, "run": run_identity(cfg)})
     return result

@@ -3,6 +3,9 @@
 MCSEG_KILL_AT_STEP=N   kill the process just before the N-th optimiser step (1-based)
 MCSEG_KILL_IN_SAVE=N   kill it in the middle of writing the N-th checkpoint (half a file on disk)
 MCSEG_TERM_AT_STEP=N   send SIGTERM to itself before the N-th step (pre-emption)
+MCSEG_GROUP_SIGNAL_AT_STEP=N  send MCSEG_GROUP_SIGNAL (TERM or INT) to its whole process group, loader
+                       workers included, before the N-th step (what SLURM and torchrun's agent do);
+                       start the wrapper in a session of its own
 """
 from __future__ import annotations
 
@@ -19,6 +22,8 @@ from mcseg.engine import checkpoint, trainer  # noqa: E402
 
 kill_step = int(os.environ.get("MCSEG_KILL_AT_STEP", 0))
 term_step = int(os.environ.get("MCSEG_TERM_AT_STEP", 0))
+group_step = int(os.environ.get("MCSEG_GROUP_SIGNAL_AT_STEP", 0))
+group_signal = getattr(signal, "SIG" + os.environ.get("MCSEG_GROUP_SIGNAL", "TERM"))
 kill_save = int(os.environ.get("MCSEG_KILL_IN_SAVE", 0))
 counts = {"step": 0, "save": 0}
 
@@ -31,6 +36,8 @@ def planted_step(self, batch, epoch, step):
         os.kill(os.getpid(), signal.SIGKILL)
     if counts["step"] == term_step:
         os.kill(os.getpid(), signal.SIGTERM)
+    if counts["step"] == group_step:
+        os.killpg(os.getpgid(0), group_signal)
     return original_step(self, batch, epoch, step)
 
 

@@ -30,9 +30,10 @@ EXACT = TINY_2D + ["trainer.deterministic=true", "trainer.max_epochs=3", "datase
 
 def _train_subprocess(run_dir: Path, extra: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
-    return subprocess.run(
+    env.pop("MCSEG_TRACEBACK", None)
+    return subprocess.run(  # a session of its own: a signal sent to its process group spares pytest
         [sys.executable, str(ROOT / "tests/interrupt_wrapper.py"), *EXACT, *extra, f"hydra.run.dir={run_dir}"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, start_new_session=True,
     )
 
 
@@ -82,6 +83,22 @@ def test_sigterm_writes_a_checkpoint_and_resume_finishes(tmp_path, uninterrupted
     state = load_checkpoint(run / "checkpoints/last.pt")
     assert (state["epoch"], state["step_in_epoch"]) == (1, 3)
     resumed = _train_subprocess(run, ["trainer.auto_resume=true"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    _assert_same_run(uninterrupted, run)
+
+
+@pytest.mark.parametrize("sig, code", [("TERM", 143), ("INT", 130)])
+def test_signal_to_the_process_group_with_loader_workers_checkpoints_and_resumes(tmp_path, uninterrupted, sig, code):
+    """SLURM and torchrun signal every process of the job (loader workers too); Ctrl-C does the same to the
+    terminal's foreground group. The workers must survive it so that the main process checkpoints."""
+    run, workers = tmp_path / "run", ["dataset.sampling.num_workers=2"]
+    stopped = _train_subprocess(run, workers, env={"MCSEG_GROUP_SIGNAL_AT_STEP": "7", "MCSEG_GROUP_SIGNAL": sig})
+    assert stopped.returncode == code, stopped.stderr[-3000:]
+    assert "Traceback" not in stopped.stderr and "trainer.resume=true" in stopped.stderr, stopped.stderr[-3000:]
+    assert json.loads((run / "status.json").read_text())["status"] == "interrupted"
+    state = load_checkpoint(run / "checkpoints/last.pt")
+    assert (state["epoch"], state["step_in_epoch"]) == (1, 3)
+    resumed = _train_subprocess(run, [*workers, "trainer.resume=true"])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     _assert_same_run(uninterrupted, run)
 
@@ -199,3 +216,19 @@ def test_out_of_memory_in_sliding_window_falls_back_to_cpu_stitching(monkeypatch
     cfg = inference.InferenceConfig(roi_size=[16, 16, 16])
     out = inference.predict_logits(torch.nn.Identity(), image, 3, 16, cfg)
     assert calls == [None, "cpu"] and out.shape == (2, 16, 16, 16) and out.device.type == "cpu"
+
+
+@pytest.mark.parametrize("built_with", ["12.8", None])
+def test_unusable_cuda_is_an_error_when_asked_for_and_a_warning_under_auto(monkeypatch, caplog, built_with):
+    """A broken CUDA install never trains on the CPU without a word."""
+    from mcseg.runtime import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", built_with)
+    with pytest.raises(ValueError, match="trainer.device='cuda' but " + ("CUDA is unusable" if built_with else
+                                                                         "torch .* is a CPU build")):
+        resolve_device("cuda")
+    if built_with:  # an NVIDIA device file may exist on a GPU machine without CUDA torch: not required here
+        with caplog.at_level("WARNING", logger="mcseg.runtime"):
+            assert resolve_device("auto").type == "cpu"
+        assert "CUDA is unusable" in caplog.text and "training on the CPU" in caplog.text
