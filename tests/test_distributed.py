@@ -92,3 +92,21 @@ def test_a_submitit_job_of_several_tasks_becomes_a_torchrun_environment(monkeypa
         monkeypatch.delenv(key)
     assert env_context() == DistContext(rank=3, world_size=4, local_rank=1, local_world_size=2)
     assert os.environ["MASTER_ADDR"] == "gpu07" and "CUDA_VISIBLE_DEVICES" not in os.environ
+
+
+def test_ranks_agree_on_a_stop_one_step_after_any_rank_asks(tmp_path):
+    """torchrun signals every rank but not at the same instant (and SLURM may signal one): every rank
+    must stop at the same step, a step after the request, without waiting for the device."""
+    import json
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    from .stop_vote_worker import vote
+
+    mp.spawn(vote, args=(port, str(tmp_path)), nprocs=2)
+    expected = [False, False, False, True, True, True, True]
+    assert [json.loads((tmp_path / f"{r}.json").read_text()) for r in (0, 1)] == [expected, expected]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import pickle
 import signal
@@ -232,3 +233,31 @@ def test_unusable_cuda_is_an_error_when_asked_for_and_a_warning_under_auto(monke
         with caplog.at_level("WARNING", logger="mcseg.runtime"):
             assert resolve_device("auto").type == "cpu"
         assert "CUDA is unusable" in caplog.text and "training on the CPU" in caplog.text
+
+
+@pytest.mark.cuda
+def test_out_of_memory_on_cuda_stitches_each_case_on_the_cpu_and_frees_the_gpu(caplog):
+    """A real CUDA OOM, over several cases: the GPU holds the windows' work but not the stitched volume,
+    so each case falls back to CPU stitching, and none leaves GPU memory behind for the next."""
+    from mcseg.engine import inference
+
+    model = torch.nn.Conv3d(1, 2, 3, padding=1).cuda()
+    shape = (1, 256, 256, 256)  # 64 MiB of input; the stitched logits and their weights take 3 times that
+    volume_bytes = 4 * math.prod(shape)
+    torch.cuda.empty_cache()
+    baseline = torch.cuda.memory_allocated()
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction((baseline + volume_bytes + 96 * 2**20) / total)
+    try:
+        cfg = inference.InferenceConfig(roi_size=[64, 64, 64], sw_batch_size=2, overlap=0.25)
+        for case in range(3):
+            image = torch.full(shape, float(case), device="cuda")
+            with caplog.at_level("WARNING", logger="mcseg.engine.inference"):
+                out = inference.predict_logits(model, image, 3, 16, cfg)
+            assert out.device.type == "cpu" and out.shape == (2, *shape[1:])
+            del image, out
+            assert torch.cuda.memory_allocated() <= baseline + 2**20, f"case {case} left memory on the GPU"
+        assert caplog.text.count("stitching on the CPU") == 3
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        torch.cuda.empty_cache()

@@ -242,7 +242,7 @@ def test_a_large_volume_is_evaluated_holding_at_most_two_probability_tensors():
     assert result["copies_of_probability_tensor"] <= 2.1, result
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.cuda
 def test_cuda_training_steps_never_synchronise(make_cfg, tmp_path):
     """After the first step (its label check) a step launches work and returns: CUDA's sync
     debug mode turns any synchronising call inside ``_train_step`` into an error."""

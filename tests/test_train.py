@@ -146,7 +146,7 @@ def test_full_validation_every_n_epochs_next_to_a_capped_running_one(make_cfg, t
     cfg = make_cfg(TINY_2D + ["dataset.n_cases=16", "trainer.max_epochs=2", "trainer.val_max_cases=1", "trainer.full_val_every=2",
                               "trainer.monitor=val_full/mean_foreground_dice", "posthoc.fit=[]", "posthoc.apply=[]"])
     result = train(cfg)
-    assert result["best_epoch"] == 1  # the only epoch with a full validation
+    assert result["best_epoch"] == 2  # the only epoch with a full validation (numbered from 1)
     n_val = len(json.loads((tmp_path / "run" / "split.json").read_text())["val"])
     assert n_val > 1
     ecfg = make_cfg([f"ckpt={tmp_path / 'run' / 'checkpoints' / 'best.pt'}", "split=val", "posthoc.apply=[]",

@@ -1,11 +1,13 @@
 """From the ``dataset`` config node to a split, loaded cases and a training loader."""
 from __future__ import annotations
 
+import atexit
 import logging
 import multiprocessing
 import os
 import signal
 import sys
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,6 +136,8 @@ def build_train_loader(
         generator=torch.Generator().manual_seed(seed),
         worker_init_fn=ignore_stop_signals if workers > 0 else None,
     )
+    if workers > 0:  # before multiprocessing's own exit handler (atexit runs the last registered first)
+        atexit.register(_stop_workers_at_exit, weakref.ref(loader))
     return loader, sampler
 
 
@@ -148,10 +152,17 @@ def ignore_stop_signals(worker_id: int = 0) -> None:
 def stop_workers(loader: DataLoader) -> None:
     """End ``loader``'s persistent workers now (they are idle between epochs). They ignore SIGTERM
     (:func:`ignore_stop_signals`), so they must not be left to multiprocessing's exit handler,
-    which terminates them with SIGTERM and then waits for them."""
+    which terminates them with SIGTERM and then waits for them: the trainer calls this after
+    fitting, and an exit handler for any other loader (a benchmark, a test)."""
     iterator, loader._iterator = getattr(loader, "_iterator", None), None
     if iterator is not None and hasattr(iterator, "_shutdown_workers"):
         iterator._shutdown_workers()
+
+
+def _stop_workers_at_exit(ref: weakref.ref) -> None:
+    loader = ref()
+    if loader is not None:
+        stop_workers(loader)
 
 
 def sampling_config(node: DictConfig) -> SamplingConfig:
