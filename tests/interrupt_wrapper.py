@@ -6,6 +6,7 @@ MCSEG_TERM_AT_STEP=N   send SIGTERM to itself before the N-th step (pre-emption)
 MCSEG_GROUP_SIGNAL_AT_STEP=N  send MCSEG_GROUP_SIGNAL (TERM or INT) to its whole process group, loader
                        workers included, before the N-th step (what SLURM and torchrun's agent do);
                        start the wrapper in a session of its own
+MCSEG_TERM_IN_VALIDATION=N  send SIGTERM to itself while validating the N-th validation case of the run
 """
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ term_step = int(os.environ.get("MCSEG_TERM_AT_STEP", 0))
 group_step = int(os.environ.get("MCSEG_GROUP_SIGNAL_AT_STEP", 0))
 group_signal = getattr(signal, "SIG" + os.environ.get("MCSEG_GROUP_SIGNAL", "TERM"))
 kill_save = int(os.environ.get("MCSEG_KILL_IN_SAVE", 0))
-counts = {"step": 0, "save": 0}
+term_case = int(os.environ.get("MCSEG_TERM_IN_VALIDATION", 0))
+counts = {"step": 0, "save": 0, "case": 0}
 
 original_step = trainer.Trainer._train_step
 
@@ -54,7 +56,24 @@ def planted_save(obj, f, *args, **kwargs):
     return original_save(obj, f, *args, **kwargs)
 
 
+original_validate = trainer.Trainer.validate
+
+
+def planted_validate(self, epoch, full=False):
+    def until_stopped(cases):
+        for case in original_until(self, cases):
+            counts["case"] += 1
+            if counts["case"] == term_case:
+                os.kill(os.getpid(), signal.SIGTERM)
+            yield case
+
+    self._until_stopped = until_stopped
+    return original_validate(self, epoch, full)
+
+
+original_until = trainer.Trainer._until_stopped
 trainer.Trainer._train_step = planted_step
+trainer.Trainer.validate = planted_validate
 checkpoint.torch.save = planted_save
 
 from mcseg.cli import train_main  # noqa: E402

@@ -104,6 +104,29 @@ def test_signal_to_the_process_group_with_loader_workers_checkpoints_and_resumes
     _assert_same_run(uninterrupted, run)
 
 
+def test_sigterm_during_validation_stops_after_the_case_and_resume_finishes(tmp_path, uninterrupted):
+    """SLURM's grace period and torchrun's 30 s before SIGKILL are shorter than a full validation."""
+    run = tmp_path / "run"
+    stopped = _train_subprocess(run, [], env={"MCSEG_TERM_IN_VALIDATION": "2"})  # epoch 2's (one case each)
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    state = load_checkpoint(run / "checkpoints/last.pt")
+    assert (state["epoch"], state["step_in_epoch"], len(state["history"])) == (1, 4, 1)  # its steps, not recorded
+    resumed = _train_subprocess(run, ["trainer.resume=true"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    _assert_same_run(uninterrupted, run)
+
+
+def test_a_second_ctrl_c_stops_at_once(make_cfg, monkeypatch):
+    from mcseg.engine.trainer import Trainer
+
+    trainer = Trainer.__new__(Trainer)  # the handler's state only
+    trainer._stop_signal = None
+    trainer._request_stop(signal.SIGINT, None)
+    assert trainer._stop_requested
+    with pytest.raises(KeyboardInterrupt):
+        trainer._request_stop(signal.SIGINT, None)
+
+
 class _RunsCode:
     def __reduce__(self):
         return (os.system, (f"touch {self.marker}",))
