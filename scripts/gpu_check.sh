@@ -97,7 +97,11 @@ do_sigterm() {
     # A session of its own: the signal goes to every process of the run, as SLURM and torchrun send it.
     setsid "$py" train.py $train_args_str "hydra.run.dir=$run" > "$run/stopped.out" 2>&1 &
     pid=$!
-    for _ in $(seq 600); do grep -q "epoch 1/" "$run/train.log" 2>/dev/null && break; sleep 0.5; done
+    for _ in $(seq 600); do
+        grep -q "epoch 1/" "$run/train.log" 2>/dev/null && break
+        kill -0 "$pid" 2>/dev/null || break  # ended before its first epoch did: the checks below say how
+        sleep 0.5
+    done
     sleep 1  # into the second epoch (or its validation: a stop cuts that short too)
     kill -TERM -- "-$pid"
     wait "$pid"; rc=$?
@@ -136,7 +140,8 @@ do_oom() {
 }
 
 do_benchmark() {
-    "$py" scripts/benchmark.py --hippocampus "$data" $bench_str
+    "$py" scripts/benchmark.py --hippocampus "$data" $bench_str || exit 1
+    echo "benchmark ran ($bench_str); without --no-write its rows are in docs/benchmarks.md"
 }
 
 limits_cuda=(setup:60 cuda-tests:45 train:75 sigterm:105 torchrun:45 oom:30 benchmark:120)  # 8 minutes
