@@ -284,3 +284,27 @@ def test_out_of_memory_on_cuda_stitches_each_case_on_the_cpu_and_frees_the_gpu(c
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
         torch.cuda.empty_cache()
+
+
+@pytest.mark.slow
+def test_gpu_setup_keeps_the_interpreters_torch_and_insists_on_a_cuda_build(tmp_path):
+    """``MCSEG_GPU=1 bash scripts/setup.sh`` (on a throw-away project of the same layout): .venv sees the torch
+    of the interpreter that ran it, installs no other, and the set-up fails unless that torch is a CUDA build.
+    Needs pip's index (the editable install builds with setuptools)."""
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "mcseg").mkdir()
+    (tmp_path / "mcseg/__init__.py").write_text("")
+    (tmp_path / "scripts/setup.sh").write_text((ROOT / "scripts/setup.sh").read_text())
+    (tmp_path / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=68", "wheel"]\nbuild-backend = "setuptools.build_meta"\n'
+        '[project]\nname = "mcseg"\nversion = "0"\ndependencies = ["torch>=2.2"]\n'
+        '[project.optional-dependencies]\ntest = []\n')
+    done = subprocess.run(["bash", "scripts/setup.sh"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "MCSEG_GPU": "1", "PYTHON": sys.executable})
+    seen = subprocess.run([str(tmp_path / ".venv/bin/python"), "-c", "import torch; print(torch.__file__)"],
+                          capture_output=True, text=True)
+    assert seen.stdout.strip() == torch.__file__, seen.stderr
+    if torch.version.cuda:
+        assert done.returncode == 0, done.stderr
+    else:
+        assert done.returncode != 0 and "is a CPU build" in done.stderr, done.stderr
