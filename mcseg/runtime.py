@@ -50,12 +50,21 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+def cpu_name() -> str:
+    """The CPU's model name (Linux), else the machine type."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
 def describe_device(device: torch.device, precision: str, channels_last: bool, compile: bool) -> dict:
     """What a run trains on (logged at its start and kept in ``result.json``)."""
     cuda = device.type == "cuda"
     return {
         "device": str(device),
-        "name": torch.cuda.get_device_name(device) if cuda else (platform.processor() or platform.machine()),
+        "name": torch.cuda.get_device_name(device) if cuda else cpu_name(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda if cuda else None,
         "precision": "bf16" if cuda and precision == "bf16" else "float32",  # see inference.autocast_context
