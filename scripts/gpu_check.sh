@@ -140,6 +140,8 @@ do_oom() {
 }
 
 do_benchmark() {
+    # without the data the benchmark measures only the large volume and still succeeds: not enough here
+    [ -f "$data/dataset.json" ] || { echo "no hippocampus data at $data (give its folder as DATA)"; exit 1; }
     "$py" scripts/benchmark.py --hippocampus "$data" $bench_str || exit 1
     echo "benchmark ran ($bench_str); without --no-write its rows are in docs/benchmarks.md"
 }
@@ -151,8 +153,7 @@ for entry in "${limits_cuda[@]}"; do
     [ "$device" = cuda ] || limit=$(( limit * 3 ))  # a CPU is slower, and shared
     step "$name" "$limit" "do_${name//-/_}"
 done
-echo "---- summary ----"
-printf '%s\n' "${results[@]}"
 failed=$(printf '%s\n' "${results[@]}" | grep -c '^FAIL')
-echo "gpu_check: $failed step(s) failed"
+{ echo "---- summary ----"; printf '%s\n' "${results[@]}"; echo "gpu_check: $failed step(s) failed"; } \
+    | tee "$work/summary.txt"  # with the step logs beside it
 [ "$failed" = 0 ]
