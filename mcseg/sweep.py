@@ -116,7 +116,10 @@ def run_job(fn: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
 
     multirun, overrides, num = _hydra_job()
     if int(os.environ.get("RANK", "0")) != 0:  # torchrun: rank 0 owns the run directory's files
-        return fn(cfg)
+        try:
+            return fn(cfg)
+        except TrainingInterrupted as exc:  # rank 0 reports it; the exit status says why this rank ended
+            sys.exit(EXIT_INTERRUPTED + exc.signum)
     out_dir = Path(cfg.paths.output_dir)
     record = {"status": "running", "overrides": overrides, "job_num": num, "pid": os.getpid(),
               "started": time.strftime("%Y-%m-%dT%H:%M:%S")}

@@ -5,7 +5,8 @@ MCSEG_KILL_IN_SAVE=N   kill it in the middle of writing the N-th checkpoint (hal
 MCSEG_TERM_AT_STEP=N   send SIGTERM to itself before the N-th step (pre-emption)
 MCSEG_GROUP_SIGNAL_AT_STEP=N  send MCSEG_GROUP_SIGNAL (TERM or INT) to its whole process group, loader
                        workers included, before the N-th step (what SLURM and torchrun's agent do);
-                       start the wrapper in a session of its own
+                       start the wrapper in a session of its own; under torchrun only rank
+                       MCSEG_SIGNAL_RANK (default 0) sends it
 MCSEG_TERM_IN_VALIDATION=N  send SIGTERM to itself while validating the N-th validation case of the run
 """
 from __future__ import annotations
@@ -38,7 +39,7 @@ def planted_step(self, batch, epoch, step):
         os.kill(os.getpid(), signal.SIGKILL)
     if counts["step"] == term_step:
         os.kill(os.getpid(), signal.SIGTERM)
-    if counts["step"] == group_step:
+    if counts["step"] == group_step and os.environ.get("RANK", "0") == os.environ.get("MCSEG_SIGNAL_RANK", "0"):
         os.killpg(os.getpgid(0), group_signal)
     return original_step(self, batch, epoch, step)
 
