@@ -32,7 +32,7 @@ log = logging.getLogger("mcseg")
 
 STATUS_FILE = "status.json"
 SUMMARY_FILE = "sweep_summary.json"
-EXIT_INTERRUPTED = 143  # 128 + SIGTERM, what schedulers expect from a terminated job
+EXIT_INTERRUPTED = 128  # + the signal's number (143: SIGTERM, 130: SIGINT), what schedulers and shells expect
 # Errors that are the user's input, not a bug: one clear line and a non-zero exit.
 # OSError covers a full disk and unwritable output directories (the message names the path).
 USER_ERRORS = (ValueError, OSError, FloatingPointError)
@@ -122,7 +122,10 @@ def run_job(fn: Callable[[DictConfig], Any], cfg: DictConfig, checks_itself: boo
 
     multirun, overrides, num = _hydra_job()
     if not env_context().is_main:  # torchrun or a submitit task > 0: rank 0 owns the run directory's files
-        return fn(cfg)
+        try:
+            return fn(cfg)
+        except TrainingInterrupted as exc:  # rank 0 reports it; the exit status says why this rank ended
+            sys.exit(EXIT_INTERRUPTED + exc.signum)
     out_dir = Path(cfg.paths.output_dir)
     record = {"status": "running", "overrides": overrides, "job_num": num, "pid": os.getpid(),
               "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
@@ -164,10 +167,11 @@ def run_job(fn: Callable[[DictConfig], Any], cfg: DictConfig, checks_itself: boo
         finish("interrupted", str(exc))
         log.warning("%s", exc)
         print(f"interrupted: {exc}", file=sys.stderr)
-        sys.exit(EXIT_INTERRUPTED)
-    except KeyboardInterrupt:
-        finish("interrupted", "KeyboardInterrupt (Ctrl-C)")
-        raise
+        sys.exit(EXIT_INTERRUPTED + exc.signum)
+    except KeyboardInterrupt:  # Ctrl-C outside the training loop, or a second one inside it
+        finish("interrupted", "KeyboardInterrupt")
+        print("interrupted: Ctrl-C (no checkpoint written since the last one)", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED + signal.SIGINT)
     except Exception as exc:
         finish("failed", f"{type(exc).__name__}: {exc}")
         if os.environ.get("MCSEG_TRACEBACK"):

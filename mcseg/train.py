@@ -30,7 +30,7 @@ from mcseg.engine.provenance import checkpoint_identity, dataset_identity, hydra
 from mcseg.engine.relaunch import check_launch
 from mcseg.sweep import run_identity
 from mcseg.rundir import begin as begin_run
-from mcseg.runtime import seed_everything
+from mcseg.runtime import describe_device, seed_everything
 from mcseg.targets import instantiate_checked
 
 log = logging.getLogger(__name__)
@@ -88,6 +88,8 @@ def train(cfg: DictConfig) -> dict:
     split_ids = split_case_ids(splits.refs)
     trained_on = dataset_identity(dataset, [c for ids in split_ids.values() for c in ids])
     trainer.provenance = {"split": split_ids, "dataset": trained_on}
+    device_info = describe_device(device, tcfg.precision, trainer.channels_last, tcfg.compile)
+    log.info("device: %s", ", ".join(f"{k} {v}" for k, v in device_info.items()))
     if resume_from is not None:
         trainer.resume(resume_from)
     try:
@@ -127,6 +129,7 @@ def train(cfg: DictConfig) -> dict:
     best = next((h for h in trainer.history if h["epoch"] == trainer.best_epoch), {})
     result.update({f"best_{k}": v for k, v in best.items() if k.startswith(("val/", "val_full/"))})
     result["score"] = validation_score(best, cfg.get("score"))
+    result["device"] = device_info
     # what mcseg-report reads: the configuration of this run and its validation (selection) metrics
     write_json(run_dir / "result.json", {**result, "run": run_identity(cfg)})
     return result

@@ -372,7 +372,7 @@ def render(results: dict) -> str:
         entry = results.get(kind)
         label = "CPU" if kind == "cpu" else "GPU"
         if not entry:
-            lines.append(f"| {label} | - | not measured (no GPU lent to this task) | | | | |")
+            lines.append(f"| {label} | - | not measured yet: `bash scripts/gpu_check.sh` on a GPU machine measures it | | | | |")
             continue
         for r in entry["training"]:
             gpu = f" / {r['peak_gpu_mb']:.0f}" if "peak_gpu_mb" in r else ""
@@ -384,7 +384,7 @@ def render(results: dict) -> str:
     for kind in ("cpu", "cuda"):
         entry = results.get(kind)
         if not entry:
-            lines.append("| GPU | - | not measured (no GPU lent to this task) | |")
+            lines.append("| GPU | - | not measured yet: `bash scripts/gpu_check.sh` on a GPU machine measures it | |")
             continue
         for r in entry["training"]:
             e = r.get("evaluation")

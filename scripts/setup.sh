@@ -1,11 +1,41 @@
 #!/usr/bin/env bash
-# Create .venv and install mcseg with its test tools. CPU machines get the CPU build of torch
-# through constraints-cpu.txt; on a GPU machine, install your CUDA torch first and run with
-# MCSEG_GPU=1 so the installed torch is kept.
+# Create .venv and install mcseg with its test tools.
+#
+# CPU machines (default): the CPU build of torch, pinned by constraints-cpu.txt.
+# GPU machines: MCSEG_GPU=1 keeps the CUDA torch you installed for $PYTHON (default python3; a
+# system, conda or venv interpreter): .venv sees the site-packages that torch is in, below its own.
+# Without one, MCSEG_TORCH_INDEX=<index URL> (e.g. https://download.pytorch.org/whl/cu128) installs
+# torch from that index into .venv. A GPU set-up ends with an error unless .venv's torch is a CUDA build.
+# Offline: pip reads PIP_NO_INDEX=1 and PIP_FIND_LINKS=<folder of wheels> from the environment.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
+gpu=${MCSEG_GPU:-0}
 [ -x .venv/bin/python ] || "$python" -m venv .venv
-constraints=(-c constraints-cpu.txt)
-[ "${MCSEG_GPU:-0}" = "1" ] && constraints=()
-.venv/bin/python -m pip install --quiet --disable-pip-version-check "${constraints[@]}" -e ".[test]"
+pip=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
+if [ "$gpu" != "1" ]; then
+    "${pip[@]}" -c constraints-cpu.txt -e ".[test]"
+    exit 0
+fi
+if [ -n "${MCSEG_TORCH_INDEX:-}" ]; then
+    "${pip[@]}" --index-url "$MCSEG_TORCH_INDEX" torch
+elif torch_dir=$("$python" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))' 2>/dev/null); then
+    # --system-site-packages would not do: from inside a venv or conda env it exposes the base
+    # interpreter's packages, not the env's. A .pth file appends torch's folder to .venv's path,
+    # after .venv's own packages, and pip then counts that torch as installed.
+    site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    echo "$torch_dir" > "$site/mcseg_gpu_torch.pth"
+    echo "setup: using torch from $torch_dir"
+fi
+"${pip[@]}" -e ".[test]"
+.venv/bin/python - <<'EOF'
+import sys
+import torch
+if not torch.version.cuda:
+    sys.exit(f"setup: .venv's torch {torch.__version__} is a CPU build: install a CUDA build of torch for "
+             "$PYTHON first, or give MCSEG_TORCH_INDEX=<PyTorch index URL for your CUDA>, then rerun "
+             "(a .venv made by a CPU set-up holds a CPU torch of its own: remove .venv first)")
+usable = torch.cuda.is_available()
+print(f"setup: torch {torch.__version__}, CUDA {torch.version.cuda}, GPU "
+      + (torch.cuda.get_device_name(0) if usable else "NOT usable (check nvidia-smi and the driver)"))
+EOF

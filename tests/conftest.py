@@ -65,6 +65,18 @@ def run_cli(script: str, args: list[str], cwd: Path = ROOT, timeout: int = 300) 
     )
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``cuda`` skip where CUDA is unusable (scripts/gpu_check.sh runs them on a GPU)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a usable CUDA device")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(autouse=True)
 def _private_cache(tmp_path, monkeypatch):
     """Never touch ~/.cache: every test gets its own preprocessing cache."""

@@ -92,3 +92,45 @@ def test_a_submitit_job_of_several_tasks_becomes_a_torchrun_environment(monkeypa
         monkeypatch.delenv(key)
     assert env_context() == DistContext(rank=3, world_size=4, local_rank=1, local_world_size=2)
     assert os.environ["MASTER_ADDR"] == "gpu07" and "CUDA_VISIBLE_DEVICES" not in os.environ
+
+
+def test_ranks_agree_on_a_stop_one_step_after_any_rank_asks(tmp_path):
+    """torchrun signals every rank but not at the same instant (and SLURM may signal one): every rank
+    must stop at the same step, a step after the request, without waiting for the device."""
+    import json
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    from .stop_vote_worker import vote
+
+    mp.spawn(vote, args=(port, str(tmp_path)), nprocs=2)
+    expected = [False, False, False, True, True, True, True]
+    assert [json.loads((tmp_path / f"{r}.json").read_text()) for r in (0, 1)] == [expected, expected]
+
+
+def test_torchrun_rank_signalled_alone_stops_every_rank_at_the_same_step(tmp_path, one_thread):
+    """SIGTERM to rank 1 only (its process group, loader workers included): both ranks stop one step later,
+    rank 0 writes last.pt at that step, and resuming under torchrun finishes the run."""
+    run = tmp_path / "ddp"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "MCSEG_GROUP_SIGNAL_AT_STEP": "3",
+           "MCSEG_SIGNAL_RANK": "1"}
+    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+            str(ROOT / "tests/interrupt_wrapper.py"), *TINY_2D, "optim=sgd", "dataset.sampling.samples_per_epoch=32",
+            "dataset.sampling.num_workers=1", "trainer.device=cpu", "trainer.max_epochs=2",
+            "trainer.log_every_n_steps=20", f"hydra.run.dir={run}"]  # no read of the loss inside the epoch: the vote
+    stopped = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+                             start_new_session=True)
+    output = stopped.stdout + stopped.stderr
+    assert "stopped by SIGTERM at epoch 1, step 4" in output, output[-4000:]  # asked before step 3, agreed after 4
+    assert "exitcode  : 143" in output and "exitcode  : 1 " not in output, output[-4000:]  # both ranks interrupted
+    state = load_checkpoint(run / "checkpoints/last.pt")
+    assert (state["epoch"], state["step_in_epoch"]) == (0, 4)
+    env.pop("MCSEG_GROUP_SIGNAL_AT_STEP")
+    resumed = subprocess.run([*args, "trainer.resume=true"], cwd=ROOT, env=env, capture_output=True, text=True,
+                             timeout=300)
+    assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-4000:]
+    assert load_checkpoint(run / "checkpoints/last.pt")["epoch"] == 2

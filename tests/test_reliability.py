@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import pickle
 import signal
@@ -30,9 +31,10 @@ EXACT = TINY_2D + ["trainer.deterministic=true", "trainer.max_epochs=3", "datase
 
 def _train_subprocess(run_dir: Path, extra: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
-    return subprocess.run(
+    env.pop("MCSEG_TRACEBACK", None)
+    return subprocess.run(  # a session of its own: a signal sent to its process group spares pytest
         [sys.executable, str(ROOT / "tests/interrupt_wrapper.py"), *EXACT, *extra, f"hydra.run.dir={run_dir}"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, start_new_session=True,
     )
 
 
@@ -84,6 +86,45 @@ def test_sigterm_writes_a_checkpoint_and_resume_finishes(tmp_path, uninterrupted
     resumed = _train_subprocess(run, ["trainer.auto_resume=true"])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     _assert_same_run(uninterrupted, run)
+
+
+@pytest.mark.parametrize("sig, code", [("TERM", 143), ("INT", 130)])
+def test_signal_to_the_process_group_with_loader_workers_checkpoints_and_resumes(tmp_path, uninterrupted, sig, code):
+    """SLURM and torchrun signal every process of the job (loader workers too); Ctrl-C does the same to the
+    terminal's foreground group. The workers must survive it so that the main process checkpoints."""
+    run, workers = tmp_path / "run", ["dataset.sampling.num_workers=2"]
+    stopped = _train_subprocess(run, workers, env={"MCSEG_GROUP_SIGNAL_AT_STEP": "7", "MCSEG_GROUP_SIGNAL": sig})
+    assert stopped.returncode == code, stopped.stderr[-3000:]
+    assert "Traceback" not in stopped.stderr and "trainer.resume=true" in stopped.stderr, stopped.stderr[-3000:]
+    assert json.loads((run / "status.json").read_text())["status"] == "interrupted"
+    state = load_checkpoint(run / "checkpoints/last.pt")
+    assert (state["epoch"], state["step_in_epoch"]) == (1, 3)
+    resumed = _train_subprocess(run, [*workers, "trainer.resume=true"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    _assert_same_run(uninterrupted, run)
+
+
+def test_sigterm_during_validation_stops_after_the_case_and_resume_finishes(tmp_path, uninterrupted):
+    """SLURM's grace period and torchrun's 30 s before SIGKILL are shorter than a full validation."""
+    run = tmp_path / "run"
+    stopped = _train_subprocess(run, [], env={"MCSEG_TERM_IN_VALIDATION": "2"})  # epoch 2's (one case each)
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    state = load_checkpoint(run / "checkpoints/last.pt")
+    assert (state["epoch"], state["step_in_epoch"], len(state["history"])) == (1, 4, 1)  # its steps, not recorded
+    resumed = _train_subprocess(run, ["trainer.resume=true"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    _assert_same_run(uninterrupted, run)
+
+
+def test_a_second_ctrl_c_stops_at_once(make_cfg, monkeypatch):
+    from mcseg.engine.trainer import Trainer
+
+    trainer = Trainer.__new__(Trainer)  # the handler's state only
+    trainer._stop_signal = None
+    trainer._request_stop(signal.SIGINT, None)
+    assert trainer._stop_requested
+    with pytest.raises(KeyboardInterrupt):
+        trainer._request_stop(signal.SIGINT, None)
 
 
 class _RunsCode:
@@ -181,3 +222,71 @@ def test_unwritable_output_directory_is_a_clear_error(tmp_path):
     assert done.returncode != 0
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and str(run_dir) in lines[0], done.stderr  # one line naming the path, no traceback
+
+
+@pytest.mark.parametrize("built_with", ["12.8", None])
+def test_unusable_cuda_is_an_error_when_asked_for_and_a_warning_under_auto(monkeypatch, caplog, built_with):
+    """A broken CUDA install never trains on the CPU without a word."""
+    from mcseg.runtime import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", built_with)
+    with pytest.raises(ValueError, match="trainer.device='cuda' but " + ("CUDA is unusable" if built_with else
+                                                                         "torch .* is a CPU build")):
+        resolve_device("cuda")
+    if built_with:  # an NVIDIA device file may exist on a GPU machine without CUDA torch: not required here
+        with caplog.at_level("WARNING", logger="mcseg.runtime"):
+            assert resolve_device("auto").type == "cpu"
+        assert "CUDA is unusable" in caplog.text and "training on the CPU" in caplog.text
+
+
+@pytest.mark.cuda
+def test_out_of_memory_on_cuda_stitches_each_case_on_the_cpu_and_frees_the_gpu(caplog):
+    """A real CUDA OOM, over several cases: the GPU holds the windows' work but not the stitched volume,
+    so each case falls back to CPU stitching, and none leaves GPU memory behind for the next."""
+    from mcseg.engine import inference
+
+    model = torch.nn.Conv3d(1, 2, 3, padding=1).cuda()
+    shape = (1, 256, 256, 256)  # 64 MiB of input; the stitched logits and their weights take 3 times that
+    volume_bytes = 4 * math.prod(shape)
+    torch.cuda.empty_cache()
+    baseline = torch.cuda.memory_allocated()
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction((baseline + volume_bytes + 96 * 2**20) / total)
+    try:
+        cfg = inference.InferenceConfig(roi_size=[64, 64, 64], sw_batch_size=2, overlap=0.25)
+        for case in range(3):
+            image = torch.full(shape, float(case), device="cuda")
+            with caplog.at_level("WARNING", logger="mcseg.engine.inference"):
+                out = inference.predict_logits(model, image, 3, 16, cfg)
+            assert out.device.type == "cpu" and out.shape == (2, *shape[1:])
+            del image, out
+            assert torch.cuda.memory_allocated() <= baseline + 2**20, f"case {case} left memory on the GPU"
+        assert caplog.text.count("stitching on the CPU") == 3
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        torch.cuda.empty_cache()
+
+
+@pytest.mark.slow
+def test_gpu_setup_keeps_the_interpreters_torch_and_insists_on_a_cuda_build(tmp_path):
+    """``MCSEG_GPU=1 bash scripts/setup.sh`` (on a throw-away project of the same layout): .venv sees the torch
+    of the interpreter that ran it, installs no other, and the set-up fails unless that torch is a CUDA build.
+    Needs pip's index (the editable install builds with setuptools)."""
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "mcseg").mkdir()
+    (tmp_path / "mcseg/__init__.py").write_text("")
+    (tmp_path / "scripts/setup.sh").write_text((ROOT / "scripts/setup.sh").read_text())
+    (tmp_path / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=68", "wheel"]\nbuild-backend = "setuptools.build_meta"\n'
+        '[project]\nname = "mcseg"\nversion = "0"\ndependencies = ["torch>=2.2"]\n'
+        '[project.optional-dependencies]\ntest = []\n')
+    done = subprocess.run(["bash", "scripts/setup.sh"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "MCSEG_GPU": "1", "PYTHON": sys.executable})
+    seen = subprocess.run([str(tmp_path / ".venv/bin/python"), "-c", "import torch; print(torch.__file__)"],
+                          capture_output=True, text=True)
+    assert seen.stdout.strip() == torch.__file__, seen.stderr
+    if torch.version.cuda:
+        assert done.returncode == 0, done.stderr
+    else:
+        assert done.returncode != 0 and "is a CPU build" in done.stderr, done.stderr

@@ -7,6 +7,7 @@ import functools
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -186,12 +187,17 @@ def test_target_checks_switch_the_range_check_of_every_sub_loss(host_reads):
 
 
 @pytest.mark.parametrize(
-    ("setting", "device", "dims", "expected"),
-    [("auto", "cpu", 2, False), ("auto", "cuda", 2, True), ("auto", "cuda", 3, False),
-     ("True", "cpu", 3, True), ("true", "cuda", 2, True), ("False", "cuda", 2, False)],
+    ("setting", "device", "dims", "norm", "expected"),
+    [("auto", "cpu", 2, "batch", False), ("auto", "cuda", 2, "batch", True), ("auto", "cuda", 3, "batch", False),
+     ("auto", "cuda", 2, "instance", False), ("True", "cpu", 3, "instance", True),
+     ("true", "cuda", 2, "instance", True), ("False", "cuda", 2, "batch", False)],
 )
-def test_channels_last_auto_is_for_2d_on_cuda(setting, device, dims, expected):
-    assert use_channels_last(setting, torch.device(device), dims) is expected
+def test_channels_last_auto_is_for_2d_on_cuda_without_instance_norm(setting, device, dims, norm, expected):
+    """Instance norm converts NHWC back to NCHW at every layer (forward and backward): ``auto`` leaves it off."""
+    from monai.networks.nets import UNet
+
+    model = UNet(dims, 1, 2, channels=(4, 8), strides=(2,), norm=norm)
+    assert use_channels_last(setting, torch.device(device), dims, model) is expected
 
 
 def test_channels_last_bad_value_names_the_key(make_cfg):
@@ -245,6 +251,26 @@ def test_build_train_loader_takes_workers_from_the_config(make_cfg):
         build_train_loader(cases, cfg.dataset, 0, torch.device("cpu"))
 
 
+def test_loader_workers_survive_sigterm_and_stop_when_asked(make_cfg):
+    """SLURM and torchrun signal every process of the job: a worker that died of it would fail the run before
+    the main process checkpoints. Since they ignore SIGTERM, the trainer ends them itself (stop_workers)."""
+    from mcseg.engine.data import build_dataset, build_train_loader, load_cases, stop_workers
+
+    cfg = make_cfg(TINY_2D + ["dataset.sampling.num_workers=1", "dataset.sampling.samples_per_epoch=16"])
+    dataset = build_dataset(cfg.dataset)
+    loader, sampler = build_train_loader(load_cases(dataset, dataset.case_refs()[:2], workers=1), cfg.dataset, 0,
+                                         torch.device("cpu"))
+    sampler.set_epoch(0)
+    batches = iter(loader)
+    next(batches)
+    workers = list(loader._iterator._workers)
+    for w in workers:
+        os.kill(w.pid, signal.SIGTERM)
+    assert len([next(batches) for _ in range(3)]) == 3
+    stop_workers(loader)
+    assert not any(w.is_alive() for w in workers) and loader._iterator is None
+
+
 @pytest.mark.parametrize(
     ("device", "threads", "processes", "expected"),
     [("cuda", 16, 1, 8), ("cuda", 16, 2, 7), ("cuda", 16, 8, 1), ("cuda", 16, 32, 0),
@@ -282,7 +308,7 @@ def test_a_large_volume_is_evaluated_holding_at_most_two_probability_tensors():
     assert result["copies_of_probability_tensor"] <= 2.1, result
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.cuda
 @pytest.mark.parametrize("loss", LOSSES)
 def test_cuda_training_steps_never_synchronise(make_cfg, tmp_path, loss):
     """After the first step (its label check) a step launches work and returns: CUDA's sync

@@ -4,6 +4,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -38,9 +39,14 @@ def _check_run_dir(run_dir, n_test: int) -> dict:
     return summary
 
 
-def test_synthetic_2d_run_produces_the_run_directory(make_cfg, tmp_path):
+def test_synthetic_2d_run_produces_the_run_directory(make_cfg, tmp_path, caplog):
     cfg = make_cfg(TINY_2D)
-    result = train(cfg)
+    with caplog.at_level("INFO", logger="mcseg.train"):
+        result = train(cfg)
+    device = json.loads((tmp_path / "run/result.json").read_text())["device"]  # also logged at the start
+    assert device == {"device": "cpu", "name": device["name"], "torch": torch.__version__, "cuda": None,
+                      "precision": "float32", "channels_last": False, "compile": False}
+    assert f"device: device cpu, name {device['name']}, torch {torch.__version__}" in caplog.text
     summary = _check_run_dir(tmp_path / "run", n_test=2)
     assert result["test/mean_foreground_dice"] == pytest.approx(summary["mean_foreground_dice"])
     state = load_checkpoint(tmp_path / "run/checkpoints/last.pt")
@@ -64,19 +70,19 @@ def test_resume_continues_at_the_right_epoch_with_saved_optimizer(make_cfg, tmp_
     train(make_cfg(common, output_dir=tmp_path / "straight"))
     straight = load_checkpoint(tmp_path / "straight/checkpoints/last.pt")
 
-    original = Trainer.train_epoch
+    original, validate = Trainer.train_epoch, Trainer.validate
 
-    def killed_at_epoch_2(self, epoch):
-        if epoch == 2:
+    def killed_in_the_third_validation(self, epoch, full=False):
+        if epoch == 2:  # after the third epoch's steps were logged, before its checkpoint
             raise KeyboardInterrupt("simulated interruption")
-        return original(self, epoch)
+        return validate(self, epoch, full)
 
-    monkeypatch.setattr(Trainer, "train_epoch", killed_at_epoch_2)
+    monkeypatch.setattr(Trainer, "validate", killed_in_the_third_validation)
     with pytest.raises(KeyboardInterrupt):
         train(make_cfg(common, output_dir=tmp_path / "resumed"))
     interrupted = load_checkpoint(tmp_path / "resumed/checkpoints/last.pt")
     assert interrupted["epoch"] == 2 and interrupted["optimizer"]["state"]
-    monkeypatch.setattr(Trainer, "train_epoch", original)
+    monkeypatch.setattr(Trainer, "validate", validate)
 
     started = []
     monkeypatch.setattr(Trainer, "train_epoch", lambda self, epoch: started.append(epoch) or original(self, epoch))
@@ -88,7 +94,17 @@ def test_resume_continues_at_the_right_epoch_with_saved_optimizer(make_cfg, tmp_
     assert resumed["epoch"] == 3
     for key, value in straight["model"].items():
         torch.testing.assert_close(resumed["model"][key], value, rtol=0, atol=1e-6, msg=key)
-    assert [h["epoch"] for h in resumed["history"]] == [0, 1, 2]
+    # TensorBoard: what the interrupted run logged after its checkpoint is purged, not repeated
+    assert _tensorboard_steps(tmp_path / "resumed") == _tensorboard_steps(tmp_path / "straight")
+    assert [h["epoch"] for h in resumed["history"]] == [1, 2, 3]  # 1-based, as in the log
+
+
+def _tensorboard_steps(run: Path) -> dict[str, list[int]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    return {tag: [e.step for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
 
 
 def test_evaluate_reproduces_the_runs_own_evaluation(make_cfg, tmp_path):
@@ -131,7 +147,7 @@ def test_full_validation_every_n_epochs_next_to_a_capped_running_one(make_cfg, t
     cfg = make_cfg(TINY_2D + ["dataset.n_cases=16", "trainer.max_epochs=2", "trainer.val_max_cases=1", "trainer.full_val_every=2",
                               "trainer.monitor=val_full/mean_foreground_dice", "posthoc.fit=[]", "posthoc.apply=[]"])
     result = train(cfg)
-    assert result["best_epoch"] == 1  # the only epoch with a full validation
+    assert result["best_epoch"] == 2  # the only epoch with a full validation (numbered from 1)
     n_val = len(json.loads((tmp_path / "run" / "split.json").read_text())["val"])
     assert n_val > 1
     ecfg = make_cfg([f"ckpt={tmp_path / 'run' / 'checkpoints' / 'best.pt'}", "split=val", "posthoc.apply=[]",

@@ -2,9 +2,13 @@
 :mod:`mcseg.data.build` (importable from here too)."""
 from __future__ import annotations
 
+import atexit
 import logging
 import multiprocessing
+import os
+import signal
 import sys
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -78,8 +82,35 @@ def build_train_loader(
         multiprocessing_context=multiprocessing.get_context(WORKER_START_METHOD) if workers > 0 else None,
         # Its own generator: worker seeding must not consume the global RNG (exact resumes).
         generator=torch.Generator().manual_seed(seed),
+        worker_init_fn=ignore_stop_signals if workers > 0 else None,
     )
+    if workers > 0:  # before multiprocessing's own exit handler (atexit runs the last registered first)
+        atexit.register(_stop_workers_at_exit, weakref.ref(loader))
     return loader, sampler
+
+
+def ignore_stop_signals(worker_id: int = 0) -> None:
+    """Loader workers ignore SIGTERM and SIGINT: SLURM, torchrun's agent and Ctrl-C signal the
+    whole process group, and a worker that died of it would fail the run before the main process
+    (which owns the stop) writes its checkpoint. The main process ends its workers itself."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def stop_workers(loader: DataLoader) -> None:
+    """End ``loader``'s persistent workers now (they are idle between epochs). They ignore SIGTERM
+    (:func:`ignore_stop_signals`), so they must not be left to multiprocessing's exit handler,
+    which terminates them with SIGTERM and then waits for them: the trainer calls this after
+    fitting, and an exit handler for any other loader (a benchmark, a test)."""
+    iterator, loader._iterator = getattr(loader, "_iterator", None), None
+    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+        iterator._shutdown_workers()
+
+
+def _stop_workers_at_exit(ref: weakref.ref) -> None:
+    loader = ref()
+    if loader is not None:
+        stop_workers(loader)
 
 
 def sampling_config(node: DictConfig) -> SamplingConfig:

@@ -213,3 +213,43 @@ def wrap_model(model: torch.nn.Module, ctx: DistContext, device: torch.device) -
 
     ids = [device.index] if device.type == "cuda" else None
     return DistributedDataParallel(model, device_ids=ids)
+
+
+class StopVote:
+    """Ranks agree on a stop (SIGTERM/SIGINT on any rank) one step after it was asked for.
+
+    Each step starts an all-reduce of this rank's flag and reads the one started the step
+    before (long finished), on a CPU gloo group of its own: no wait for the device, and every
+    rank sees the same answer at the same step. Single process: the flag itself.
+    """
+
+    def __init__(self, ctx: DistContext) -> None:
+        self.ctx = ctx
+        self.group = dist.new_group(backend="gloo") if ctx.enabled else None
+        self.pending: tuple | None = None
+
+    def _collect(self) -> bool:
+        if self.pending is None:
+            return False
+        work, flag = self.pending
+        work.wait()
+        self.pending = None
+        return bool(flag.item())
+
+    def step(self, requested: bool) -> bool:
+        """Vote ``requested``; return the vote of the previous step (True: every rank stops now)."""
+        if not self.ctx.enabled:
+            return requested
+        agreed = self._collect()
+        flag = torch.tensor([int(requested)], dtype=torch.int32)
+        self.pending = (dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group, async_op=True), flag)
+        return agreed
+
+    def now(self, requested: bool) -> bool:
+        """Vote and wait for the answer (every rank calls it at the same point, e.g. after validation)."""
+        if not self.ctx.enabled:
+            return requested
+        earlier = self._collect()
+        flag = torch.tensor([int(requested)], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+        return earlier or bool(flag.item())

@@ -32,12 +32,25 @@ def busiest_slice(label: np.ndarray) -> int | None:
 
 
 class TensorBoardLogger:
+    """Every value at the trainer's global step. A resumed run calls :meth:`resume_at` before logging:
+    TensorBoard then discards what the interrupted run logged at that step or later."""
+
     def __init__(self, log_dir: Path | None) -> None:
-        self.writer = None
-        if log_dir is not None:
+        self.log_dir, self._writer, self._purge_step = log_dir, None, None
+
+    def resume_at(self, step: int) -> None:
+        if self._writer is not None:
+            raise RuntimeError("TensorBoardLogger.resume_at must come before the first value is logged")
+        self._purge_step = step
+
+    @property
+    def writer(self):
+        """The SummaryWriter, opened at the first value (None when disabled)."""
+        if self._writer is None and self.log_dir is not None:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(str(log_dir))
+            self._writer = SummaryWriter(str(self.log_dir), purge_step=self._purge_step)
+        return self._writer
 
     def scalars(self, values: dict[str, float], step: int) -> None:
         if self.writer is not None:
@@ -66,5 +79,5 @@ class TensorBoardLogger:
             self.writer.add_image(f"{tag}/{case.case_id}", torch.from_numpy(panel), step)
 
     def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
+        if self._writer is not None:
+            self._writer.close()

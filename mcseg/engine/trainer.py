@@ -8,7 +8,15 @@ checkpointed through ``loss.state_dict()``.
 Resumability: samples are a pure function of (seed, epoch, index), so a run restored from
 ``last.pt`` (RNG states, optimiser, scheduler, loss state and the position inside the
 epoch) continues exactly where the checkpoint was taken. SIGTERM (what SLURM sends before
-pre-emption) writes ``last.pt`` at the next step boundary and stops the run.
+pre-emption) or SIGINT (Ctrl-C) writes ``last.pt`` at the next step boundary, or after the
+current case of a validation, and stops the run (:class:`~mcseg.errors.TrainingInterrupted`);
+a second Ctrl-C stops at once. Under torchrun the ranks agree on the stop one step after any of
+them was signalled (:class:`~mcseg.engine.distributed.StopVote`).
+
+Epochs are numbered from 1 wherever a user sees them (log, ``history``, ``best_epoch``,
+messages); TensorBoard's x axis is the global step for every scalar, so that a resumed run
+purges what the interrupted one wrote after its checkpoint. Inside, ``epoch`` arguments are
+0-based and a checkpoint's ``epoch`` is the number of epochs completed.
 
 Throughput: a step never waits for the device. The loss and a per-step non-finite code stay
 on the device (:class:`~mcseg.engine.window.TrainingWindow`) and are read back once per
@@ -33,8 +41,8 @@ from tqdm import tqdm
 
 from mcseg.config import TrainerConfig
 from mcseg.engine.checkpoint import load_checkpoint, load_model_weights, restore_rng_states, rng_states, save_checkpoint
-from mcseg.engine.data import to_device
-from mcseg.engine.distributed import DistContext, wrap_model
+from mcseg.engine.data import stop_workers, to_device
+from mcseg.engine.distributed import DistContext, StopVote, wrap_model
 from mcseg.engine.evaluator import EvalProtocol, Evaluator, reliability_figure
 from mcseg.engine.inference import autocast_context
 from mcseg.engine.predict import SegmentationPredictor, evaluate_cases
@@ -48,6 +56,7 @@ from mcseg.runtime import to_channels_last, use_channels_last
 log = logging.getLogger(__name__)
 
 HEADLINE = ("mean_foreground_dice", "mean_foreground_hd95_mm", "mean_ece", "mean_classwise_ece")
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)  # the main process owns the stop (loader workers ignore them)
 
 
 def call_hook(obj, name: str, *args) -> None:
@@ -79,7 +88,7 @@ class Trainer:
         self.tb, self.config_container, self.images = tb, config_container, images
         self.device = predictor.device
         self.dist = dist or DistContext()
-        self.channels_last = use_channels_last(cfg.channels_last, self.device, predictor.model_dims)
+        self.channels_last = use_channels_last(cfg.channels_last, self.device, predictor.model_dims, model)
         self.train_module = self._training_module(model)
         self._targets_checked = False  # the loss checks label values on a run's first step only
         self.ckpt_dir = run_dir / "checkpoints"
@@ -91,8 +100,13 @@ class Trainer:
         self.best_value: float | None = None
         self.best_epoch: int | None = None
         self.history: list[dict] = []
-        self._stop_requested = False
         self.provenance: dict = {}  # split case ids and dataset identity, stored in every checkpoint (set by train)
+        self._stop_signal: int | None = None  # the first SIGTERM/SIGINT received
+        self.vote = StopVote(self.dist)
+
+    @property
+    def _stop_requested(self) -> bool:
+        return self._stop_signal is not None
 
     def _training_module(self, model: torch.nn.Module) -> torch.nn.Module:
         """``model`` as the training step calls it: channels-last, DDP, compiled, as configured."""
@@ -142,8 +156,9 @@ class Trainer:
         self.best_value, self.best_epoch = state.get("best_value"), state.get("best_epoch")
         self.history = list(state.get("history", []))
         restore_rng_states(state["rng"])
-        log.info("resumed %s at epoch %d, step %d (best %s at epoch %s)", path, self.epoch, self.step_in_epoch,
-                 self.best_value, self.best_epoch)
+        self.tb.resume_at(self.global_step + 1)  # drop what the interrupted run logged after this checkpoint
+        log.info("resumed %s in epoch %d after %d steps of it (best %s at epoch %s)", path, self.epoch + 1,
+                 self.step_in_epoch, self.best_value, self.best_epoch)
 
     def _improved(self, value: float) -> bool:
         if value is None or not math.isfinite(value):
@@ -154,27 +169,31 @@ class Trainer:
 
     # ----------------------------------------------------------------- loop
     def fit(self) -> None:
-        previous = None
+        previous = {}
         if threading.current_thread() is threading.main_thread():
-            previous = signal.signal(signal.SIGTERM, self._request_stop)
+            previous = {s: signal.signal(s, self._request_stop) for s in STOP_SIGNALS}
         try:
             while self.epoch < self.cfg.max_epochs:
                 self._run_epoch(self.epoch)
         finally:
-            if previous is not None:
-                signal.signal(signal.SIGTERM, previous)
+            stop_workers(self.loader)
+            for s, handler in previous.items():
+                signal.signal(s, handler)
         if self.dist.is_main and not (self.ckpt_dir / "best.pt").is_file():
             log.warning("monitor %s was never finite; best.pt is the last epoch", self.cfg.monitor)
             save_checkpoint(self.ckpt_dir / "best.pt", self.state_dict())
         self.dist.barrier()
 
     def _request_stop(self, signum, frame) -> None:
-        log.warning("SIGTERM received: writing a checkpoint at the next step and stopping")
-        self._stop_requested = True
+        if self._stop_requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop at once, without a checkpoint
+        self._stop_signal = self._stop_signal or signum
+        log.warning("%s received: writing a checkpoint at the next step and stopping%s", signal.Signals(signum).name,
+                    " (Ctrl-C again stops at once)" if signum == signal.SIGINT else "")
 
     def _run_epoch(self, epoch: int) -> None:
         train_metrics = self.train_epoch(epoch)
-        metrics = {"epoch": epoch, **train_metrics}
+        metrics = {"epoch": epoch + 1, **train_metrics}
         last = epoch + 1 == self.cfg.max_epochs
         if (epoch + 1) % self.cfg.val_every == 0 or last:
             if self.dist.is_main:
@@ -183,13 +202,19 @@ class Trainer:
         every = self.cfg.full_val_every
         if every and ((epoch + 1) % every == 0 or last) and self.dist.is_main:
             metrics.update(self.validate(epoch, full=True))
+        # Every rank, also those that waited for rank 0's validation: a stop asked for meanwhile
+        # (torchrun kills 30 s after its SIGTERM) ends the run before the epoch is recorded.
+        if self.vote.now(self._stop_requested):
+            self._save_last()  # the epoch's steps are done: resuming validates it again
+            self._interrupted(epoch)
+        self.tb.scalars({k: v for k, v in metrics.items() if k != "epoch"}, self.global_step)
         self.scheduler.step()
         self.epoch, self.step_in_epoch, self.epoch_loss_sum = epoch + 1, 0, 0.0
         self.history.append(metrics)
         if self.dist.is_main:
             monitored = metrics.get(self.cfg.monitor)
             if self.cfg.monitor in metrics and self._improved(monitored):
-                self.best_value, self.best_epoch = float(monitored), epoch
+                self.best_value, self.best_epoch = float(monitored), epoch + 1
                 save_checkpoint(self.ckpt_dir / "best.pt", self.state_dict())
             save_checkpoint(self.ckpt_dir / "last.pt", self.state_dict())
             shown = {k: round(v, 4) for k, v in metrics.items() if k != "epoch" and isinstance(v, float)}
@@ -220,7 +245,7 @@ class Trainer:
             call_hook(self.loss_fn, "on_train_epoch_start", epoch)
         window = TrainingWindow(self.device, self.dist)
         n_samples, start = 0, time.perf_counter()
-        stop_agreed = False  # under torchrun a stop is acted on once every rank knows of it
+        stop_agreed = False  # a stop every rank knows of (single process: asked for)
 
         def close() -> float | None:
             """Read the window back; raise on a non-finite step; return the mean loss."""
@@ -232,9 +257,6 @@ class Trainer:
                 raise NonFiniteLossError(f"{self._nonfinite_message(report.bad, epoch)}; the last good checkpoint "
                                          f"is {self.ckpt_dir / 'last.pt'}")
             return report.mean_loss
-
-        def stop_now() -> bool:
-            return stop_agreed if self.dist.enabled else self._stop_requested
 
         bar = tqdm(self.loader, desc=f"epoch {epoch + 1}", leave=False, dynamic_ncols=True,
                    disable=not (self.cfg.progress_bar and self.dist.is_main))
@@ -250,28 +272,28 @@ class Trainer:
                     rate = n_samples / (time.perf_counter() - start)
                     bar.set_postfix(loss=f"{value:.4f}", samples_s=f"{rate:.1f}")
                     self.tb.scalars({"train/loss_step": value}, self.global_step)
+            stop_agreed = self.vote.step(self._stop_requested) or stop_agreed
             every = self.cfg.checkpoint_every_n_steps
-            if stop_now() or (every and self.step_in_epoch % every == 0):
+            if stop_agreed or (every and self.step_in_epoch % every == 0):
                 close()  # never checkpoint the result of a non-finite step
                 self._save_last()
-                if stop_now():
+                if stop_agreed:
                     self._interrupted(epoch)
         close()
-        if stop_now():  # torchrun: the ranks agreed on a stop at the epoch's last read
+        if stop_agreed:  # torchrun: the ranks agreed on a stop at the epoch's last read
             self._save_last()
             self._interrupted(epoch)
         seconds = time.perf_counter() - start
         mean_loss = self.epoch_loss_sum / max(self.step_in_epoch, 1)
         lr = self.optimizer.param_groups[0]["lr"]
-        metrics = {"train/loss": mean_loss, "train/lr": lr,
-                   "train/samples_per_s": n_samples * self.dist.world_size / max(seconds, 1e-9)}
-        self.tb.scalars(metrics, epoch)
-        return metrics
+        return {"train/loss": mean_loss, "train/lr": lr,
+                "train/samples_per_s": n_samples * self.dist.world_size / max(seconds, 1e-9)}
 
     def _interrupted(self, epoch: int):
+        signum = self._stop_signal or signal.SIGTERM  # torchrun: another rank was signalled
         raise TrainingInterrupted(
-            f"stopped by SIGTERM at epoch {epoch + 1}, step {self.step_in_epoch}; "
-            f"{self.ckpt_dir / 'last.pt'} written: rerun with trainer.resume=true"
+            f"stopped by {signal.Signals(signum).name} at epoch {epoch + 1}, step {self.step_in_epoch}; "
+            f"{self.ckpt_dir / 'last.pt'} written: rerun with trainer.resume=true", signum,
         )
 
     def _train_step(self, batch: dict, epoch: int, step: int) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -325,17 +347,26 @@ class Trainer:
             call_hook(self.loss_fn, "on_validation_start")
         hook = None if full else getattr(self.loss_fn, "on_validation_batch", None)
         images = 0 if full else self.images
-        kept = evaluate_cases(self.predictor, cases, evaluator, self.restore, on_logits=hook, keep=images)
+        kept = evaluate_cases(self.predictor, self._until_stopped(cases), evaluator, self.restore, on_logits=hook,
+                              keep=images)
+        if self._stop_requested:
+            return {}  # cut short: the caller checkpoints and stops, and a resumed run validates again
         if not full:
             call_hook(self.loss_fn, "on_validation_end", epoch)
         summary = evaluator.summary()
         prefix = "val_full" if full else "val"
         metrics = {f"{prefix}/{k}": float(summary[k]) for k in HEADLINE if summary.get(k) is not None}
-        self.tb.scalars(metrics, epoch)
         if images:
-            self.tb.overlays("val", kept, epoch)
-            self.tb.figure("val/reliability", reliability_figure(evaluator), epoch)
+            self.tb.overlays("val", kept, self.global_step)
+            self.tb.figure("val/reliability", reliability_figure(evaluator), self.global_step)
         return metrics
+
+    def _until_stopped(self, cases: list):
+        """``cases`` until a stop is asked for: a validation never holds up a stop for long."""
+        for case in cases:
+            if self._stop_requested:
+                return
+            yield case
 
     def load_best(self) -> None:
         path = self.ckpt_dir / "best.pt"

@@ -185,7 +185,7 @@ def test_property_calibration_values_are_bounded(k, n, n_bins, seed, scale):
     assert 0.0 <= v["brier"] <= 2.0 + 1e-9 and v["nll"] >= 0.0
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.cuda
 def test_cuda_matches_cpu():
     probs, label = random_probs(4, (20, 20, 20), seed=12)
     cpu = case_calibration(probs, label).values
