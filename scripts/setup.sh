@@ -4,7 +4,7 @@
 # CPU machines (default): the CPU build of torch, pinned by constraints-cpu.txt.
 # GPU machines: MCSEG_GPU=1 keeps the CUDA torch you installed for $PYTHON (default python3; a
 # system, conda or venv interpreter): .venv sees the site-packages that torch is in, below its own.
-# Without one, MCSEG_TORCH_INDEX=<index URL> (e.g. https://download.pytorch.org/whl/cu128) installs
+# Without one, MCSEG_TORCH_INDEX=<the PyTorch wheel index URL of your CUDA version> installs
 # torch from that index into .venv. A GPU set-up ends with an error unless .venv's torch is a CUDA build.
 # Offline: pip reads PIP_NO_INDEX=1 and PIP_FIND_LINKS=<folder of wheels> from the environment.
 set -euo pipefail
