@@ -103,7 +103,8 @@ def train(cfg: DictConfig) -> dict:
         best = checkpoint_identity(best_path, load_checkpoint(best_path))
         overrides = hydra_overrides()
         if posthoc.fit:  # post-hoc calibration of best.pt on the validation cases
-            record = fit_posthoc(predictor, val_cases, posthoc, run_dir, best, {"dataset": trained_on, "overrides": overrides})
+            record = fit_posthoc(predictor, val_cases, posthoc, run_dir, best,
+                                 {"dataset": trained_on, "overrides": overrides}, protocol)
             scalers = scalers_to_apply(record, posthoc.apply, run_dir)
         provenance = {"checkpoint": {**best, "selected": True}, "run_dir": str(run_dir),
                       "split": {"name": "test", "source": "training", "cases": split_ids["test"]},
