@@ -90,7 +90,7 @@ def test_region_sample_is_capped_uniformly_inside_the_region():
 
 @pytest.mark.parametrize("true_t", [2.0, 0.6])
 def test_ece_objective_recovers_a_known_temperature(true_t):
-    z, y = calibrated_logits(200_000, 4, seed=1)
+    z, y = calibrated_logits(100_000, 4, seed=1)
     fitted = fit_temperature_ece(z * true_t, y, softmax_link, n_bins=15)
     assert fitted["temperature"] == pytest.approx(true_t, rel=0.05)
     assert fitted["ece_after"] < 0.01 < fitted["ece_before"]

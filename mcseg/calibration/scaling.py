@@ -122,7 +122,7 @@ def voxel_ece(probs: torch.Tensor, target: torch.Tensor, multilabel: bool, n_bin
 
 
 def fit_temperature_ece(logits: torch.Tensor, target: torch.Tensor, link: Callable[[torch.Tensor], torch.Tensor],
-                        multilabel: bool = False, n_bins: int = 15, grid: int = 81, refine: int = 40) -> dict:
+                        multilabel: bool = False, n_bins: int = 15, grid: int = 41, refine: int = 25) -> dict:
     """The T in ``ECE_SEARCH`` minimising the ECE of ``link(logits / T)``: a grid over log T, then a
     golden-section search between the best grid point's neighbours (deterministic). ECE is piecewise
     smooth in T, so the grid finds the right basin and the search refines it. T = 1 is kept unless a
