@@ -183,3 +183,11 @@ def test_training_fits_and_applies_lts_and_evaluate_reuses_it(make_cfg, tmp_path
     rows = build_rows(collect_runs([run]), baseline=None, n_boot=10)
     text = markdown(rows, "t", [])
     assert "| none (pre_T) |" in text and "| temperature (region, nll) |" in text and "| lts (2D, nll) |" in text
+
+
+def test_lts_with_fewer_than_two_validation_cases_is_refused_at_start(make_cfg, tmp_path, one_thread):
+    from mcseg.train import train
+
+    with pytest.raises(ConfigError, match="posthoc.fit.*lts.*2 validation cases"):
+        train(make_cfg(TINY_2D + ["posthoc.fit=[temperature,lts]", "posthoc.apply=[temperature]"]))
+    assert not (tmp_path / "run" / "checkpoints").exists()  # refused before training
