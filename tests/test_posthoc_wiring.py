@@ -98,6 +98,15 @@ def test_ece_objective_recovers_a_known_temperature(true_t):
     assert again == fitted  # deterministic
 
 
+def test_ece_objective_recovers_a_known_temperature_of_sigmoid_regions():
+    g = torch.Generator().manual_seed(3)
+    z = 2.0 * torch.randn(60_000, 2, generator=g)
+    y = torch.bernoulli(torch.sigmoid(z), generator=g)  # two calibrated regions
+    fitted = fit_temperature_ece(z * 2.5, y, torch.sigmoid, multilabel=True, n_bins=15)
+    assert fitted["temperature"] == pytest.approx(2.5, rel=0.05)
+    assert fitted["ece_after"] < 0.01 < fitted["ece_before"]
+
+
 @pytest.mark.parametrize("objective", ["nll", "ece"])
 @pytest.mark.parametrize("true_t", [0.5, 1.0, 2.0])
 def test_region_fitted_temperature_never_raises_the_fit_regions_ece(objective, true_t):
