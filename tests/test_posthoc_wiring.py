@@ -200,3 +200,11 @@ def test_lts_with_fewer_than_two_validation_cases_is_refused_at_start(make_cfg, 
     with pytest.raises(ConfigError, match="posthoc.fit.*lts.*2 validation cases"):
         train(make_cfg(TINY_2D + ["posthoc.fit=[temperature,lts]", "posthoc.apply=[temperature]"]))
     assert not (tmp_path / "run" / "checkpoints").exists()  # refused before training
+
+
+def test_bad_lts_settings_are_refused_before_training(make_cfg, tmp_path, one_thread):
+    from mcseg.train import train
+
+    with pytest.raises(ConfigError, match="posthoc.lts.*patch_size"):
+        train(make_cfg(LTS_RUN + ["posthoc.lts.patch_size=[8,8,8]"]))  # a 3D patch for the 2D model
+    assert not (tmp_path / "run" / "checkpoints").exists()
