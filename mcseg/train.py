@@ -48,6 +48,9 @@ def train(cfg: DictConfig) -> dict:
     if set(posthoc.apply) - set(posthoc.fit):
         raise ConfigError(f"config key 'posthoc.apply'={posthoc.apply}: each applied scaler must also be in "
                           f"posthoc.fit={posthoc.fit} (training fits them on the validation split)")
+    if "lts" in posthoc.fit:  # its settings in the model's geometry: refused now, not after training
+        sampling = cfg.dataset.sampling
+        posthoc.lts_config(sampling.dims, sampling.patch_size, sampling.get("slice_axis", -1))
     unknown = sorted(set(cfg.get("score") or {}) - set(HEADLINE))
     if unknown:
         raise ConfigError(f"config key 'score.{unknown[0]}': not a validation metric (expected {', '.join(HEADLINE)})")
@@ -103,7 +106,8 @@ def train(cfg: DictConfig) -> dict:
         best = checkpoint_identity(best_path, load_checkpoint(best_path))
         overrides = hydra_overrides()
         if posthoc.fit:  # post-hoc calibration of best.pt on the validation cases
-            record = fit_posthoc(predictor, val_cases, posthoc, run_dir, best, {"dataset": trained_on, "overrides": overrides})
+            record = fit_posthoc(predictor, val_cases, posthoc, run_dir, best,
+                                 {"dataset": trained_on, "overrides": overrides}, protocol)
             scalers = scalers_to_apply(record, posthoc.apply, run_dir)
         provenance = {"checkpoint": {**best, "selected": True}, "run_dir": str(run_dir),
                       "split": {"name": "test", "source": "training", "cases": split_ids["test"]},

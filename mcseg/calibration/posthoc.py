@@ -1,40 +1,54 @@
 """Post-hoc calibration of a trained run: fit on the validation split, save, apply at evaluation.
 
-``fit_posthoc`` segments the validation cases with the run's predictor, keeps a voxel sample
-(by default all foreground voxels of each case plus as many random background voxels, the
-reference protocol for 3D volumes; ``voxels: all`` keeps every voxel, the plain NLL of Guo et
-al.; then at most ``max_voxels`` in all, drawn uniformly), fits each
-requested scaler (:mod:`mcseg.calibration.scaling`) and writes ``<run>/calibration.json``.
-The evaluation then reports every metric before (``pre_T``) and after (``post_T``) scaling.
+``fit_posthoc`` segments the validation cases with the run's predictor and fits each scaler of
+``posthoc.fit`` through the one interface of :mod:`mcseg.calibration.scalers`. The voxel-wise
+scalers (temperature, vector) are fitted on a voxel sample: ``balanced`` (default: all foreground
+voxels of each case plus as many random background voxels, the reference protocol for 3D
+volumes), ``all`` (every voxel, the plain NLL of Guo et al.) or ``region`` (the voxels of the
+protocol's calibration region ``evaluation.region``, chosen by the evaluator's own
+:func:`~mcseg.metrics.regions.region_mask` with the model's own prediction: the fit is made where
+the ECE is scored); then at most ``max_voxels`` in all, drawn uniformly. Temperature scaling is
+fitted by the NLL (L-BFGS) or, with ``objective: ece``, by the ECE of those voxels (a 1-D search).
+Spatial scalers (LTS) are fitted on the whole validation cases. Everything runs in the network's
+space (the preprocessed cases), where the scalers are applied.
 
 ``calibration.json`` holds one fit per checkpoint, keyed by the checkpoint file's sha256
 (``{"fits": {sha256: record}}``), never by its file name: fits of several checkpoints coexist,
-and a different model that happens to have the same file name is fitted anew. A fitted
-temperature outside ``PLAUSIBLE_TEMPERATURE`` is kept but warned about (and listed in the
-record's ``warnings``): it usually means too few validation voxels.
+and a different model that happens to have the same file name is fitted anew. Each scaler's
+entry is its :meth:`~mcseg.calibration.scalers.Scaler.save` record (with which voxels and which
+objective it was fitted on); files it writes (LTS weights) sit beside ``calibration.json``, named
+with the checkpoint's sha256. A fitted temperature outside ``PLAUSIBLE_TEMPERATURE`` is kept but
+warned about (and listed in the record's ``warnings``): it usually means too few validation voxels.
 """
 from __future__ import annotations
 
 import json
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
-from mcseg.calibration.scaling import SCALERS, fit_scaler
+from mcseg.calibration.lts import CaseLogits, LTSConfig
+from mcseg.calibration.scalers import SCALER_TYPES, FitData, FitOptions, Scaler, build_scaler, load_scaler
+from mcseg.config import EvalProtocol
 from mcseg.data.cases import CaseData
 from mcseg.data.io import write_json
 from mcseg.errors import ConfigError
+from mcseg.metrics.regions import region_mask
 
 log = logging.getLogger(__name__)
 
 CALIBRATION_FILE = "calibration.json"
-VOXEL_SAMPLES = ("balanced", "all")
+VOXEL_SAMPLES = ("balanced", "all", "region")
+OBJECTIVES = ("nll", "ece")
 # Fitted temperatures outside this range are legal but suspicious (e.g. T = 6223 on one validation case).
 PLAUSIBLE_TEMPERATURE = (0.05, 20.0)
+# posthoc.lts keys taken from the model's sampling geometry (dataset.sampling) when not set
+LTS_GEOMETRY = ("dims", "patch_size", "slice_axis")
 
 
 @dataclass
@@ -47,29 +61,65 @@ class PosthocConfig:
     max_iter: int = 100
     seed: int = 0
     refit: bool = False
-    voxels: str = "balanced"  # balanced: all foreground + as many background voxels per case | all: every voxel
+    voxels: str = "balanced"  # balanced | all | region (evaluation.region of the model's own prediction)
+    objective: str = "nll"    # nll | ece (temperature only)
+    lts: dict[str, Any] = field(default_factory=dict)  # LTSConfig fields; dims, patch_size, slice_axis: the model's
 
     def __post_init__(self) -> None:
         for key in ("fit", "apply"):
-            bad = [s for s in getattr(self, key) if s not in SCALERS]
+            bad = [s for s in getattr(self, key) if s not in SCALER_TYPES]
             if bad:
-                raise ConfigError(f"config key 'posthoc.{key}': unknown scaler {bad[0]!r} (expected {', '.join(SCALERS)})")
+                raise ConfigError(f"config key 'posthoc.{key}': unknown scaler {bad[0]!r} "
+                                  f"(expected {', '.join(SCALER_TYPES)})")
         if self.voxels not in VOXEL_SAMPLES:
             raise ConfigError(f"config key 'posthoc.voxels': expected one of {', '.join(VOXEL_SAMPLES)}, "
                               f"got {self.voxels!r}")
+        if self.objective not in OBJECTIVES:
+            raise ConfigError(f"config key 'posthoc.objective': expected one of {', '.join(OBJECTIVES)}, "
+                              f"got {self.objective!r}")
+        unable = [s for s in self.fit if self.objective not in SCALER_TYPES[s].objectives]
+        if unable:
+            raise ConfigError(f"config key 'posthoc.objective'={self.objective}: scaler {unable[0]!r} is fitted by "
+                              f"{' or '.join(SCALER_TYPES[unable[0]].objectives)} only; remove it from posthoc.fit "
+                              f"or set posthoc.objective=nll")
         if self.max_voxels < 1 or self.max_iter < 1:
             raise ConfigError("config keys 'posthoc.max_voxels' and 'posthoc.max_iter' must be >= 1")
+        known = {f.name for f in fields(LTSConfig)}
+        unknown = sorted(set(self.lts) - known)
+        if unknown:
+            raise ConfigError(f"config key 'posthoc.lts.{unknown[0]}': not an LTS setting (expected "
+                              f"{', '.join(sorted(known))})")
+
+    def lts_config(self, dims: int, patch_size: list[int] | None, slice_axis: int) -> LTSConfig:
+        """The LTS settings: ``posthoc.lts``, with the model's geometry where it leaves one unset (null)."""
+        geometry = {"dims": dims, "patch_size": list(patch_size) if patch_size else None, "slice_axis": slice_axis}
+        chosen = {k: v for k, v in self.lts.items() if v is not None}
+        merged = {**{k: v for k, v in geometry.items() if v is not None}, **chosen}
+        try:
+            return LTSConfig(**merged)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"config key 'posthoc.lts': {exc}") from None
+
+    def options(self, protocol: EvalProtocol, predictor) -> FitOptions:
+        """How each scaler is fitted: ECE bins of the protocol, LTS in the model's geometry."""
+        lts = (self.lts_config(predictor.model_dims, predictor.roi_size, predictor.slice_axis)
+               if "lts" in self.fit else LTSConfig())
+        return FitOptions(self.max_iter, self.objective, protocol.n_bins, lts)
 
 
 def _sample_voxels(logits: torch.Tensor, label: torch.Tensor, multilabel: bool, generator: torch.Generator,
-                   voxels: str = "balanced") -> tuple[torch.Tensor, torch.Tensor]:
-    """(N x K logits, targets) of one case: every voxel (``all``), or all foreground voxels plus as
-    many random background ones (``balanced``)."""
+                   voxels: str = "balanced", region: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N x K logits, targets) of one case: every voxel (``all``, or ``region`` with ``region=None``,
+    the region ``all``), the voxels of the boolean ``region`` mask (``region``), or all foreground
+    voxels plus as many random background ones (``balanced``)."""
     k = logits.shape[0]
     flat_logits = logits.reshape(k, -1).T
     flat_label = label.reshape(k, -1).T if multilabel else label.reshape(-1)
-    if voxels == "all":
+    if voxels == "all" or (voxels == "region" and region is None):
         return flat_logits.float(), flat_label
+    if voxels == "region":
+        idx = torch.nonzero(region.reshape(-1).to(flat_label.device)).flatten()
+        return flat_logits[idx].float(), flat_label[idx]
     foreground = flat_label.any(1) if multilabel else flat_label > 0
     fg_idx = torch.nonzero(foreground).flatten()
     bg_idx = torch.nonzero(~foreground).flatten()
@@ -79,61 +129,104 @@ def _sample_voxels(logits: torch.Tensor, label: torch.Tensor, multilabel: bool, 
     return flat_logits[idx].float(), flat_label[idx]
 
 
-def collect_validation_voxels(predictor, cases: Iterable[CaseData], max_voxels: int, seed: int,
-                              voxels: str = "balanced") -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Logits and targets of the voxel sample over ``cases`` (in the network's space); also the case count."""
-    generator = torch.Generator().manual_seed(seed)
+def fit_region(predictor, logits: torch.Tensor, label: torch.Tensor, spacing, protocol: EvalProtocol) -> torch.Tensor | None:
+    """The voxels of ``protocol.region`` of one case, as the evaluator picks them (its ``region_mask``
+    with the model's own prediction, which temperature scaling and LTS do not change); multi-label:
+    the voxels in any region's own mask. None: every voxel."""
+    pred = predictor.label_map(predictor.probabilities(logits))
+    if not predictor.multilabel:
+        return region_mask(protocol.region, label, pred, spacing, protocol.boundary_width_mm)
+    masks = [region_mask(protocol.region, label[r].long(), pred[r].long(), spacing, protocol.boundary_width_mm)
+             for r in range(label.shape[0])]
+    return None if masks[0] is None else torch.stack(masks).any(0)
+
+
+@dataclass
+class ValidationData:
+    """What the scalers are fitted on: the voxel sample, and the whole cases when a spatial scaler needs them."""
+
+    logits: torch.Tensor
+    target: torch.Tensor
+    n_cases: int
+    case_ids: list[str]
+    cases: list[CaseLogits] | None = None
+
+
+def collect_validation(predictor, cases: Iterable[CaseData], cfg: PosthocConfig,
+                       protocol: EvalProtocol | None = None, keep_cases: bool = False,
+                       with_image: bool = False) -> ValidationData:
+    """Segment the validation ``cases`` once: the voxel sample of ``cfg.voxels`` (network space, at most
+    ``cfg.max_voxels``) and, with ``keep_cases``, every case's logits and label (CPU; image too with
+    ``with_image``)."""
+    if cfg.voxels == "region" and protocol is None:
+        raise ValueError("posthoc.voxels=region needs the evaluation protocol (its region)")
+    generator = torch.Generator().manual_seed(cfg.seed)
     predictor.model.eval()
-    logits_parts, target_parts, n_cases = [], [], 0
+    logits_parts, target_parts, ids, kept = [], [], [], []
     for case in cases:
         if case.label is None:
             raise ValueError(f"post-hoc calibration: validation case {case.case_id} has no label")
         logits = predictor.logits(case)
         label = torch.from_numpy(np.asarray(case.label)).to(logits.device)
-        z, y = _sample_voxels(logits, label, predictor.multilabel, generator, voxels)
+        region = fit_region(predictor, logits, label, case.spacing, protocol) if cfg.voxels == "region" else None
+        z, y = _sample_voxels(logits, label, predictor.multilabel, generator, cfg.voxels, region)
         logits_parts.append(z.cpu())
         target_parts.append(y.cpu())
-        n_cases += 1
-    if not n_cases:
+        ids.append(case.case_id)
+        if keep_cases:
+            kept.append(CaseLogits(case.case_id, logits.float().cpu(), np.asarray(case.label),
+                                   np.asarray(case.image) if with_image else None))
+        del logits
+    if not ids:
         raise ValueError("post-hoc calibration needs validation cases; the validation split is empty")
     logits, target = torch.cat(logits_parts), torch.cat(target_parts)
-    if len(logits) > max_voxels:
-        keep = torch.randperm(len(logits), generator=generator)[:max_voxels]
+    if len(logits) == 0:
+        raise ValueError(f"post-hoc calibration: the fit voxels ({cfg.voxels}) of the {len(ids)} validation case(s) "
+                         f"are empty; set posthoc.voxels=balanced")
+    if len(logits) > cfg.max_voxels:
+        keep = torch.randperm(len(logits), generator=generator)[:cfg.max_voxels]
         logits, target = logits[keep], target[keep]
-    return logits, target, n_cases
+    return ValidationData(logits, target, len(ids), ids, kept if keep_cases else None)
+
+
+def _sampling_text(cfg: PosthocConfig, protocol: EvalProtocol | None) -> str:
+    what = {"all": "every voxel",
+            "balanced": "all foreground voxels + equally many random background voxels per case",
+            "region": f"the voxels of the calibration region {getattr(protocol, 'region', '?')} (model's own "
+                      f"prediction)"}[cfg.voxels]
+    return f"{what}, then at most {cfg.max_voxels} uniformly"
 
 
 def fit_posthoc(predictor, cases: Iterable[CaseData], cfg: PosthocConfig, where: Path, checkpoint: dict,
-                provenance: dict | None = None) -> dict:
+                provenance: dict | None = None, protocol: EvalProtocol | None = None) -> dict:
     """Fit ``cfg.fit`` scalers on the validation ``cases`` and add them to ``<where>/calibration.json``.
 
     ``checkpoint``: the identity of the checkpoint whose predictor this is
     (:func:`mcseg.engine.provenance.checkpoint_identity`; its ``sha256`` is the record's key);
-    ``provenance``: more of what produced the fit (dataset identity, overrides) for the record.
+    ``provenance``: more of what produced the fit (dataset identity, overrides) for the record;
+    ``protocol``: the evaluation protocol (its region for ``voxels: region``, its bins for ``objective: ece``).
     """
-    ids: list[str] = []
-
-    def noted(cases_: Iterable[CaseData]):
-        for case in cases_:
-            ids.append(case.case_id)
-            yield case
-
-    logits, target, n_cases = collect_validation_voxels(predictor, noted(cases), cfg.max_voxels, cfg.seed, cfg.voxels)
-    record = {"fitted_on": "val", "checkpoint": checkpoint, "val_cases": ids, **(provenance or {}),
-              "n_cases": n_cases, "n_voxels": len(logits),
-              "sampling": ("every voxel" if cfg.voxels == "all" else
-                           "all foreground voxels + equally many random background voxels per case")
-                          + f", then at most {cfg.max_voxels} uniformly", "objective": "NLL, L-BFGS, float32",
+    protocol = protocol or EvalProtocol()
+    options = cfg.options(protocol, predictor)
+    scalers = [build_scaler(name, options) for name in cfg.fit]
+    data = collect_validation(predictor, cases, cfg, protocol, any(s.fitted_on == "cases" for s in scalers),
+                              options.lts.use_image)
+    sample = {"voxels": cfg.voxels, **({"region": protocol.region} if cfg.voxels == "region" else {}),
+              "n_voxels": len(data.logits), "n_cases": data.n_cases}
+    fit_data = FitData((data.logits, data.target), data.cases, predictor.link, predictor.multilabel, sample)
+    record = {"fitted_on": "val", "checkpoint": checkpoint, "val_cases": data.case_ids, **(provenance or {}),
+              "n_cases": data.n_cases, "n_voxels": len(data.logits), "sampling": _sampling_text(cfg, protocol),
               "scalers": {}, "warnings": []}
-    link = predictor.link
-    for kind in cfg.fit:
-        record["scalers"][kind] = fit_scaler(kind, logits, target, link, predictor.multilabel, cfg.max_iter)
-        log.info("post-hoc %s scaling: %s", kind, {k: v for k, v in record["scalers"][kind].items()
-                                                    if k in ("temperature", "nll_before", "nll_after")})
-        t = record["scalers"][kind].get("temperature")
+    for scaler in scalers:
+        scaler.fit(fit_data)
+        record["scalers"][scaler.name] = scaler.save(where, checkpoint["sha256"])
+        log.info("post-hoc %s: NLL %.5g -> %.5g", scaler.describe(), scaler.record.get("nll_before", float("nan")),
+                 scaler.record.get("nll_after", float("nan")))
+        t = scaler.record.get("temperature")
         if t is not None and not PLAUSIBLE_TEMPERATURE[0] <= t <= PLAUSIBLE_TEMPERATURE[1]:
-            message = (f"post-hoc temperature T={t:.4g} fitted on {n_cases} validation case(s), {len(logits)} voxels, "
-                       f"is outside {PLAUSIBLE_TEMPERATURE}: the validation split is probably too small to fit it")
+            message = (f"post-hoc temperature T={t:.4g} fitted on {data.n_cases} validation case(s), "
+                       f"{len(data.logits)} voxels, is outside {PLAUSIBLE_TEMPERATURE}: the validation split is "
+                       f"probably too small to fit it")
             log.warning(message)
             record["warnings"].append(message)
     path = Path(where) / CALIBRATION_FILE
@@ -163,8 +256,9 @@ def load_calibration(where: Path, sha256: str) -> dict | None:
     return (stored or {}).get("fits", {}).get(sha256)
 
 
-def scalers_to_apply(record: dict | None, names: list[str], where: Path) -> dict[str, dict]:
-    """The fitted parameters of each scaler in ``names``; an error names a scaler that was not fitted."""
+def scalers_to_apply(record: dict | None, names: list[str], where: Path) -> dict[str, Scaler]:
+    """The fitted scaler of each name in ``names`` (files read from ``where``); an error names a scaler
+    that was not fitted."""
     if not names:
         return {}
     fitted = (record or {}).get("scalers", {})
@@ -172,4 +266,4 @@ def scalers_to_apply(record: dict | None, names: list[str], where: Path) -> dict
     if missing:
         raise ValueError(f"posthoc.apply={names}: {missing[0]!r} was not fitted for {where} "
                          f"(add it to posthoc.fit, or pass posthoc.refit=true)")
-    return {n: fitted[n] for n in names}
+    return {n: load_scaler(n, fitted[n], where) for n in names}

@@ -3,25 +3,34 @@ temperature scaling and any later method are interchangeable.
 
 A scaler is fitted on validation data (:class:`FitData`), applied to one case's channels-first
 logits (``K x *S``), saved to a JSON-able record (plus files in the run directory, for a network)
-and rebuilt from that record; ``describe()`` is the short summary a log line or report shows.
-``SCALER_TYPES`` maps a name (as in ``posthoc.fit``) to its class.
-
-NOT YET WIRED: ``mcseg.calibration.posthoc`` and ``mcseg/evaluate.py`` still call
-:func:`~mcseg.calibration.scaling.fit_scaler` / ``scale_logits`` directly (docs/posthoc.md).
+and rebuilt from that record; ``describe()`` is the short summary a log line or report shows
+(with how the scaler was fitted: which voxels, which objective). ``SCALER_TYPES`` maps a name (as
+in ``posthoc.fit``) to its class; :mod:`mcseg.calibration.posthoc` and the evaluation use only
+this interface, so a new scaler needs a class here and nothing else.
 """
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import torch
 from torch import Tensor
 
 from mcseg.calibration.lts import CaseLogits, LTSConfig, LTSNet, fit_lts, load_lts, save_lts
-from mcseg.calibration.scaling import fit_scaler, scale_logits
+from mcseg.calibration.scaling import fit_scaler, fit_temperature_ece, scale_logits
+
+
+@dataclass
+class FitOptions:
+    """How scalers are fitted (from the ``posthoc`` config node); each scaler reads what it needs."""
+
+    max_iter: int = 100          # L-BFGS iterations (temperature and vector, NLL)
+    objective: str = "nll"       # nll | ece (temperature only)
+    n_bins: int = 15             # ECE bins of the ece objective (the protocol's evaluation.n_bins)
+    lts: LTSConfig = field(default_factory=LTSConfig)
 
 
 @dataclass
@@ -31,13 +40,16 @@ class FitData:
     ``voxels``: ``(N x K logits, targets)``, the voxel sample of the validation cases (what
     ``posthoc.collect_validation_voxels`` returns), for the voxel-wise scalers; ``cases``: the whole
     validation cases, for the spatial ones (LTS). ``link``: logits -> probabilities (the loss's
-    inverse link); ``None`` means softmax. ``multilabel``: targets are region masks.
+    inverse link); ``None`` means softmax. ``multilabel``: targets are region masks. ``sample``:
+    which voxels ``voxels`` holds (e.g. ``{"voxels": "region", "region": "union_foreground"}``),
+    recorded with each fit.
     """
 
     voxels: tuple[Tensor, Tensor] | None = None
     cases: Sequence[CaseLogits] | None = None
     link: Callable[[Tensor], Tensor] | None = None
     multilabel: bool = False
+    sample: dict = field(default_factory=dict)
 
 
 class Scaler(ABC):
@@ -45,6 +57,23 @@ class Scaler(ABC):
 
     name: ClassVar[str]
     preserves_argmax: ClassVar[bool]
+    fitted_on: ClassVar[Literal["voxels", "cases"]] = "voxels"  # what FitData must hold for it
+    objectives: ClassVar[tuple[str, ...]] = ("nll",)  # the posthoc.objective values it can be fitted by
+    record: dict | None = None
+
+    @classmethod
+    def configured(cls, options: FitOptions) -> Scaler:
+        """A new, unfitted scaler set up by ``options``."""
+        return cls()
+
+    @property
+    def uses_image(self) -> bool:
+        """Whether :meth:`apply` needs the case's image."""
+        return False
+
+    def to(self, device: torch.device | str) -> Scaler:
+        """Move what :meth:`apply` computes with to ``device`` (a network's weights); returns self."""
+        return self
 
     @abstractmethod
     def fit(self, data: FitData) -> dict:
@@ -55,16 +84,26 @@ class Scaler(ABC):
         """Calibrated logits of one case (``K x *S``; ``image`` ``C x *S`` for scalers that use it)."""
 
     @abstractmethod
-    def save(self, directory: Path) -> dict:
-        """JSON-able record (the fit's record plus what :meth:`load` needs); may write files in ``directory``."""
+    def save(self, directory: Path, key: str = "") -> dict:
+        """JSON-able record (the fit's record plus what :meth:`load` needs); may write files in ``directory``,
+        named with ``key`` (the checkpoint's sha256) so that the fits of several checkpoints coexist."""
 
     @classmethod
     @abstractmethod
     def load(cls, record: dict, directory: Path) -> Scaler:
         """Rebuild from :meth:`save`'s record (files read from ``directory``)."""
 
+    def how(self) -> str:
+        """How it was fitted, e.g. ``region, ece`` (from the record; empty for a record without it)."""
+        r = self.record or {}
+        return ", ".join(str(r[k]) for k in ("voxels", "objective") if r.get(k))
+
+    def label(self) -> str:
+        """The name with how it was fitted, e.g. ``temperature (region, ece)``: a report row's label."""
+        return f"{self.name} ({self.how()})" if self.how() else self.name
+
     def describe(self) -> str:
-        return self.name
+        return self.label()
 
 
 def _softmax(z: Tensor) -> Tensor:
@@ -76,14 +115,27 @@ class _VoxelScaler(Scaler):
 
     kind: ClassVar[str]
 
-    def __init__(self, record: dict | None = None, max_iter: int = 100) -> None:
-        self.record, self.max_iter = record, max_iter
+    def __init__(self, record: dict | None = None, max_iter: int = 100, objective: str = "nll", n_bins: int = 15) -> None:
+        if objective not in self.objectives:
+            raise ValueError(f"post-hoc scaler {self.name!r} is fitted by {' or '.join(self.objectives)}, "
+                             f"not {objective!r} (config key 'posthoc.objective')")
+        self.record, self.max_iter, self.objective, self.n_bins = record, max_iter, objective, n_bins
+
+    @classmethod
+    def configured(cls, options: FitOptions) -> Scaler:
+        return cls(max_iter=options.max_iter, objective=options.objective, n_bins=options.n_bins)
 
     def fit(self, data: FitData) -> dict:
         if data.voxels is None:
             raise ValueError(f"post-hoc scaler {self.name!r} is fitted on a voxel sample; none was given")
         logits, target = data.voxels
-        self.record = fit_scaler(self.kind, logits, target, data.link or _softmax, data.multilabel, self.max_iter)
+        link = data.link or _softmax
+        if self.objective == "ece":
+            fitted = fit_temperature_ece(logits, target, link, data.multilabel, self.n_bins)
+        else:
+            fitted = fit_scaler(self.kind, logits, target, link, data.multilabel, self.max_iter)
+        self.record = {**fitted, **data.sample, "objective": self.objective,
+                       **({"n_bins": self.n_bins} if self.objective == "ece" else {})}
         return self.record
 
     def _fitted(self) -> dict:
@@ -94,7 +146,7 @@ class _VoxelScaler(Scaler):
     def apply(self, logits: Tensor, image: Tensor | None = None) -> Tensor:
         return scale_logits(logits, self._fitted(), channel_dim=0)
 
-    def save(self, directory: Path) -> dict:
+    def save(self, directory: Path, key: str = "") -> dict:
         return dict(self._fitted())
 
     @classmethod
@@ -107,9 +159,10 @@ class TemperatureScaler(_VoxelScaler):
 
     name = kind = "temperature"
     preserves_argmax = True
+    objectives = ("nll", "ece")
 
     def describe(self) -> str:
-        return f"temperature T={self._fitted()['temperature']:.4g}"
+        return f"{self.label()} T={self._fitted()['temperature']:.4g}"
 
 
 class VectorScaler(_VoxelScaler):
@@ -124,15 +177,34 @@ class LTSScaler(Scaler):
 
     name = "lts"
     preserves_argmax = True
-    weights_file = "lts.pt"
+    fitted_on = "cases"
 
     def __init__(self, cfg: LTSConfig | None = None, net: LTSNet | None = None, record: dict | None = None) -> None:
         self.cfg, self.net, self.record = cfg or LTSConfig(), net, record
 
+    @classmethod
+    def configured(cls, options: FitOptions) -> Scaler:
+        return cls(options.lts)
+
+    @staticmethod
+    def weights_file(key: str = "") -> str:
+        """``lts-<sha8>.pt`` for the checkpoint whose sha256 is ``key`` (``lts.pt`` without one)."""
+        return f"lts-{key[:8]}.pt" if key else "lts.pt"
+
+    @property
+    def uses_image(self) -> bool:
+        return bool(self.net is not None and self.net.image_channels)
+
+    def to(self, device: torch.device | str) -> Scaler:
+        if self.net is not None:
+            self.net.to(device)
+        return self
+
     def fit(self, data: FitData) -> dict:
         if not data.cases:
             raise ValueError("post-hoc scaler 'lts' is fitted on whole validation cases; none were given")
-        self.net, self.record = fit_lts(data.cases, self.cfg, data.link, data.multilabel)
+        self.net, record = fit_lts(data.cases, self.cfg, data.link, data.multilabel)
+        self.record = {**record, "voxels": "cases", "objective": "nll", "n_cases": len(data.cases)}
         return self.record
 
     def apply(self, logits: Tensor, image: Tensor | None = None) -> Tensor:
@@ -140,11 +212,13 @@ class LTSScaler(Scaler):
             raise RuntimeError("post-hoc scaler 'lts' is not fitted")
         return self.net.apply(logits, image if self.net.image_channels else None, self.cfg.slice_axis, self.cfg.chunk)
 
-    def save(self, directory: Path) -> dict:
+    def save(self, directory: Path, key: str = "") -> dict:
         if self.net is None or self.record is None:
             raise RuntimeError("post-hoc scaler 'lts' is not fitted")
-        sha = save_lts(self.net, Path(directory) / self.weights_file)
-        return {**self.record, "weights": self.weights_file, "weights_sha256": sha}
+        name = self.weights_file(key)
+        sha = save_lts(self.net, Path(directory) / name)
+        self.record = {**self.record, "weights": name, "weights_sha256": sha}
+        return dict(self.record)
 
     @classmethod
     def load(cls, record: dict, directory: Path) -> Scaler:
@@ -161,15 +235,18 @@ class LTSScaler(Scaler):
         return (f"lts ({self.cfg.dims}D, image={'yes' if self.cfg.use_image else 'no'}; held-out NLL "
                 f"{r.get('nll_before', float('nan')):.4g} -> {r.get('nll_after', float('nan')):.4g})")
 
+    def label(self) -> str:
+        return f"lts ({self.cfg.dims}D{', image' if self.cfg.use_image else ''}, nll)"
+
 
 SCALER_TYPES: dict[str, type[Scaler]] = {s.name: s for s in (TemperatureScaler, VectorScaler, LTSScaler)}
 
 
-def build_scaler(name: str, **options) -> Scaler:
-    """A new, unfitted scaler ``name`` (``lts`` takes ``cfg=LTSConfig(...)``; the others ``max_iter``)."""
+def build_scaler(name: str, options: FitOptions | None = None) -> Scaler:
+    """A new, unfitted scaler ``name`` set up by ``options`` (defaults: :class:`FitOptions`)."""
     if name not in SCALER_TYPES:
         raise ValueError(f"post-hoc scaler {name!r}: expected one of {', '.join(SCALER_TYPES)}")
-    return SCALER_TYPES[name](**options)
+    return SCALER_TYPES[name].configured(options or FitOptions())
 
 
 def load_scaler(name: str, record: dict, directory: Path) -> Scaler:
@@ -180,5 +257,5 @@ def load_scaler(name: str, record: dict, directory: Path) -> Scaler:
     return SCALER_TYPES[name].load(record, directory)
 
 
-__all__ = ["FitData", "LTSScaler", "SCALER_TYPES", "Scaler", "TemperatureScaler", "VectorScaler",
+__all__ = ["FitData", "FitOptions", "LTSScaler", "SCALER_TYPES", "Scaler", "TemperatureScaler", "VectorScaler",
            "build_scaler", "load_scaler"]

@@ -80,4 +80,11 @@ def check_run_inputs(cfg: DictConfig, dataset: SegmentationDataset, splits: Spli
             f"dataset.split.val_fraction={split.get('val_fraction')}"
         raise ConfigError(f"config key 'posthoc.fit'={fit}: post-hoc scalers are fitted on the validation split, "
                           f"which is empty ({source}); set posthoc.fit=[] posthoc.apply=[] or give validation cases")
+    trainer = cfg.get("trainer") or {}
+    capped = trainer.get("val_max_cases") and not trainer.get("full_val_every")  # then only those are fitted on
+    n_val = min(len(splits["val"]), trainer.get("val_max_cases")) if capped else len(splits["val"])
+    if "lts" in fit and n_val < 2:
+        raise ConfigError(f"config key 'posthoc.fit'={fit}: lts needs at least 2 validation cases (one is held out "
+                          f"for early stopping), this run fits on {n_val}; give more validation cases "
+                          f"(dataset.split.val_fraction, trainer.val_max_cases) or remove lts")
     validate_cases(dataset, splits["all"], "training")

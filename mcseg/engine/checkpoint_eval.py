@@ -26,7 +26,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from mcseg.calibration import SCALERS, PosthocConfig, fit_posthoc, load_calibration, scalers_to_apply
+from mcseg.calibration import SCALER_TYPES, PosthocConfig, Scaler, fit_posthoc, load_calibration, scalers_to_apply
 from mcseg.config import typed
 from mcseg.data.base import SegmentationDataset
 from mcseg.data.split import SPLITS
@@ -144,13 +144,14 @@ def clear_evaluation(out: Path) -> None:
     """Remove an earlier evaluation's files from ``out`` (only the files an evaluation writes)."""
     for name in ("summary.json", "per_case.csv", "reliability.csv", "reliability.png", PROVENANCE_FILE, "split.json"):
         (out / name).unlink(missing_ok=True)
-    for name in ("predictions", *SCALERS):
+    for name in ("predictions", *SCALER_TYPES):
         if (out / name).is_dir():
             shutil.rmtree(out / name)
 
 
 def posthoc_scalers(cfg: DictConfig, run_cfg: DictConfig, own_split: dict | None, own: SegmentationDataset | None,
-                    where: Path, predictor, checkpoint: dict, provenance: dict) -> dict:
+                    where: Path, predictor, checkpoint: dict, provenance: dict,
+                    protocol: EvalProtocol | None = None) -> dict[str, Scaler]:
     """The scalers of ``cfg.posthoc.apply`` for this checkpoint: from ``<where>/calibration.json`` (by its
     sha256), else fitted now on its own validation split (also when evaluating another dataset) and saved."""
     posthoc = typed(cfg.posthoc, PosthocConfig, "posthoc")
@@ -167,7 +168,7 @@ def posthoc_scalers(cfg: DictConfig, run_cfg: DictConfig, own_split: dict | None
         refs = [by_id[c] for c in own_split["val"] if c in by_id]
         own.prepare(refs)
         fit_cfg = replace(posthoc, fit=sorted(set(posthoc.fit) | set(posthoc.apply)))
-        record = fit_posthoc(predictor, (own.load(r) for r in refs), fit_cfg, where, checkpoint, provenance)
+        record = fit_posthoc(predictor, (own.load(r) for r in refs), fit_cfg, where, checkpoint, provenance, protocol)
     return scalers_to_apply(record, posthoc.apply, where)
 
 
@@ -246,7 +247,7 @@ def _evaluate_held(cfg: DictConfig, ckpt: Path, overrides: list[str] | None) -> 
     }
     fit_provenance = {"dataset": provenance["trained_on"], "overrides": overrides}
     scalers = posthoc_scalers(cfg, run_cfg, split, None if other else dataset, run_dir or out_dir, predictor,
-                              checkpoint, fit_provenance)
+                              checkpoint, fit_provenance, protocol)
     summary = evaluate_split(predictor, dataset, refs, protocol, out_dir, cfg.save_predictions,
                              cfg.save_probabilities, scalers, provenance)
     print(format_summary(summary, dataset.class_names, title=f"{dataset.name} {cfg.split} split ({ckpt.name}, "

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import logging
 import math
-from functools import partial
 from pathlib import Path
 
-from mcseg.calibration import scale_logits
+import torch
+
+from mcseg.calibration import Scaler
+from mcseg.data.cases import CaseData
 from mcseg.data.base import SegmentationDataset
 from mcseg.data.cases import CaseRef
 from mcseg.data.io import write_json
@@ -28,13 +30,14 @@ PROVENANCE_FILE = "provenance.json"
 
 def evaluate_split(
     predictor: SegmentationPredictor, dataset: SegmentationDataset, refs: list[CaseRef], protocol: EvalProtocol,
-    out_dir: Path, save_predictions: bool, save_probabilities: bool, scalers: dict[str, dict] | None = None,
+    out_dir: Path, save_predictions: bool, save_probabilities: bool, scalers: dict[str, Scaler] | None = None,
     provenance: dict | None = None,
 ) -> dict:
     """Segment ``refs`` one case at a time and write per_case.csv, summary.json and diagrams to ``out_dir``.
 
-    Each post-hoc scaler in ``scalers`` (name -> fitted parameters) is evaluated in the same
-    pass; its files go to ``out_dir/<name>/`` and its headline values to ``summary["posthoc"]``.
+    Each post-hoc scaler in ``scalers`` (name -> fitted :class:`~mcseg.calibration.Scaler`, moved to the
+    predictor's device) is evaluated in the same pass; its files go to ``out_dir/<name>/`` and its
+    headline values, with how it was fitted, to ``summary["posthoc"]``.
     ``provenance`` (what produced these numbers: :mod:`mcseg.engine.provenance`) goes into every
     summary.json and into ``out_dir/provenance.json``, the sidecar of per_case.csv and the predictions.
     """
@@ -46,23 +49,31 @@ def evaluate_split(
 
     evaluator = new_evaluator()
     origin = {"provenance": provenance} if provenance is not None else {}
-    posthoc = {name: (partial(scale_logits, params=params, channel_dim=0), new_evaluator())
-               for name, params in (scalers or {}).items()}
+    posthoc = {name: (_transform(scaler.to(predictor.device)), new_evaluator()) for name, scaler in (scalers or {}).items()}
     dataset.prepare(refs)
     cases = (dataset.load(ref) for ref in refs)  # one case in memory at a time
     evaluate_cases(predictor, cases, evaluator, dataset.restore, out_dir, save_predictions, save_probabilities,
                    protocol.save_uncertainty, posthoc=posthoc)
     after = {}
     for name, (_, scaled_evaluator) in posthoc.items():
-        scaled = scaled_evaluator.write(out_dir / name, extra={"posthoc": {"scaler": name, "params": scalers[name]},
-                                                               **origin})
-        after[name] = {"params": scalers[name], **{k: scaled.get(k) for k in POSTHOC_KEYS},
+        fitted = {"label": scalers[name].label(), "description": scalers[name].describe(),
+                  "params": scalers[name].record}
+        scaled = scaled_evaluator.write(out_dir / name, extra={"posthoc": {"scaler": name, **fitted}, **origin})
+        after[name] = {**fitted, **{k: scaled.get(k) for k in POSTHOC_KEYS},
                        "pooled": {k: scaled["pooled"].get(k) for k in ("ece", "classwise_ece", "nll", "brier")}}
     summary = evaluator.write(out_dir, extra={**({"posthoc": after} if after else {}), **origin})
     if provenance is not None:
         write_json(out_dir / PROVENANCE_FILE, provenance)
     log.info("evaluation of %s written to %s", plural(len(refs), "case"), out_dir)
     return summary
+
+
+def _transform(scaler: Scaler):
+    """``(logits, case) -> calibrated logits`` of one case (the image only for a scaler that uses it)."""
+    def transform(logits: torch.Tensor, case: CaseData) -> torch.Tensor:
+        image = torch.as_tensor(case.image, device=logits.device) if scaler.uses_image else None
+        return scaler.apply(logits, image)
+    return transform
 
 
 def _fmt(value, digits: int = 4) -> str:
@@ -88,8 +99,8 @@ def format_summary(summary: dict, class_names: list[str], title: str) -> str:
     lines.append(f"ECE {_fmt(pooled.get('ece'))}   classwise ECE {_fmt(pooled.get('classwise_ece'))}"
                  f"   (pooled over all voxels of the split)")
     for name, after in summary.get("posthoc", {}).items():
-        shown = f"T={after['params']['temperature']:.3f}" if "temperature" in after["params"] else "per-class w, b"
-        lines.append(f"post-hoc {name} ({shown}): Dice {_fmt(after.get('mean_foreground_dice'))}   "
+        shown = after.get("description") or name
+        lines.append(f"post-hoc {shown}: Dice {_fmt(after.get('mean_foreground_dice'))}   "
                      f"ECE {_fmt(after.get('mean_ece'))}   classwise ECE {_fmt(after.get('mean_classwise_ece'))}   "
                      f"NLL {_fmt(summary.get('mean_nll'))} -> {_fmt(after.get('mean_nll'))}")
     return "\n".join(lines)

@@ -39,7 +39,8 @@ def evaluate_cases(
     predictor: SegmentationPredictor, cases: Iterable[CaseData], evaluator: Evaluator, restore: Callable,
     out_dir: Path | None = None, save_predictions: bool = False, save_probabilities: bool = False,
     save_uncertainty: bool = False, on_logits: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
-    keep: int = 0, posthoc: Mapping[str, tuple[Callable[[torch.Tensor], torch.Tensor], Evaluator]] | None = None,
+    keep: int = 0,
+    posthoc: Mapping[str, tuple[Callable[[torch.Tensor, CaseData], torch.Tensor], Evaluator]] | None = None,
 ) -> list[tuple[CaseData, torch.Tensor]]:
     """Segment each case, add it to ``evaluator`` and write the requested NIfTI files.
 
@@ -47,7 +48,7 @@ def evaluate_cases(
     :meth:`~mcseg.data.base.SegmentationDataset.restore`). ``on_logits(logits, label)``
     receives ``1 x K x *S`` logits and the ``1 x *S`` label
     (the loss's validation hook). ``posthoc`` maps a name to ``(transform, evaluator)``: the
-    case's logits, transformed (e.g. divided by a temperature), also go to that evaluator, one
+    case's logits, transformed (``transform(logits, case)``, e.g. divided by a temperature), also go to that evaluator, one
     probability tensor at a time. Returns the first ``keep`` cases with their predicted label
     maps (for image logging).
     """
@@ -81,7 +82,7 @@ def evaluate_cases(
             write_nifti(pred_dir / f"{case.case_id}_entropy.nii.gz", unc.float().cpu().numpy(), affine, source)
         del probs, pred
         for transform, extra_evaluator in (posthoc or {}).values():
-            scaled, label, spacing, _ = restore(case, predictor.probabilities(transform(logits)))
+            scaled, label, spacing, _ = restore(case, predictor.probabilities(transform(logits, case)))
             extra_evaluator.add_case(case.case_id, scaled, torch.as_tensor(label, device=scaled.device), spacing)
             del scaled
     return kept

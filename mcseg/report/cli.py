@@ -70,7 +70,8 @@ def protocol_lines(runs: list[RunRecord], args: argparse.Namespace) -> list[str]
         f"Protocol: ECE region `{protocol.get('region')}`, {protocol.get('n_bins')} equal-width bins, top-label ECE "
         f"and classwise ECE per case then averaged; HD{protocol.get('hd_percentile', 95):g} in mm "
         f"({protocol.get('hd_definition')}); post_T: after temperature scaling fitted on the validation split "
-        f"(NLL); T: mean fitted temperature.",
+        f"(on which voxels and by which objective: the post-hoc table, which also lists the other scalers); "
+        f"T: mean fitted temperature.",
     ]
 
 

@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 
 from mcseg.data.io import atomic_write
-from mcseg.report.table import METRICS, ConfigRow, MetricCell
+from mcseg.report.table import METRICS, POSTHOC_METRICS, ConfigRow, MetricCell
 
 HEADERS = {
     "dice": "Dice", "hd95_mm": "HD95 (mm)", "ece": "ECE pre_T", "classwise_ece": "CECE pre_T",
@@ -63,8 +63,29 @@ def markdown(rows: list[ConfigRow], title: str, protocol_lines: list[str]) -> st
     lines = [f"# {title}", "", *protocol_lines, "",
              "## Selected configuration of each loss (by validation)"
              + (" on each dataset" if first[0] else ""), "", *table(True), "",
-             "## All configurations (* = selected)", "", *table(False), ""]
+             "## All configurations (* = selected)", "", *table(False), "", *posthoc_table(rows)]
     return "\n".join(lines)
+
+
+def posthoc_table(rows: list[ConfigRow]) -> list[str]:
+    """One pre_T row and one post_T row per post-hoc scaler of each selected configuration, each scaler
+    labelled with how it was fitted (e.g. ``temperature (region, ece)``); nothing without scalers."""
+    selected = [r for r in rows if r.selected and r.posthoc]
+    if not selected:
+        return []
+    names = [m[0] for m in POSTHOC_METRICS]
+    several = several_datasets(rows)
+    out = ["## Post-hoc scalers of the selected configurations (fitted on the validation split)", "",
+           ("| dataset " if several else "") + "| loss | hyperparameters | scaler (voxels, objective) | "
+           + " | ".join(HEADERS[n].replace(" pre_T", "") for n in names) + " |",
+           ("|---" if several else "") + "|---|---|---|" + "---|" * len(names)]
+    for row in selected:
+        head = (f"| {row.dataset} " if several else "") + f"| {row.loss_name} | {row.hyperparameters} | "
+        out.append(head + "none (pre_T) | " + " | ".join(cell_text(row.cells.get(n), n) for n in names) + " |")
+        for scaler, label in row.posthoc_labels.items():
+            out.append(head + f"{label} | " + " | ".join(cell_text(row.posthoc[scaler].get(n), n) for n in names)
+                       + " |")
+    return [*out, ""]
 
 
 def write_csv(rows: list[ConfigRow], path: Path) -> None:

@@ -5,7 +5,9 @@ second run of a configuration with a seed already present is left out (``duplica
 std over seeds is over distinct seeds. For each configuration (runs that differ only in their seed):
 * mean ± std over seeds of each run's summary value (the evaluator's mean over cases);
 * a 95% percentile-bootstrap interval over cases of the per-case values averaged over seeds;
-* ``pre_T`` (raw outputs) and ``post_T`` (after temperature scaling) calibration columns.
+* ``pre_T`` (raw outputs) and ``post_T`` (after temperature scaling) calibration columns;
+* per post-hoc scaler found in the evaluations (temperature, vector, lts, ...): its Dice, HD95, ECE and
+  classwise ECE, labelled with how it was fitted (``ConfigRow.posthoc``, the report's post_T rows).
 
 Each loss's hyperparameters are selected by the mean over seeds of a validation value from
 ``result.json`` (default ``score``, the config's weighted validation score); the test split never
@@ -35,6 +37,9 @@ METRICS = (
     ("classwise_ece_post_T", "mean_classwise_ece", "classwise_ece", "temperature", -1),
 )
 
+# The columns of a post-hoc scaler's post_T row: (column, summary key, per-case key)
+POSTHOC_METRICS = tuple((name, key, case_key) for name, key, case_key, scaler, _ in METRICS if scaler == "")
+
 
 @dataclass
 class MetricCell:
@@ -58,6 +63,8 @@ class ConfigRow:
     selected: bool = False
     baseline: bool = False
     temperature: float | None = None
+    posthoc: dict[str, dict[str, MetricCell | None]] = field(default_factory=dict)  # scaler -> column -> cell
+    posthoc_labels: dict[str, str] = field(default_factory=dict)  # scaler -> how it was fitted
 
 
 def _mean_std(values: list[float | None]) -> tuple[float, float]:
@@ -138,6 +145,15 @@ def build_rows(runs: list[RunRecord], select: str = "score", select_mode: str = 
         temps = [r.summaries[""].get("posthoc", {}).get("temperature", {}).get("params", {}).get("temperature")
                  for r in members]
         row.temperature = _mean_std([t for t in temps if t is not None])[0] if any(t is not None for t in temps) else None
+        labels: dict[str, list[str]] = {}
+        for run in members:
+            for scaler, after in run.summaries[""].get("posthoc", {}).items():
+                label = after.get("label") or scaler  # evaluations of an older version: the name only
+                if label not in labels.setdefault(scaler, []):
+                    labels[scaler].append(label)
+        row.posthoc_labels = {scaler: " / ".join(ls) for scaler, ls in labels.items()}  # " / ": seeds differ
+        row.posthoc = {scaler: {name: _cell(members, key, case_key, scaler, n_boot, seed)
+                                for name, key, case_key in POSTHOC_METRICS} for scaler in row.posthoc_labels}
         rows.append(row)
     order = {}
     for run in runs:  # losses in the order their first run appears (sweep order)
