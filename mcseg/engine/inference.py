@@ -1,7 +1,7 @@
 """Whole-volume inference, shared by validation, ``evaluate.py`` and reports.
 
-2D models run slice-wise (slices batched, each padded to the network's size divisor and
-cropped back; a network of fixed input size, UNETR, through a 2D sliding window of that size); 3D models run MONAI's sliding window with Gaussian blending. The result is
+2D models run slice-wise (slices batched, each padded to the network's size divisor, and at least
+to the training patch, and cropped back; a network of fixed input size, UNETR, through a 2D sliding window of that size); 3D models run MONAI's sliding window with Gaussian blending. The result is
 float32 logits ``K x *S`` in the case's own geometry, on the image's device.
 
 A device allocation failure while stitching a 3D volume (:func:`is_out_of_memory`) is retried
@@ -30,11 +30,15 @@ log = logging.getLogger(__name__)
 ALLOCATION_FAILURES = ("out of memory", "cudnn_status_alloc_failed", "cublas_status_alloc_failed")
 
 
-def _pad_to_multiple(x: torch.Tensor, divisor: int) -> tuple[torch.Tensor, tuple[slice, ...]]:
-    """Pad the trailing spatial axes of ``x`` (B x C x *S) up to multiples of ``divisor``."""
+def _pad_to_multiple(x: torch.Tensor, divisor: int, minimum: list[int] | None = None) -> tuple[torch.Tensor, tuple[slice, ...]]:
+    """Pad the trailing spatial axes of ``x`` (B x C x *S) up to multiples of ``divisor``, and to at
+    least ``minimum`` (the training patch: a smaller input could leave the network a bottleneck of
+    one voxel, which instance norm cannot normalise)."""
     spatial = x.shape[2:]
-    before = [(-(-n // divisor) * divisor - n) // 2 for n in spatial]
-    after = [-(-n // divisor) * divisor - n - b for n, b in zip(spatial, before)]
+    minimum = list(minimum or [0] * len(spatial))
+    target = [max(-(-n // divisor) * divisor, m) for n, m in zip(spatial, minimum)]
+    before = [(t - n) // 2 for n, t in zip(spatial, target)]
+    after = [t - n - b for n, t, b in zip(spatial, target, before)]
     pad = [v for b, a in reversed(list(zip(before, after))) for v in (b, a)]
     crop = tuple(slice(b, b + n) for b, n in zip(before, spatial))
     return F.pad(x, pad), (slice(None), slice(None)) + crop
@@ -100,7 +104,8 @@ def predict_logits(
     """Logits ``K x *S`` (float32) for one image ``C x *S`` already on the model's device.
 
     A 2D model segments a 3D image slice by slice along spatial axis ``slice_axis`` (the
-    axis it was trained across, ``dataset.sampling.slice_axis``). A network with a fixed
+    axis it was trained across, ``dataset.sampling.slice_axis``), each slice padded to a multiple of
+    ``divisor`` and at least to ``roi_size`` (the training patch). A network with a fixed
     ``input_size`` (UNETR) sees windows of exactly that size, in 2D too: the slices go through
     a 2D sliding window (padded where smaller). Only the final output of a network with
     deep-supervision outputs is used (:func:`~mcseg.models.final_output`).
@@ -115,7 +120,7 @@ def predict_logits(
         if input_size is not None:
             return sliding_window_inference(batch, roi_size=list(input_size), sw_batch_size=cfg.sw_batch_size,
                                             predictor=net, overlap=cfg.overlap, mode=cfg.blend_mode).float()
-        padded, crop = _pad_to_multiple(batch, divisor)
+        padded, crop = _pad_to_multiple(batch, divisor, roi_size if roi_size and len(roi_size) == 2 else None)
         return net(padded)[crop].float()
 
     with autocast_context(device, precision), cudnn_autotuner_off():
