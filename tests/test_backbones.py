@@ -171,3 +171,21 @@ def test_a_patch_the_network_cannot_take_is_refused_at_start_naming_the_key(make
                                                                              message):
     with pytest.raises(ValueError, match=message):
         train(tiny_run(make_cfg, option, dims, extra, patch))
+
+
+def test_unetpp_without_deep_supervision_trains_under_ddp(tmp_path):
+    """UNet++ computes its nested outputs' heads also when it returns only the last: under torchrun,
+    DistributedDataParallel must look for the parameters without gradients, or the second step fails."""
+    import torch.distributed as dist
+    from monai.networks.nets import BasicUNetPlusPlus
+
+    from mcseg.engine.distributed import DistContext, wrap_model
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        model = wrap_model(BasicUNetPlusPlus(2, 1, 2, features=(4, 4, 8, 8, 16, 4)), DistContext(world_size=2),
+                           torch.device("cpu"))
+        for _ in range(2):
+            final_output(model(torch.randn(2, 1, 32, 32))).sum().backward()
+    finally:
+        dist.destroy_process_group()

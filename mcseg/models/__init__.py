@@ -14,7 +14,8 @@ from torch import nn
 
 from mcseg.models.mbls_unet import MbLSUNet2D
 
-__all__ = ["MbLSUNet2D", "final_output", "fixed_input_size", "size_divisor", "supervision_outputs"]
+__all__ = ["MbLSUNet2D", "computes_unused_outputs", "final_output", "fixed_input_size", "size_divisor",
+           "supervision_outputs"]
 
 
 def _largest_stride_product(strides) -> int:
@@ -69,3 +70,12 @@ def supervision_outputs(output, model_dims: int) -> list[torch.Tensor]:
     if output.ndim == model_dims + 3:  # B x heads x K x *S
         return list(output.unbind(1))
     return [output]
+
+
+def computes_unused_outputs(model: nn.Module) -> bool:
+    """Whether some parameters get no gradient from the returned outputs: BasicUNetPlusPlus computes
+    its four nested outputs and, without deep supervision, returns only the last (DistributedDataParallel
+    must then look for parameters without gradients each step)."""
+    from monai.networks.nets import BasicUNetPlusPlus
+
+    return isinstance(model, BasicUNetPlusPlus) and not model.deep_supervision
