@@ -62,7 +62,7 @@ def test_every_model_preset_trains_and_evaluates(make_cfg, tmp_path, one_thread,
     assert math.isfinite(history[-1]["train/loss"])
     for key in ("test/mean_foreground_dice", "test/mean_ece"):
         assert result[key] is not None and math.isfinite(result[key]), key
-    predictions = [p for p in (tmp_path / "run/eval/test/predictions").glob("*.nii.gz")]
+    predictions = list((tmp_path / "run/eval/test/predictions").glob("*.nii.gz"))
     assert len(predictions) == 1 and nib.load(predictions[0]).shape == SHAPE  # the case's own geometry
 
 
