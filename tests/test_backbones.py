@@ -163,7 +163,8 @@ def test_2d_slices_are_padded_at_least_to_the_training_patch():
 
 
 @pytest.mark.parametrize("option,dims,extra,patch,message", [
-    ("unetr", 2, ["model.img_size=[64,64]"], None, r"dataset\.sampling\.patch_size=\[32, 32\] must equal model\.img_size"),
+    ("unetr", 2, ["model.img_size=[64,64]"], None,
+     r"dataset\.sampling\.patch_size=\[32, 32\] must equal model\.img_size"),
     ("unetr", 3, ["inference.roi_size=[64,64,64]"], None, r"inference\.roi_size=\[64, 64, 64\]: UNETR takes windows"),
     ("swin_unetr", 2, [], 48, r"dataset\.sampling\.patch_size=\[48, 48\]: .*multiple of 32"),
 ], ids=["unetr-img_size", "unetr-roi_size", "swin_unetr-divisor"])

@@ -22,7 +22,8 @@ def build_predictor(cfg: DictConfig, model, loss_fn, device, inference: Inferenc
     if input_size is not None and tuple(sampling.patch_size) != input_size:
         raise ValueError(
             f"dataset.sampling.patch_size={list(sampling.patch_size)} must equal model.img_size={list(input_size)}: "
-            f"{type(model).__name__} takes inputs of exactly that size (model.img_size follows the patch size unless set)"
+            f"{type(model).__name__} takes inputs of exactly that size (model.img_size follows the patch size "
+            "unless set)"
         )
     if input_size is not None and inference.roi_size and tuple(inference.roi_size) != input_size:
         raise ValueError(f"inference.roi_size={list(inference.roi_size)}: {type(model).__name__} takes windows of "

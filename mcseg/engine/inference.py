@@ -1,7 +1,8 @@
 """Whole-volume inference, shared by validation, ``evaluate.py`` and reports.
 
 2D models run slice-wise (slices batched, each padded to the network's size divisor, and at least
-to the training patch, and cropped back; a network of fixed input size, UNETR, through a 2D sliding window of that size); 3D models run MONAI's sliding window with Gaussian blending. The result is
+to the training patch, and cropped back; a network of fixed input size, UNETR, through a 2D sliding
+window of that size); 3D models run MONAI's sliding window with Gaussian blending. The result is
 float32 logits ``K x *S`` in the case's own geometry, on the image's device.
 
 A device allocation failure while stitching a 3D volume (:func:`is_out_of_memory`) is retried
@@ -30,7 +31,8 @@ log = logging.getLogger(__name__)
 ALLOCATION_FAILURES = ("out of memory", "cudnn_status_alloc_failed", "cublas_status_alloc_failed")
 
 
-def _pad_to_multiple(x: torch.Tensor, divisor: int, minimum: list[int] | None = None) -> tuple[torch.Tensor, tuple[slice, ...]]:
+def _pad_to_multiple(x: torch.Tensor, divisor: int,
+                     minimum: list[int] | None = None) -> tuple[torch.Tensor, tuple[slice, ...]]:
     """Pad the trailing spatial axes of ``x`` (B x C x *S) up to multiples of ``divisor``, and to at
     least ``minimum`` (the training patch: a smaller input could leave the network a bottleneck of
     one voxel, which instance norm cannot normalise)."""

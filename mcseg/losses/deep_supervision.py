@@ -30,4 +30,5 @@ def deep_supervision_loss(loss_fn: nn.Module, outputs: Sequence[Tensor], label: 
     if len(outputs) == 1:
         return loss_fn(outputs[0].float(), label)
     weights = [0.5**i for i in range(len(outputs))]
-    return sum(w / sum(weights) * loss_fn(out.float(), label_at(label, out.shape[2:])) for w, out in zip(weights, outputs))
+    total = sum(weights)
+    return sum(w / total * loss_fn(out.float(), label_at(label, out.shape[2:])) for w, out in zip(weights, outputs))
