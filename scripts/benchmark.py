@@ -50,7 +50,7 @@ from bench_metrics import machine, write_section  # noqa: E402
 
 from mcseg.data.cases import CaseData  # noqa: E402
 from mcseg.engine.evaluator import EvalProtocol, Evaluator  # noqa: E402
-from mcseg.engine.inference import InferenceConfig, autocast_context  # noqa: E402
+from mcseg.engine.inference import InferenceConfig  # noqa: E402
 from mcseg.engine.predict import SegmentationPredictor, evaluate_cases  # noqa: E402
 from mcseg.engine.trainer import Trainer  # noqa: E402
 from mcseg.losses.base import target_checks  # noqa: E402
@@ -154,21 +154,19 @@ def build_trainer(cfg) -> Trainer:
 # ---------------------------------------------------------------- (a), (b), (d)
 def ceiling_rate(trainer: Trainer, steps: int, warmup: int) -> float:
     """(a): samples/s of the trainer's network, loss and optimiser on device-resident random tensors."""
-    device, cfg = trainer.device, trainer.cfg
+    device = trainer.device
     batch = trainer.loader.batch_size
     sample = trainer.loader.dataset[0]
     image = torch.randn(batch, *sample["image"].shape, device=device)
     if trainer.channels_last:
         image = image.contiguous(memory_format=torch.channels_last if image.ndim == 4 else torch.channels_last_3d)
     label = torch.randint(0, trainer.num_classes, (batch, *sample["label"].shape), device=device)
-    model, loss_fn, optimizer = trainer.train_module, trainer.loss_fn, trainer.optimizer
-    model.train()
+    loss_fn, optimizer = trainer.loss_fn, trainer.optimizer
+    trainer.train_module.train()
 
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)
-        with autocast_context(device, cfg.precision):
-            logits = model(image)
-        loss_fn(logits.float(), label).backward()
+        trainer.forward_loss(image, label).backward()
         optimizer.step()
 
     with target_checks(loss_fn, False):  # plain PyTorch checks nothing

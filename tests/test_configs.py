@@ -10,6 +10,7 @@ from omegaconf import OmegaConf, open_dict
 
 from mcseg.config import validate_train_config
 from mcseg.errors import ConfigError
+from mcseg.models import final_output
 
 from .conftest import CONFIG_DIR, TINY_2D
 
@@ -38,10 +39,15 @@ def test_every_option_composes_and_validates(make_cfg, hippocampus_root, group, 
 def test_every_model_builds_and_runs(make_cfg, option, dims):
     if option == "mbls_unet" and dims == 3:
         pytest.skip("the margin-loss study's U-Net is 2D only")
-    cfg = make_cfg([f"model={option}", f"dataset.sampling.dims={dims}"])
-    model = instantiate(cfg.model)
-    x = torch.randn(1, cfg.dataset.in_channels, *([32] * dims))
-    assert model(x).shape == (1, cfg.dataset.num_classes, *([32] * dims))
+    # a multiple of every preset's size divisor (UNETR's img_size follows it); SwinUNETR's bottleneck,
+    # 1/32 of the input and instance-normalised, needs two voxels
+    size = [32] * (dims - 1) + [64 if option == "swin_unetr" else 32]
+    patch = ",".join(map(str, size))
+    cfg = make_cfg([f"model={option}", f"dataset.sampling.dims={dims}", f"dataset.sampling.patch_size=[{patch}]"])
+    model = instantiate(cfg.model).eval()  # at the preset's own sizes (tests/test_backbones.py trains tiny ones)
+    with torch.no_grad():
+        out = final_output(model(torch.randn(1, cfg.dataset.in_channels, *size)))
+    assert out.shape == (1, cfg.dataset.num_classes, *size)
 
 
 @pytest.mark.parametrize("option", options("loss"))

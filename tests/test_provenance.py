@@ -173,9 +173,9 @@ def geometry_spy(monkeypatch):
     seen = []
     real = predict.predict_logits
 
-    def spy(model, image, dims, divisor, cfg, roi_size, precision, slice_axis=-1):
+    def spy(model, image, dims, divisor, cfg, roi_size, precision, slice_axis=-1, input_size=None):
         seen.append((dims, slice_axis, tuple(roi_size)))
-        return real(model, image, dims, divisor, cfg, roi_size, precision, slice_axis)
+        return real(model, image, dims, divisor, cfg, roi_size, precision, slice_axis, input_size)
 
     monkeypatch.setattr(predict, "predict_logits", spy)
     return seen

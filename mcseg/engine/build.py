@@ -9,7 +9,7 @@ from mcseg.engine.checkpoint import load_model_weights
 from mcseg.engine.data import sampling_config
 from mcseg.engine.inference import InferenceConfig
 from mcseg.engine.predict import SegmentationPredictor
-from mcseg.models import MbLSUNet2D, size_divisor
+from mcseg.models import MbLSUNet2D, fixed_input_size, size_divisor
 from mcseg.targets import instantiate_checked
 
 
@@ -18,7 +18,16 @@ def build_predictor(cfg: DictConfig, model, loss_fn, device, inference: Inferenc
     sampling = sampling_config(cfg.dataset)
     if isinstance(model, MbLSUNet2D) and sampling.dims != 2:
         raise ValueError("model=mbls_unet is a 2D network: set dataset.sampling.dims=2")
-    divisor = size_divisor(model)
+    divisor, input_size = size_divisor(model), fixed_input_size(model)
+    if input_size is not None and tuple(sampling.patch_size) != input_size:
+        raise ValueError(
+            f"dataset.sampling.patch_size={list(sampling.patch_size)} must equal model.img_size={list(input_size)}: "
+            f"{type(model).__name__} takes inputs of exactly that size (model.img_size follows the patch size "
+            "unless set)"
+        )
+    if input_size is not None and inference.roi_size and tuple(inference.roi_size) != input_size:
+        raise ValueError(f"inference.roi_size={list(inference.roi_size)}: {type(model).__name__} takes windows of "
+                         f"exactly {list(input_size)} (model.img_size); leave inference.roi_size null")
     if any(p % divisor for p in sampling.patch_size):
         raise ValueError(
             f"dataset.sampling.patch_size={sampling.patch_size}: each size must be a multiple of {divisor} "
@@ -26,7 +35,7 @@ def build_predictor(cfg: DictConfig, model, loss_fn, device, inference: Inferenc
         )
     return SegmentationPredictor(
         model, sampling.dims, divisor, loss_fn.probabilities, bool(getattr(loss_fn, "multilabel", False)),
-        inference, sampling.patch_size, precision, device, sampling.slice_axis,
+        inference, sampling.patch_size, precision, device, sampling.slice_axis, input_size,
     )
 
 

@@ -39,6 +39,7 @@ import torch
 import torch.distributed as dist
 
 from mcseg.errors import ConfigError
+from mcseg.models import computes_unused_outputs
 from mcseg.runtime import resolve_device
 
 log = logging.getLogger(__name__)
@@ -212,7 +213,7 @@ def wrap_model(model: torch.nn.Module, ctx: DistContext, device: torch.device) -
     from torch.nn.parallel import DistributedDataParallel
 
     ids = [device.index] if device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=ids)
+    return DistributedDataParallel(model, device_ids=ids, find_unused_parameters=computes_unused_outputs(model))
 
 
 class StopVote:

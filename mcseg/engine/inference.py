@@ -1,7 +1,8 @@
 """Whole-volume inference, shared by validation, ``evaluate.py`` and reports.
 
-2D models run slice-wise (slices batched, each padded to the network's size divisor and
-cropped back); 3D models run MONAI's sliding window with Gaussian blending. The result is
+2D models run slice-wise (slices batched, each padded to the network's size divisor, and at least
+to the training patch, and cropped back; a network of fixed input size, UNETR, through a 2D sliding
+window of that size); 3D models run MONAI's sliding window with Gaussian blending. The result is
 float32 logits ``K x *S`` in the case's own geometry, on the image's device.
 
 A device allocation failure while stitching a 3D volume (:func:`is_out_of_memory`) is retried
@@ -21,6 +22,7 @@ import torch.nn.functional as F
 from monai.inferers import sliding_window_inference
 
 from mcseg.config import InferenceConfig  # the schema of the ``inference`` node; importable here too
+from mcseg.models import final_output
 
 log = logging.getLogger(__name__)
 
@@ -29,11 +31,16 @@ log = logging.getLogger(__name__)
 ALLOCATION_FAILURES = ("out of memory", "cudnn_status_alloc_failed", "cublas_status_alloc_failed")
 
 
-def _pad_to_multiple(x: torch.Tensor, divisor: int) -> tuple[torch.Tensor, tuple[slice, ...]]:
-    """Pad the trailing spatial axes of ``x`` (B x C x *S) up to multiples of ``divisor``."""
+def _pad_to_multiple(x: torch.Tensor, divisor: int,
+                     minimum: list[int] | None = None) -> tuple[torch.Tensor, tuple[slice, ...]]:
+    """Pad the trailing spatial axes of ``x`` (B x C x *S) up to multiples of ``divisor``, and to at
+    least ``minimum`` (the training patch: a smaller input could leave the network a bottleneck of
+    one voxel, which instance norm cannot normalise)."""
     spatial = x.shape[2:]
-    before = [(-(-n // divisor) * divisor - n) // 2 for n in spatial]
-    after = [-(-n // divisor) * divisor - n - b for n, b in zip(spatial, before)]
+    minimum = list(minimum or [0] * len(spatial))
+    target = [max(-(-n // divisor) * divisor, m) for n, m in zip(spatial, minimum)]
+    before = [(t - n) // 2 for n, t in zip(spatial, target)]
+    after = [t - n - b for n, t, b in zip(spatial, target, before)]
     pad = [v for b, a in reversed(list(zip(before, after))) for v in (b, a)]
     crop = tuple(slice(b, b + n) for b, n in zip(before, spatial))
     return F.pad(x, pad), (slice(None), slice(None)) + crop
@@ -94,32 +101,45 @@ def cudnn_autotuner_off():
 def predict_logits(
     model: torch.nn.Module, image: torch.Tensor, model_dims: int, divisor: int, cfg: InferenceConfig,
     roi_size: list[int] | None = None, precision: str = "32", slice_axis: int = -1,
+    input_size: tuple[int, ...] | None = None,
 ) -> torch.Tensor:
     """Logits ``K x *S`` (float32) for one image ``C x *S`` already on the model's device.
 
     A 2D model segments a 3D image slice by slice along spatial axis ``slice_axis`` (the
-    axis it was trained across, ``dataset.sampling.slice_axis``).
+    axis it was trained across, ``dataset.sampling.slice_axis``), each slice padded to a multiple of
+    ``divisor`` and at least to ``roi_size`` (the training patch). A network with a fixed
+    ``input_size`` (UNETR) sees windows of exactly that size, in 2D too: the slices go through
+    a 2D sliding window (padded where smaller). Only the final output of a network with
+    deep-supervision outputs is used (:func:`~mcseg.models.final_output`).
     """
     device = image.device
     spatial_dims = image.ndim - 1
+
+    def net(x: torch.Tensor) -> torch.Tensor:
+        return final_output(model(x))
+
+    def segment_2d(batch: torch.Tensor) -> torch.Tensor:  # B x C x X x Y, any size
+        if input_size is not None:
+            return sliding_window_inference(batch, roi_size=list(input_size), sw_batch_size=cfg.sw_batch_size,
+                                            predictor=net, overlap=cfg.overlap, mode=cfg.blend_mode).float()
+        padded, crop = _pad_to_multiple(batch, divisor, roi_size if roi_size and len(roi_size) == 2 else None)
+        return net(padded)[crop].float()
+
     with autocast_context(device, precision), cudnn_autotuner_off():
         if model_dims == 2 and spatial_dims == 3:
             axis = slice_axis % 3 + 1
             slices = image.movedim(axis, 0)  # Z x C x X x Y
-            outs = []
-            for start in range(0, slices.shape[0], cfg.sw_batch_size):
-                padded, crop = _pad_to_multiple(slices[start : start + cfg.sw_batch_size], divisor)
-                outs.append(model(padded)[crop].float())
+            outs = [segment_2d(slices[start : start + cfg.sw_batch_size])
+                    for start in range(0, slices.shape[0], cfg.sw_batch_size)]
             return torch.cat(outs, 0).movedim(0, axis)
         if model_dims == 2:
-            padded, crop = _pad_to_multiple(image[None], divisor)
-            return model(padded)[crop][0].float()
+            return segment_2d(image[None])[0]
         if spatial_dims != 3:
             raise ValueError(f"a 3D model cannot segment a {spatial_dims}D image")
-        roi = list(cfg.roi_size or roi_size or [])
+        roi = list(input_size or cfg.roi_size or roi_size or [])
         if len(roi) != 3 or any(r % divisor for r in roi):
             raise ValueError(f"inference.roi_size={roi}: expected 3 sizes, each a multiple of {divisor}")
-        window = dict(roi_size=roi, sw_batch_size=cfg.sw_batch_size, predictor=model, overlap=cfg.overlap,
+        window = dict(roi_size=roi, sw_batch_size=cfg.sw_batch_size, predictor=net, overlap=cfg.overlap,
                       mode=cfg.blend_mode)
         try:
             return sliding_window_inference(image[None], **window)[0].float()

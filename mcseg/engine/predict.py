@@ -14,19 +14,19 @@ from mcseg.engine.inference import InferenceConfig, predict_logits
 
 
 class SegmentationPredictor:
-    """A model with what it takes to segment whole cases: dims, size divisor, link function."""
+    """A model with what it takes to segment whole cases: dims, size divisor (or fixed input size), link function."""
 
     def __init__(self, model: torch.nn.Module, model_dims: int, divisor: int, link: Callable, multilabel: bool,
                  cfg: InferenceConfig, roi_size: list[int] | None, precision: str, device: torch.device,
-                 slice_axis: int = -1) -> None:
+                 slice_axis: int = -1, input_size: tuple[int, ...] | None = None) -> None:
         self.model, self.model_dims, self.divisor, self.link = model, model_dims, divisor, link
-        self.slice_axis = slice_axis
+        self.slice_axis, self.input_size = slice_axis, input_size
         self.multilabel, self.cfg, self.roi_size, self.precision, self.device = multilabel, cfg, roi_size, precision, device
 
     def logits(self, case: CaseData) -> torch.Tensor:
         image = torch.from_numpy(case.image).to(self.device)
         return predict_logits(self.model, image, self.model_dims, self.divisor, self.cfg, self.roi_size,
-                              self.precision, self.slice_axis)
+                              self.precision, self.slice_axis, self.input_size)
 
     def probabilities(self, logits: torch.Tensor) -> torch.Tensor:
         return self.link(logits[None])[0]

@@ -51,6 +51,8 @@ from mcseg.engine.tb_logger import TensorBoardLogger
 from mcseg.engine.window import FINITE, WHAT, BadStep, TrainingWindow, nonfinite_code
 from mcseg.errors import NonFiniteLossError, TrainingInterrupted
 from mcseg.losses.base import target_checks
+from mcseg.losses.deep_supervision import deep_supervision_loss
+from mcseg.models import supervision_outputs
 from mcseg.runtime import to_channels_last, use_channels_last
 
 log = logging.getLogger(__name__)
@@ -301,10 +303,8 @@ class Trainer:
         :func:`~mcseg.engine.window.nonfinite_code`), or None when ``nonfinite=skip`` skipped the step."""
         image, label = to_device(batch, self.device, self.channels_last)
         self.optimizer.zero_grad(set_to_none=True)
-        with autocast_context(self.device, self.cfg.precision):
-            logits = self.train_module(image)
         with target_checks(self.loss_fn, not self._targets_checked):  # a host read: first step only
-            loss = self.loss_fn(logits.float(), label)
+            loss = self.forward_loss(image, label)
         self._targets_checked = True
         loss.backward()
         code = nonfinite_code(loss.detach(), self._grad_norm())
@@ -316,6 +316,13 @@ class Trainer:
                 return None
         self.optimizer.step()
         return loss.detach(), code
+
+    def forward_loss(self, image: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
+        """The training loss of a batch: the network's final output and any deep-supervision heads
+        (:func:`~mcseg.models.supervision_outputs`), weighted as nnU-Net does."""
+        with autocast_context(self.device, self.cfg.precision):
+            output = self.train_module(image)
+        return deep_supervision_loss(self.loss_fn, supervision_outputs(output, self.predictor.model_dims), label)
 
     def _grad_norm(self) -> torch.Tensor:
         """The gradients' total norm (device scalar), clipped to ``trainer.grad_clip`` if set."""
