@@ -61,7 +61,7 @@ def _assert_same_run(a: Path, b: Path) -> None:
     "plant",
     [
         {"MCSEG_KILL_AT_STEP": "6"},  # mid-epoch 2, after the mid-epoch checkpoint at step 2 of that epoch
-        {"MCSEG_KILL_AT_STEP": "9"},  # first step of epoch 3
+        pytest.param({"MCSEG_KILL_AT_STEP": "9"}, marks=pytest.mark.slow),  # first step of epoch 3
         {"MCSEG_KILL_IN_SAVE": "4"},  # while writing a checkpoint
     ],
     ids=["mid-epoch", "epoch-start", "during-checkpoint-write"],
@@ -76,6 +76,7 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path, uninterrupte
     _assert_same_run(uninterrupted, run)
 
 
+@pytest.mark.slow  # the process-group test below covers SIGTERM + auto_resume in the default run
 def test_sigterm_writes_a_checkpoint_and_resume_finishes(tmp_path, uninterrupted):
     run = tmp_path / "run"
     stopped = _train_subprocess(run, [], env={"MCSEG_TERM_AT_STEP": "7"})
@@ -99,7 +100,8 @@ def test_signal_to_the_process_group_with_loader_workers_checkpoints_and_resumes
     assert json.loads((run / "status.json").read_text())["status"] == "interrupted"
     state = load_checkpoint(run / "checkpoints/last.pt")
     assert (state["epoch"], state["step_in_epoch"]) == (1, 3)
-    resumed = _train_subprocess(run, [*workers, "trainer.resume=true"])
+    # SIGTERM is what a SLURM requeue follows with auto_resume; Ctrl-C, a user's explicit resume
+    resumed = _train_subprocess(run, [*workers, "trainer.auto_resume=true" if sig == "TERM" else "trainer.resume=true"])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     _assert_same_run(uninterrupted, run)
 

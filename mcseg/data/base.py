@@ -24,6 +24,7 @@ from mcseg.data.normalize import check_normalization, normalize_image
 from mcseg.data.preprocess import Geometry, forward, invert, preprocess_config
 from mcseg.data.validate import GEOMETRY_TOLERANCE_MM, GeometryRule
 from mcseg.runtime import helper_processes
+from mcseg.text import plural
 
 log = logging.getLogger(__name__)
 
@@ -244,7 +245,8 @@ class SegmentationDataset(ABC):
         if workers is None:
             workers = helper_processes()
         workers = max(1, min(workers, len(missing)))
-        log.info("preprocessing %d cases of %s into %s (%d processes)", len(missing), self.name, cache.dir, workers)
+        log.info("preprocessing %s of %s into %s (%s)", plural(len(missing), "case"), self.name, cache.dir,
+                 plural(workers, "process", "processes"))
         bar = tqdm(total=len(missing), desc=f"preprocessing {self.name}", disable=not progress, dynamic_ncols=True)
         try:
             if workers == 1:

@@ -29,7 +29,7 @@ def evaluate_missing(runs: list[RunRecord], split: str, scalers: list[str], devi
     """Evaluate runs that have a best.pt but no evaluation (or not the post-hoc ones); return them re-read."""
     from hydra import compose, initialize_config_dir
 
-    from mcseg.cli import CONFIG_DIR
+    from mcseg.config import CONFIG_DIR
     from mcseg.engine.checkpoint_eval import evaluate_checkpoint
 
     out = []
