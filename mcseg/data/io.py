@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,6 +83,20 @@ def _spatial(path: Path, shape: tuple[int, ...], zooms: tuple[float, ...],
     return spacing
 
 
+@contextmanager
+def _reading(path: Path):
+    """Turn a missing file and any reader's failure into one :class:`VolumeError` naming ``path``
+    (nibabel, zlib and ITK raise many types for corrupt files)."""
+    if not path.is_file():
+        raise VolumeError(f"{path}: file not found")
+    try:
+        yield
+    except VolumeError:
+        raise
+    except Exception as exc:
+        raise VolumeError(f"{path}: cannot read volume ({type(exc).__name__}: {exc})") from exc
+
+
 def read_volume(path: str | os.PathLike, spatial_dims: int | None = None) -> Volume:
     """Read a volume; ``spatial_dims`` (2 or 3) says how many leading axes are spatial.
 
@@ -89,9 +104,7 @@ def read_volume(path: str | os.PathLike, spatial_dims: int | None = None) -> Vol
     Raises :class:`VolumeError` naming the file for a missing, truncated or corrupt file.
     """
     path = Path(path)
-    if not path.is_file():
-        raise VolumeError(f"{path}: file not found")
-    try:
+    with _reading(path):
         if _is_nifti(path):
             import nibabel as nib
 
@@ -108,10 +121,6 @@ def read_volume(path: str | os.PathLike, spatial_dims: int | None = None) -> Vol
             sdim = img.GetDimension()
             array = np.transpose(array, tuple(range(sdim - 1, -1, -1)) + tuple(range(sdim, array.ndim)))
             zooms, affine = _itk_geometry(img)
-    except VolumeError:
-        raise
-    except Exception as exc:  # nibabel/zlib/ITK raise many types for corrupt files
-        raise VolumeError(f"{path}: cannot read volume ({type(exc).__name__}: {exc})") from exc
     return Volume(array=array, spacing=_spatial(path, array.shape, zooms, spatial_dims), affine=affine)
 
 
@@ -124,9 +133,7 @@ def read_header(path: str | os.PathLike, spatial_dims: int | None = None) -> Vol
     naming the file, as :func:`read_volume` does.
     """
     path = Path(path)
-    if not path.is_file():
-        raise VolumeError(f"{path}: file not found")
-    try:
+    with _reading(path):
         if _is_nifti(path):
             import nibabel as nib
 
@@ -148,10 +155,6 @@ def read_header(path: str | os.PathLike, spatial_dims: int | None = None) -> Vol
             zooms, affine = _itk_geometry(reader)
             if sdim != len(zooms):
                 raise VolumeError(f"{path}: header dimension {sdim} but {len(zooms)} spacings")
-    except VolumeError:
-        raise
-    except Exception as exc:
-        raise VolumeError(f"{path}: cannot read volume ({type(exc).__name__}: {exc})") from exc
     return VolumeHeader(shape=shape, spacing=_spatial(path, shape, zooms, spatial_dims), affine=affine)
 
 
