@@ -55,12 +55,16 @@ def reliability_figure(sums: BinSums, names: Sequence[str] | None = None, title:
     n_panels, n_bins = count.shape
     ncols = min(n_panels, max_columns)
     nrows = math.ceil(n_panels / ncols)
-    fig = Figure(figsize=(3.4 * ncols, 4.4 * nrows), layout="constrained")
+    width, height = 3.4 * ncols, 4.4 * nrows
+    fig = Figure(figsize=(width, height))
     FigureCanvasAgg(fig)
-    grid = fig.add_gridspec(nrows, ncols)
+    # Margins fixed in inches: matplotlib's constrained layout measured every tick label of every
+    # panel and took most of an evaluation's time on small volumes (0.5-1 s per figure).
+    grid = fig.add_gridspec(nrows, ncols, left=0.75 / width, right=1 - 0.15 / width, bottom=0.6 / height,
+                            top=1 - (0.75 if title else 0.4) / height, wspace=0.45, hspace=0.3)
     centres = (np.arange(n_bins) + 0.5) / n_bins
     for i, (name, n, c, a) in enumerate(zip(names, count, conf, correct)):
-        top, bottom = grid[i // ncols, i % ncols].subgridspec(2, 1, height_ratios=(3, 1), hspace=0.05).subplots(
+        top, bottom = grid[i // ncols, i % ncols].subgridspec(2, 1, height_ratios=(3, 1), hspace=0.12).subplots(
             sharex=True)
         filled = n > 0
         acc = np.divide(a, n, out=np.zeros_like(a), where=filled)
