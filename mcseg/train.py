@@ -18,7 +18,6 @@ from mcseg.data.io import write_json
 from mcseg.errors import ConfigError
 from mcseg.data.build import check_run_inputs
 from mcseg.engine.build import build_predictor
-from mcseg.engine.checkpoint import load_checkpoint
 from mcseg.engine.data import build_dataset, build_train_loader, load_cases, record_dataset_facts, resolve_split
 from mcseg.engine.distributed import init_distributed, shutdown
 from mcseg.engine.evaluator import EvalProtocol
@@ -99,11 +98,11 @@ def train(cfg: DictConfig) -> dict:
         trainer.fit()
         if not dist.is_main:  # torchrun: the test evaluation and the result files are rank 0's
             return {}
-        trainer.load_best()
+        best_state = trainer.load_best()
         del train_cases
         scalers = {}
         best_path = run_dir / "checkpoints" / "best.pt"
-        best = checkpoint_identity(best_path, load_checkpoint(best_path))
+        best = checkpoint_identity(best_path, best_state)
         overrides = hydra_overrides()
         if posthoc.fit:  # post-hoc calibration of best.pt on the validation cases
             record = fit_posthoc(predictor, val_cases, posthoc, run_dir, best,

@@ -375,8 +375,10 @@ class Trainer:
                 return
             yield case
 
-    def load_best(self) -> None:
+    def load_best(self) -> dict:
+        """Load best.pt's weights and loss state; return the checkpoint (for its provenance)."""
         path = self.ckpt_dir / "best.pt"
         state = load_checkpoint(path)  # on the host: only the weights are copied to the device
         load_model_weights(self.model, state["model"], path)
         self.loss_fn.load_state_dict(state.get("loss", {}))
+        return state
