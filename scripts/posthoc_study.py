@@ -1,0 +1,211 @@
+"""Compare post-hoc calibration methods on trained runs, without touching the runs (issue #14, item 4).
+
+For each run under the given directories (a sweep, or single runs), the selected checkpoint
+(``checkpoints/best.pt``) is calibrated on the run's own validation split by every variant below,
+and the run's test split is evaluated once, with the raw outputs and every variant in the same pass
+(the evaluator and protocol of the run itself: its ``evaluation`` node).
+
+========================  ================  ======================  =========
+variant                   scaler            fitted on               objective
+========================  ================  ======================  =========
+temperature-balanced      temperature       balanced voxels         NLL
+temperature-all           temperature       every voxel             NLL
+temperature-region        temperature       the ECE region          NLL
+temperature-region-ece    temperature       the ECE region          ECE
+vector-balanced           vector            balanced voxels         NLL
+vector-region             vector            the ECE region          NLL
+lts                       LTS               whole cases (patches)   NLL
+lts-image                 LTS (+ image)     whole cases (patches)   NLL
+========================  ================  ======================  =========
+
+The fits go to ``<out>/runs/<run>/fits/<voxels>-<objective>/calibration.json`` (LTS weights beside),
+the evaluation to ``<out>/runs/<run>/`` (``summary.json``, ``<variant>/summary.json``); the tables to
+``<out>/per_run.csv`` and ``<out>/table.md``: per loss configuration and variant, mean ± std over
+seeds of the test metrics, and in how many runs the variant lowered the raw ECE / classwise ECE.
+
+    python scripts/posthoc_study.py outputs/posthoc_study --out docs/results/posthoc_study
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import logging
+import re
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from omegaconf import OmegaConf  # noqa: E402
+
+from mcseg.calibration import PosthocConfig, fit_posthoc, scalers_to_apply  # noqa: E402
+from mcseg.config import typed  # noqa: E402
+from mcseg.engine.build import build_predictor, restore_model  # noqa: E402
+from mcseg.engine.checkpoint import load_checkpoint  # noqa: E402
+from mcseg.engine.checkpoint_eval import SELECTED, own_splits  # noqa: E402
+from mcseg.engine.data import build_dataset  # noqa: E402
+from mcseg.engine.evaluation import evaluate_split  # noqa: E402
+from mcseg.engine.evaluator import EvalProtocol  # noqa: E402
+from mcseg.engine.inference import InferenceConfig  # noqa: E402
+from mcseg.engine.provenance import checkpoint_identity  # noqa: E402
+from mcseg.runtime import resolve_device  # noqa: E402
+from mcseg.sweep import find_run_dirs  # noqa: E402
+
+log = logging.getLogger("posthoc_study")
+
+# variant -> (scaler, posthoc.voxels, posthoc.objective, posthoc.lts overrides)
+VARIANTS = {
+    "temperature-balanced": ("temperature", "balanced", "nll", {}),
+    "temperature-all": ("temperature", "all", "nll", {}),
+    "temperature-region": ("temperature", "region", "nll", {}),
+    "temperature-region-ece": ("temperature", "region", "ece", {}),
+    "vector-balanced": ("vector", "balanced", "nll", {}),
+    "vector-region": ("vector", "region", "nll", {}),
+    "lts": ("lts", "balanced", "nll", {}),
+    "lts-image": ("lts", "balanced", "nll", {"use_image": True}),
+}
+METRICS = ("mean_foreground_dice", "mean_foreground_hd95_mm", "mean_ece", "mean_classwise_ece", "mean_nll")
+SHORT = {"mean_foreground_dice": "Dice", "mean_foreground_hd95_mm": "HD95 mm", "mean_ece": "ECE",
+         "mean_classwise_ece": "CECE", "mean_nll": "NLL"}
+
+
+def configuration(run_dir: Path) -> tuple[str, str]:
+    """(configuration, seed) of a run: its command-line overrides (``.hydra/overrides.yaml``) without
+    the seed and the ``posthoc.*`` keys (this study replaces those), and its seed."""
+    overrides_file = run_dir / ".hydra" / "overrides.yaml"
+    overrides = [str(o) for o in OmegaConf.load(overrides_file)] if overrides_file.is_file() else []
+    seed = next((o.split("=", 1)[1] for o in overrides if o.startswith("seed=")), "")
+    rest = [o for o in overrides if not o.startswith(("seed=", "posthoc.", "hydra", "experiment="))]
+    return ",".join(rest) or run_dir.name, seed
+
+
+def fit_groups(variants: list[str]) -> dict[tuple[str, str, str], list[str]]:
+    """Variants that share one fit (same voxels, objective and LTS settings), so each group is one
+    ``fit_posthoc`` call; an LTS variant with its own settings is a group of its own."""
+    groups: dict[tuple[str, str, str], list[str]] = {}
+    for name in variants:
+        scaler, voxels, objective, lts = VARIANTS[name]
+        key = (voxels, objective, json.dumps(lts, sort_keys=True))
+        groups.setdefault(key, []).append(name)
+    return groups
+
+
+def study_run(run_dir: Path, out: Path, variants: list[str], device: str) -> dict:
+    """Fit every variant on ``run_dir``'s validation split and evaluate its test split; the summary."""
+    ckpt = run_dir / "checkpoints" / SELECTED
+    state = load_checkpoint(ckpt)
+    run_cfg = OmegaConf.create(state["config"])
+    torch_device = resolve_device(device)
+    model, loss_fn = restore_model(run_cfg, state, ckpt, torch_device)
+    inference = typed(run_cfg.inference, InferenceConfig, "inference")
+    protocol = typed(run_cfg.evaluation, EvalProtocol, "evaluation")
+    predictor = build_predictor(run_cfg, model, loss_fn, torch_device, inference, run_cfg.trainer.precision)
+    dataset = build_dataset(run_cfg.dataset)
+    splits = own_splits(ckpt, dataset, json.loads((run_dir / "split.json").read_text()))
+    dataset.prepare(splits["val"])
+    val_cases = [dataset.load(ref) for ref in splits["val"]]
+    checkpoint = {**checkpoint_identity(ckpt, state), "selected": True}
+    base = typed(run_cfg.get("posthoc"), PosthocConfig, "posthoc")
+
+    scalers, seconds = {}, {}
+    for (voxels, objective, lts), names in fit_groups(variants).items():
+        types = sorted({VARIANTS[n][0] for n in names})
+        cfg = replace(base, fit=types, apply=types, voxels=voxels, objective=objective,
+                      lts={**base.lts, **json.loads(lts)})
+        where = out / "fits" / (f"{voxels}-{objective}" + ("-" + "-".join(f"{k}={v}" for k, v in json.loads(lts).items())
+                                                          if lts != "{}" else ""))
+        where.mkdir(parents=True, exist_ok=True)
+        start = time.perf_counter()
+        record = fit_posthoc(predictor, iter(val_cases), cfg, where, checkpoint, {"study": str(run_dir)}, protocol)
+        took = time.perf_counter() - start
+        fitted = scalers_to_apply(record, types, where)
+        for name in names:
+            scalers[name] = fitted[VARIANTS[name][0]]
+            seconds[name] = took / len(names)
+    summary = evaluate_split(predictor, dataset, splits["test"], protocol, out, False, False, scalers,
+                             {"study": "scripts/posthoc_study.py", "run_dir": str(run_dir),
+                              "checkpoint": checkpoint})
+    summary["fit_seconds"] = seconds
+    return summary
+
+
+def rows_of(run_dir: Path, summary: dict) -> list[dict]:
+    config, seed = configuration(run_dir)
+    rows = [{"configuration": config, "seed": seed, "variant": "raw (pre_T)", "label": "none",
+             "temperature": "", "fit_s": "", **{k: summary.get(k) for k in METRICS}}]
+    for name, entry in summary.get("posthoc", {}).items():
+        rows.append({"configuration": config, "seed": seed, "variant": name, "label": entry.get("label", name),
+                     "temperature": (entry.get("params") or {}).get("temperature", ""),
+                     "fit_s": round(summary.get("fit_seconds", {}).get(name, float("nan")), 1),
+                     **{k: entry.get(k) for k in METRICS}})
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    """Markdown: per configuration and variant, mean ± std over seeds; wins against the raw outputs."""
+    def cell(values):
+        values = [float(v) for v in values if v not in (None, "")]
+        if not values:
+            return ""
+        return f"{statistics.fmean(values):.3f} ± {statistics.stdev(values):.3f}" if len(values) > 1 \
+            else f"{values[0]:.3f}"
+
+    raw = {(r["configuration"], r["seed"]): r for r in rows if r["variant"] == "raw (pre_T)"}
+    configs = list(dict.fromkeys(r["configuration"] for r in rows))
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    head = ["configuration", "variant", "T", *(SHORT[m] for m in METRICS), "ECE lower", "CECE lower"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for scope in [*configs, "all"]:
+        for variant in variants:
+            sel = [r for r in rows if r["variant"] == variant and scope in ("all", r["configuration"])]
+            if not sel:
+                continue
+            wins = {m: sum(float(r[m]) < float(raw[(r["configuration"], r["seed"])][m]) for r in sel)
+                    for m in ("mean_ece", "mean_classwise_ece")}
+            won = ("", "") if variant == "raw (pre_T)" else \
+                tuple(f"{wins[m]}/{len(sel)}" for m in ("mean_ece", "mean_classwise_ece"))
+            lines.append("| " + " | ".join([scope if scope != "all" else f"**all {len(sel)} runs**", variant,
+                                            cell(r["temperature"] for r in sel),
+                                            *(cell(r[m] for r in sel) for m in METRICS), *won]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("roots", nargs="+", type=Path, help="sweep or run directories (runs with checkpoints/best.pt)")
+    parser.add_argument("--out", type=Path, required=True, help="where the fits, evaluations and tables go")
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    runs = [r for r in find_run_dirs(args.roots) if (r / "checkpoints" / SELECTED).is_file()]
+    if not runs:
+        print(f"no run with checkpoints/{SELECTED} under {', '.join(map(str, args.roots))}", file=sys.stderr)
+        return 2
+    rows, start = [], time.perf_counter()
+    for run_dir in runs:
+        name = re.sub(r"[^\w.,=+-]", "_", run_dir.name)
+        run_start = time.perf_counter()
+        summary = study_run(run_dir, args.out / "runs" / name, args.variants, args.device)
+        log.info("%s: %.0f s", run_dir.name, time.perf_counter() - run_start)
+        rows.extend(rows_of(run_dir, summary))
+    args.out.mkdir(parents=True, exist_ok=True)
+    with open(args.out / "per_run.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    minutes = (time.perf_counter() - start) / 60
+    (args.out / "table.md").write_text(
+        f"Test split, {len(runs)} runs, {minutes:.1f} min of wall time for the fits and evaluations "
+        f"(device {args.device}).\n\n" + table(rows))
+    print((args.out / "table.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
