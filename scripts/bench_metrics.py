@@ -15,6 +15,7 @@ Runs alternate between the two pipelines and the median over repeats is reported
 
     python scripts/bench_metrics.py                # writes the "Metrics" section of docs/benchmarks.md
     python scripts/bench_metrics.py --no-write --repeats 1 --hippocampus-cases 10
+    python scripts/bench_metrics.py --competitor 1   # also beside one competing torch process (quiet and contended)
 """
 from __future__ import annotations
 
@@ -28,12 +29,16 @@ import time
 import warnings
 from pathlib import Path
 
-import numpy as np
-import torch
-import torch.nn.functional as F
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+import mcseg  # noqa: E402,F401  (first, as in every entry point: its OpenMP wait policy precedes torch)
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from competitor import competitors  # noqa: E402
 
 from mcseg.engine.evaluator import EvalProtocol, Evaluator  # noqa: E402
 
@@ -144,7 +149,8 @@ def machine() -> str:
     import torchmetrics
 
     return (f"{cpu}, {os.cpu_count()} logical CPUs{mem} ({platform.system()}, virtual machine{load}); "
-            f"torch {torch.__version__} with {torch.get_num_threads()} threads, MONAI {monai.__version__}, "
+            f"torch {torch.__version__} with {torch.get_num_threads()} threads (OpenMP wait policy "
+            f"{os.environ.get('OMP_WAIT_POLICY') or 'runtime default'}), MONAI {monai.__version__}, "
             f"torchmetrics {torchmetrics.__version__}, scipy {scipy.__version__}, Python {platform.python_version()}")
 
 
@@ -181,26 +187,18 @@ def write_section(text: str, title: str = "Metrics") -> None:
     os.replace(tmp, DOC)
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--hippocampus", type=Path, default=ROOT.parent / "shared" / "data" / "hippocampus")
-    parser.add_argument("--hippocampus-cases", type=int, default=40)
-    parser.add_argument("--no-write", action="store_true")
-    args = parser.parse_args(argv)
-    warnings.filterwarnings("ignore")  # MONAI deprecation and empty-class warnings
-    desc = machine()
-    print(desc)
-
+def measure(args) -> dict:
+    """Times of the CT-sized case and the hippocampus cases, and the agreement of the two pipelines."""
     k, shape, spacing = 14, (256, 256, 160), (0.8, 0.8, 2.5)
     probs, label = synthetic_ct(shape, k)
     ours_t, ref_t, diff = bench_case(probs, label, spacing, k, args.repeats)
-    ct = (statistics.median(ours_t), statistics.median(ref_t))
-    spread = f"mcseg {min(ours_t):.2f}-{max(ours_t):.2f} s, reference {min(ref_t):.2f}-{max(ref_t):.2f} s"
-    print(f"CT-sized: mcseg {ct[0]:.2f} s, MONAI + torchmetrics {ct[1]:.2f} s, ratio {ct[1] / ct[0]:.1f}; {diff}")
+    result = {"ct": (statistics.median(ours_t), statistics.median(ref_t)), "diff": diff,
+              "spread": f"mcseg {min(ours_t):.2f}-{max(ours_t):.2f} s, reference {min(ref_t):.2f}-{max(ref_t):.2f} s",
+              "hip": None}
+    ct = result["ct"]
+    print(f"CT-sized: mcseg {ct[0]:.2f} s, MONAI + torchmetrics {ct[1]:.2f} s, ratio {ct[1] / ct[0]:.1f}; {diff}",
+          flush=True)
     del probs
-
-    hip = None
     if (args.hippocampus / "labelsTr").is_dir():
         totals, diffs, n, n_vox = [0.0, 0.0], [], 0, 0
         for i, (name, lab, sp) in enumerate(hippocampus_cases(args.hippocampus, args.hippocampus_cases)):
@@ -212,9 +210,32 @@ def main(argv=None) -> int:
             n += 1
             n_vox += lab.numel()
         worst = {key: max(d[key] for d in diffs) for key in diffs[0]}
-        hip = (n, n_vox / n, totals, worst)
+        result["hip"] = (n, n_vox / n, totals, worst)
         print(f"hippocampus ({n} cases): mcseg {totals[0]:.2f} s, reference {totals[1]:.2f} s, "
-              f"ratio {totals[1] / totals[0]:.1f}; {worst}")
+              f"ratio {totals[1] / totals[0]:.1f}; {worst}", flush=True)
+    return result
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--hippocampus", type=Path, default=ROOT.parent / "shared" / "data" / "hippocampus")
+    parser.add_argument("--hippocampus-cases", type=int, default=40)
+    parser.add_argument("--competitor", type=int, default=0, metavar="N",
+                        help="also measure beside N competing torch processes (scripts/competitor.py)")
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args(argv)
+    warnings.filterwarnings("ignore")  # MONAI deprecation and empty-class warnings
+    desc = machine()
+    print(desc)
+    quiet = measure(args)
+    busy, competition = None, None
+    if args.competitor:
+        print(f"again beside {args.competitor} competing process(es)", flush=True)
+        with competitors(args.competitor) as competition:
+            busy = measure(args)
+        print(competition.describe())
+    ct, diff, spread, hip = quiet["ct"], quiet["diff"], quiet["spread"], quiet["hip"]
 
     if args.no_write:
         return 0
@@ -227,21 +248,37 @@ def main(argv=None) -> int:
         "metrics need as input. Both pipelines are run once untimed first (on this virtual machine the first "
         "touch of fresh memory costs several times the computation), then alternately; median of the runs.",
         "",
-        f"Machine: {desc}. The machine is shared with other jobs, so the table gives the median and the "
-        "range. In one earlier run, under heavy load from other jobs, mcseg's CT case took 27 s instead of "
-        "2 s (ratio below 1; cause not established, two CPU-bound competitors alone give 6.2 s vs 25.8 s); "
-        "rerun when the figures matter.",
+        f"Machine: {desc}. Quiet: nothing else running. "
+        + (f"Contended: the same measurements again, in the same run, beside {competition.describe()}; "
+           "the last column is mcseg's contended time over its quiet time (the fair share of the CPU "
+           "predicts about 2x for one competitor using every core)."
+           if busy else "Run with `--competitor 1` to add the figures under load."),
         "",
-        "| inputs | mcseg | MONAI + torchmetrics | speed-up |",
-        "|---|---|---|---|",
-        f"| synthetic CT, 256 x 256 x 160, 14 classes, spacing 0.8 x 0.8 x 2.5 mm (median of {args.repeats} "
-        f"runs; {spread}) | {ct[0]:.2f} s | {ct[1]:.2f} s | **{ct[1] / ct[0]:.1f}x** |",
+        "| inputs | mcseg | MONAI + torchmetrics | speed-up |"
+        + (" mcseg, contended | MONAI + torchmetrics, contended | speed-up, contended | mcseg contended / quiet |"
+           if busy else ""),
+        "|---|---|---|---|" + ("---|---|---|---|" if busy else ""),
     ]
+
+    def row(name: str, key: str) -> str:
+        def times(result):
+            if key == "ct":
+                return result["ct"]
+            return tuple(result["hip"][2]) if result["hip"] else None
+        quiet_t = times(quiet)
+        cells = [name, f"{quiet_t[0]:.2f} s", f"{quiet_t[1]:.2f} s", f"**{quiet_t[1] / quiet_t[0]:.1f}x**"]
+        if busy:
+            busy_t = times(busy)
+            cells += [f"{busy_t[0]:.2f} s", f"{busy_t[1]:.2f} s", f"**{busy_t[1] / busy_t[0]:.1f}x**",
+                      f"{busy_t[0] / quiet_t[0]:.1f}x"]
+        return "| " + " | ".join(cells) + " |"
+
+    lines.append(row(f"synthetic CT, 256 x 256 x 160, 14 classes, spacing 0.8 x 0.8 x 2.5 mm (median of "
+                     f"{args.repeats} runs; quiet {spread})", "ct"))
     if hip is not None:
         n, mean_vox, totals, worst = hip
-        lines.append(f"| hippocampus (MSD Task04 labels, {n} cases, {mean_vox / 1e3:.0f}k voxels on average, 3 classes, "
-                     f"synthetic probabilities), total | {totals[0]:.2f} s | {totals[1]:.2f} s | "
-                     f"**{totals[1] / totals[0]:.1f}x** |")
+        lines.append(row(f"hippocampus (MSD Task04 labels, {n} cases, {mean_vox / 1e3:.0f}k voxels on average, "
+                         f"3 classes, synthetic probabilities), total", "hip"))
     lines += [
         "",
         "Agreement on the shared numbers (largest difference over classes and cases):",

@@ -21,6 +21,7 @@ evaluation and reports its peak memory in copies of its probability tensor.
     python scripts/benchmark.py                    # full run: docs/benchmarks.json + docs/benchmarks.md
     python scripts/benchmark.py --short --no-write # a quick check that everything runs
     python scripts/benchmark.py --compile          # also with trainer.compile=true (compile time, steady rate)
+    python scripts/benchmark.py --competitor 1     # each case quiet, then beside one competing torch process
     python scripts/benchmark.py eval-memory --shape 512 512 300 --classes 5   # one volume's peak memory, JSON
 
 Results are kept per device kind in docs/benchmarks.json (a CPU run leaves the GPU entry alone
@@ -39,14 +40,16 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
-import numpy as np
-import torch
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+import mcseg  # noqa: E402,F401  (first, as in every entry point: its OpenMP wait policy precedes torch)
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_metrics import machine, write_section  # noqa: E402
+from competitor import competitors  # noqa: E402
 
 from mcseg.data.cases import CaseData  # noqa: E402
 from mcseg.engine.evaluator import EvalProtocol, Evaluator  # noqa: E402
@@ -378,6 +381,13 @@ def render(results: dict) -> str:
             lines.append(f"| {label} | {r['description']}{compiled} | {r['ceiling_samples_per_s']:.1f} | "
                          f"{r['end_to_end_samples_per_s']:.1f} | **{r['ratio']:.2f}** | {r['loader_workers']} | "
                          f"{r['peak_host_mb']:.0f}{gpu} |")
+            c = r.get("contended")
+            if c:
+                slower = r["end_to_end_samples_per_s"] / c["end_to_end_samples_per_s"]
+                lines.append(f"| {label} | the same, beside {r['competition']['n']} competing torch process(es): "
+                             f"mcseg {slower:.1f}x slower than quiet | {c['ceiling_samples_per_s']:.1f} | "
+                             f"{c['end_to_end_samples_per_s']:.1f} | **{c['ratio']:.2f}** | {c['loader_workers']} | "
+                             f"{c['peak_host_mb']:.0f} |")
     lines += ["", "| device | evaluation | volumes/s | peak host / GPU MB |", "|---|---|---|---|"]
     for kind in ("cpu", "cuda"):
         entry = results.get(kind)
@@ -391,6 +401,12 @@ def render(results: dict) -> str:
                 lines.append(f"| {'CPU' if kind == 'cpu' else 'GPU'} | {r['case']}: {e['volumes']} test volumes, "
                              f"{e['mean_voxels'] / 1e3:.0f}k voxels on average | {e['volumes_per_s']:.2f} | "
                              f"{e['peak_host_mb']:.0f}{gpu} |")
+                ce = (r.get("contended") or {}).get("evaluation")
+                if ce:
+                    lines.append(f"| {'CPU' if kind == 'cpu' else 'GPU'} | the same, beside "
+                                 f"{r['competition']['n']} competing torch process(es): "
+                                 f"{e['volumes_per_s'] / ce['volumes_per_s']:.1f}x slower than quiet | "
+                                 f"{ce['volumes_per_s']:.2f} | {ce['peak_host_mb']:.0f} |")
     lines += ["", "Large volume: one case through sliding-window inference (a stand-in network whose working "
               "memory is its window batch), softmax and every metric (`python scripts/benchmark.py eval-memory`); "
               "peak memory above what the process held before, in copies of the case's probability tensor "
@@ -407,6 +423,11 @@ def render(results: dict) -> str:
                          f"{m['probability_tensor_mb']:.0f} | {m['peak_extra_mb']:.0f} | "
                          f"**{m['copies_of_probability_tensor']:.2f}** | {m['seconds']:.0f} |")
     lines.append("")
+    for kind in ("cpu", "cuda"):
+        for r in (results.get(kind) or {}).get("training", []):
+            if r.get("competition"):
+                lines.append(f"Competitors of {r['case']}: {r['competition']['description']}.")
+                lines.append("")
     for kind in ("cpu", "cuda"):
         entry = results.get(kind)
         if entry:
@@ -432,6 +453,8 @@ def main(argv=None) -> int:
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                         help="extra config overrides for every case, e.g. dataset.sampling.num_workers=0")
     parser.add_argument("--hippocampus", type=Path, default=HIPPOCAMPUS)
+    parser.add_argument("--competitor", type=int, default=0, metavar="N",
+                        help="measure each case again beside N competing torch processes (scripts/competitor.py)")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
     args.steps = args.steps or (6 if args.short else 60)
@@ -452,7 +475,13 @@ def main(argv=None) -> int:
               "throughput skipped", flush=True)
     else:
         for name in args.cases:
-            entry["training"].append(bench_training_case(name, args, device, compile_model=False))
+            record = bench_training_case(name, args, device, compile_model=False)
+            if args.competitor:  # the same case again, in the same run, under load
+                with competitors(args.competitor) as competition:
+                    record["contended"] = bench_training_case(name, args, device, compile_model=False)
+                record["competition"] = {**vars(competition), "description": competition.describe()}
+                print(competition.describe(), flush=True)
+            entry["training"].append(record)
             if args.compile:
                 entry["training"].append(bench_training_case(name, args, device, compile_model=True))
     # --short: a smaller volume with small windows, so that the volume, not the windows, dominates
