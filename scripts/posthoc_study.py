@@ -127,6 +127,7 @@ def study_run(run_dir: Path, out: Path, variants: list[str], device: str) -> dic
         for name in names:
             scalers[name] = fitted[VARIANTS[name][0]]
             seconds[name] = took / len(names)
+    scalers = {name: scalers[name] for name in variants}  # the order asked for
     summary = evaluate_split(predictor, dataset, splits["test"], protocol, out, False, False, scalers,
                              {"study": "scripts/posthoc_study.py", "run_dir": str(run_dir),
                               "checkpoint": checkpoint})
