@@ -19,7 +19,8 @@ lts-image                 LTS (+ image)     whole cases (patches)   NLL
 ========================  ================  ======================  =========
 
 The fits go to ``<out>/runs/<run>/fits/<voxels>-<objective>/calibration.json`` (LTS weights beside),
-the evaluation to ``<out>/runs/<run>/`` (``summary.json``, ``<variant>/summary.json``); the tables to
+the evaluation to ``<out>/runs/<run>/`` (``summary.json``, ``<variant>/summary.json``; a run studied
+before with every variant asked for is read from there, so a study resumes); the tables to
 ``<out>/per_run.csv`` and ``<out>/table.md``: per loss configuration and variant, mean ± std over
 seeds of the test metrics, and in how many runs the variant lowered the raw ECE / classwise ECE.
 
@@ -97,6 +98,7 @@ def fit_groups(variants: list[str]) -> dict[tuple[str, str, str], list[str]]:
 
 def study_run(run_dir: Path, out: Path, variants: list[str], device: str) -> dict:
     """Fit every variant on ``run_dir``'s validation split and evaluate its test split; the summary."""
+    start_run = time.perf_counter()
     ckpt = run_dir / "checkpoints" / SELECTED
     state = load_checkpoint(ckpt)
     run_cfg = OmegaConf.create(state["config"])
@@ -132,7 +134,20 @@ def study_run(run_dir: Path, out: Path, variants: list[str], device: str) -> dic
                              {"study": "scripts/posthoc_study.py", "run_dir": str(run_dir),
                               "checkpoint": checkpoint})
     summary["fit_seconds"] = seconds
+    summary["wall_seconds"] = time.perf_counter() - start_run
+    (out / "timing.json").write_text(json.dumps({"fit": seconds, "wall": summary["wall_seconds"]}))
     return summary
+
+
+def earlier_result(out: Path, variants: list[str]) -> dict | None:
+    """The summary of an earlier study of this run in ``out`` holding every variant (a study resumes)."""
+    try:
+        summary = json.loads((out / "summary.json").read_text())
+        timing = json.loads((out / "timing.json").read_text())
+        summary["fit_seconds"], summary["wall_seconds"] = timing["fit"], timing["wall"]
+    except (OSError, json.JSONDecodeError):
+        return None
+    return summary if set(variants) <= set(summary.get("posthoc", {})) else None
 
 
 def rows_of(run_dir: Path, summary: dict) -> list[dict]:
@@ -188,21 +203,26 @@ def main(argv: list[str] | None = None) -> int:
     if not runs:
         print(f"no run with checkpoints/{SELECTED} under {', '.join(map(str, args.roots))}", file=sys.stderr)
         return 2
-    rows, start = [], time.perf_counter()
+    rows, wall = [], 0.0
     for run_dir in runs:
         name = re.sub(r"[^\w.,=+-]", "_", run_dir.name)
-        run_start = time.perf_counter()
-        summary = study_run(run_dir, args.out / "runs" / name, args.variants, args.device)
-        log.info("%s: %.0f s", run_dir.name, time.perf_counter() - run_start)
+        summary = earlier_result(args.out / "runs" / name, args.variants)
+        if summary is None:
+            summary = study_run(run_dir, args.out / "runs" / name, args.variants, args.device)
+            log.info("%s: %.0f s", run_dir.name, summary["wall_seconds"])
+        else:
+            log.info("%s: studied before, read from %s", run_dir.name, args.out / "runs" / name)
+            summary["posthoc"] = {v: summary["posthoc"][v] for v in args.variants}
         rows.extend(rows_of(run_dir, summary))
+        wall += summary["wall_seconds"]
     args.out.mkdir(parents=True, exist_ok=True)
     with open(args.out / "per_run.csv", "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    minutes = (time.perf_counter() - start) / 60
+    minutes = wall / 60
     (args.out / "table.md").write_text(
-        f"Test split, {len(runs)} runs, {minutes:.1f} min of wall time for the fits and evaluations "
+        f"Test split, {len(runs)} runs, {minutes:.1f} min of wall time for the fits and evaluations (the sum over runs) "
         f"(device {args.device}).\n\n" + table(rows))
     print((args.out / "table.md").read_text())
     return 0

@@ -32,3 +32,9 @@ def test_study_scores_each_variant_in_one_pass_and_writes_nothing_into_the_run(m
     assert (tmp_path / "study/runs/run/fits/balanced-nll/calibration.json").is_file()
     table = (tmp_path / "study/table.md").read_text()
     assert "**all 1 runs**" in table and "temperature-region-ece" in table
+    # a second study of the same run reads the first one's results instead of fitting again
+    first = (tmp_path / "study/runs/run/summary.json").stat().st_mtime_ns
+    assert posthoc_study.main([str(run), "--out", str(tmp_path / "study"), "--variants", variants[0]]) == 0
+    assert (tmp_path / "study/runs/run/summary.json").stat().st_mtime_ns == first
+    with open(tmp_path / "study/per_run.csv") as f:
+        assert [r["variant"] for r in csv.DictReader(f)] == ["raw (pre_T)", variants[0]]
