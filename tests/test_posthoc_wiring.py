@@ -60,14 +60,14 @@ def pooled_region_ece(cases, logits, protocol, temperature: float = 1.0) -> tupl
 def test_region_voxels_are_exactly_the_scored_region(region):
     cases, logits = fake_cases(3, 1.5)
     protocol = EvalProtocol(region=region, boundary_width_mm=1.5)
-    data = collect_validation(fake_predictor(logits), cases, PosthocConfig(voxels="region"), protocol)
+    data = collect_validation(fake_predictor(logits), cases, PosthocConfig(fit=["temperature"], apply=["temperature"], voxels="region"), protocol)
     _, n_scored = pooled_region_ece(cases, logits, protocol)
     assert len(data.logits) == n_scored > 0  # the evaluator's region, voxel for voxel
     if region == "all":
         assert n_scored == 3 * math.prod(SHAPE)
     # the same voxels, not just as many: the sampled logits are those of the region's voxels
     c = cases[0]
-    one = collect_validation(fake_predictor(logits), [c], PosthocConfig(voxels="region"), protocol)
+    one = collect_validation(fake_predictor(logits), [c], PosthocConfig(fit=["temperature"], apply=["temperature"], voxels="region"), protocol)
     z = logits[c.case_id]
     label = torch.as_tensor(c.label)
     pred = z.argmax(0)
@@ -81,8 +81,8 @@ def test_region_voxels_are_exactly_the_scored_region(region):
 def test_region_sample_is_capped_uniformly_inside_the_region():
     cases, logits = fake_cases(2, 1.0)
     protocol = EvalProtocol(region="label_foreground")
-    full = collect_validation(fake_predictor(logits), cases, PosthocConfig(voxels="region"), protocol)
-    capped = collect_validation(fake_predictor(logits), cases, PosthocConfig(voxels="region", max_voxels=50), protocol)
+    full = collect_validation(fake_predictor(logits), cases, PosthocConfig(fit=["temperature"], apply=["temperature"], voxels="region"), protocol)
+    capped = collect_validation(fake_predictor(logits), cases, PosthocConfig(fit=["temperature"], apply=["temperature"], voxels="region", max_voxels=50), protocol)
     assert len(capped.logits) == 50 and bool((capped.target > 0).all())  # only region (foreground) voxels
     rows = {tuple(r) for r in full.logits.tolist()}
     assert all(tuple(r) in rows for r in capped.logits.tolist())
@@ -135,6 +135,9 @@ def test_posthoc_config_refuses_what_it_cannot_fit():
         PosthocConfig(fit=["temperature", "vector"], objective="ece")
     with pytest.raises(ConfigError, match="posthoc.objective"):
         PosthocConfig(fit=["lts"], objective="ece")
+    with pytest.raises(ConfigError, match="'posthoc.voxels'=region: 'vector' scaling can change the arg-max"):
+        PosthocConfig(fit=["temperature", "vector"], voxels="region")
+    PosthocConfig(fit=["temperature", "lts"], voxels="region")  # both keep the arg-max (LTS fits on whole cases)
     with pytest.raises(ConfigError, match="posthoc.lts.learning_rate"):
         PosthocConfig(lts={"learning_rate": 0.1})
     with pytest.raises(ConfigError, match="posthoc.lts"):
