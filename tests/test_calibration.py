@@ -115,7 +115,8 @@ def test_training_fits_on_validation_and_reports_pre_and_post_t(make_cfg, tmp_pa
     run = tmp_path / "run"
     (record,) = json.loads((run / "calibration.json").read_text())["fits"].values()  # keyed by best.pt's sha256
     assert record["fitted_on"] == "val" and record["checkpoint"]["path"] == str(run / "checkpoints" / "best.pt")
-    assert set(record["scalers"]) == {"temperature", "vector"}
+    assert set(record["scalers"]) == {"temperature"}  # the default since the study of docs/results.md
+    assert record["scalers"]["temperature"]["voxels"] == "region"
     for scaler in record["scalers"].values():
         assert scaler["nll_after"] <= scaler["nll_before"]
     summary = json.loads((run / "eval" / "test" / "summary.json").read_text())

@@ -28,7 +28,7 @@ def test_study_scores_each_variant_in_one_pass_and_writes_nothing_into_the_run(m
     for name in ("temperature-balanced", "temperature-region-ece"):  # TS keeps the arg-max: Dice as raw
         assert float(rows[name]["mean_foreground_dice"]) == pytest.approx(float(rows["raw (pre_T)"]["mean_foreground_dice"]))
         assert float(rows[name]["temperature"]) > 0
-    # the run's own balanced temperature is what the study refits with the same settings
+    # the fits are kept beside the study, one calibration.json per (voxels, objective)
     assert (tmp_path / "study/runs/run/fits/balanced-nll/calibration.json").is_file()
     table = (tmp_path / "study/table.md").read_text()
     assert "**all 1 runs**" in table and "temperature-region-ece" in table
