@@ -73,6 +73,7 @@ def _transform(scaler: Scaler):
     def transform(logits: torch.Tensor, case: CaseData) -> torch.Tensor:
         image = torch.as_tensor(case.image, device=logits.device) if scaler.uses_image else None
         return scaler.apply(logits, image)
+    transform.preserves_argmax = scaler.preserves_argmax  # evaluate_cases then scores the raw prediction
     return transform
 
 

@@ -11,6 +11,7 @@ from mcseg.data.cases import CaseData
 from mcseg.data.io import write_nifti
 from mcseg.engine.evaluator import Evaluator, entropy_map
 from mcseg.engine.inference import InferenceConfig, predict_logits
+from mcseg.runtime import share_cpu
 
 
 class SegmentationPredictor:
@@ -56,6 +57,7 @@ def evaluate_cases(
     kept = []
     pred_dir = (out_dir / "predictions") if out_dir is not None else None
     for case in cases:
+        share_cpu(predictor.device)  # a busy machine: fewer torch threads (mcseg.runtime.AdaptiveThreads)
         logits = predictor.logits(case)
         if on_logits is not None:
             on_logits(logits[None], torch.from_numpy(case.label).to(logits.device)[None])
@@ -80,11 +82,16 @@ def evaluate_cases(
         if pred_dir is not None and save_uncertainty:
             unc = entropy_map(probs, multilabel=predictor.multilabel)
             write_nifti(pred_dir / f"{case.case_id}_entropy.nii.gz", unc.float().cpu().numpy(), affine, source)
-        del probs, pred
+        del probs
         for transform, extra_evaluator in (posthoc or {}).values():
             scaled, label, spacing, _ = restore(case, predictor.probabilities(transform(logits, case)))
-            extra_evaluator.add_case(case.case_id, scaled, torch.as_tensor(label, device=scaled.device), spacing)
+            # a scaler that keeps the arg-max is scored on the raw prediction: with a large T, float32
+            # probabilities of nearly equal classes can round to a tie and move the arg-max
+            same = pred if getattr(transform, "preserves_argmax", False) else None
+            extra_evaluator.add_case(case.case_id, scaled, torch.as_tensor(label, device=scaled.device), spacing,
+                                     prediction=same)
             del scaled
+        del pred
     return kept
 
 
