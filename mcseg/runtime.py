@@ -94,6 +94,8 @@ def describe_device(device: torch.device, precision: str, channels_last: bool, c
         "precision": "bf16" if cuda and precision == "bf16" else "float32",  # see inference.autocast_context
         "channels_last": bool(channels_last),
         "compile": bool(compile),
+        "cpu_threads": torch.get_num_threads(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "runtime default"),
     }
 
 
@@ -127,3 +129,122 @@ def use_channels_last(setting: str | bool, device: torch.device, spatial_dims: i
 def to_channels_last(module: torch.nn.Module, spatial_dims: int) -> torch.nn.Module:
     """Put ``module``'s 4D/5D parameters in the channels-last layout (in place)."""
     return module.to(memory_format=torch.channels_last if spatial_dims == 2 else torch.channels_last_3d)
+
+
+
+def runqueue_waits() -> dict[int, int] | None:
+    """Nanoseconds each thread of this process has spent runnable but waiting for a CPU (Linux
+    ``/proc/self/task/<tid>/schedstat``, second field), by thread id; None where unavailable."""
+    waits = {}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                waits[int(tid)] = int(f.read().split()[1])
+        except (OSError, IndexError, ValueError):  # a thread that just ended, or no scheduler statistics
+            continue
+    return waits or None
+
+
+class AdaptiveThreads:
+    """torch's intra-op threads, used only while the machine has the cores for them.
+
+    On a CPU shared with another busy process, every OpenMP parallel region of torch waits for its
+    slowest thread, and a thread that lost its core to the competitor holds up the others: a 2D
+    training step took 4.2x and a hippocampus evaluation 9x their quiet time beside one competing
+    torch process, while one thread per process ran at 2.1x and 1.6x (docs/benchmarks.md, "Under
+    load"). No OpenMP setting fixed that without a loss on a quiet machine (``OMP_WAIT_POLICY=PASSIVE``
+    doubled the quiet 2D step), and the wait policy cannot be changed once torch is loaded; the
+    number of threads can. So :meth:`tick`, called between units of work (training steps,
+    evaluated cases), reads how long the process's threads waited in the scheduler's run queue over
+    the last ``interval_s`` (runnable, but another process had the core): summed over threads, more
+    than ``busy`` of the wall time means the cores are shared, and it drops to one thread; it
+    probes all threads again after ``backoff_s`` (doubling while the machine stays busy, at most
+    ``max_backoff_s``), but not while even its one thread waits more than ``busy_alone`` of the time
+    (the cores are still taken; a probe would cost a whole unit of work, e.g. a CT case, at the
+    contended speed). Time a thread spends asleep or in serial code does not count, so a quiet
+    machine keeps every thread. A process with one thread, on a GPU, or without Linux scheduler
+    statistics is left alone; ``MCSEG_ADAPTIVE_THREADS=0`` turns it off.
+    """
+
+    def __init__(self, device: torch.device | str = "cpu", interval_s: float = 1.0, busy: float = 0.3,
+                 busy_alone: float = 0.1, backoff_s: float = 10.0, max_backoff_s: float = 120.0, clock=None,
+                 waits=None) -> None:
+        import time
+
+        self.threads = torch.get_num_threads()
+        self.clock, self.waits = clock or time.perf_counter, waits or runqueue_waits
+        self.enabled = (torch.device(device).type == "cpu" and self.threads > 1
+                        and os.environ.get("MCSEG_ADAPTIVE_THREADS", "1") != "0" and self.waits() is not None)
+        self.interval_s, self.busy, self.busy_alone = interval_s, busy, busy_alone
+        self.backoff_s, self.min_backoff_s, self.max_backoff_s = backoff_s, backoff_s, max_backoff_s
+        self.reduced_until: float | None = None
+        self.reductions = 0
+        if self.enabled:
+            self._start()
+
+    def _start(self) -> None:
+        self.t0, self.waits0 = self.clock(), self.waits() or {}
+
+    def tick(self) -> None:
+        if not self.enabled:
+            return
+        now = self.clock()
+        elapsed = now - self.t0
+        if self.reduced_until is not None:  # on one thread
+            if elapsed >= self.interval_s:
+                if self._waited() > self.busy_alone * elapsed:  # even one thread waits: no probe yet
+                    self.reduced_until = max(self.reduced_until, now + self.min_backoff_s)
+                self._start()
+            if now >= self.reduced_until:  # probe all threads again
+                torch.set_num_threads(self.threads)
+                self.reduced_until = None
+                self._start()
+            return
+        if elapsed < self.interval_s:
+            return
+        waited = self._waited()
+        if waited > self.busy * elapsed:
+            torch.set_num_threads(1)
+            self.reductions += 1
+            self.reduced_until = now + self.backoff_s
+            log.debug("CPU threads: the process's threads waited %.0f%% of the wall time for a core: 1 thread "
+                      "for %.0f s", 100 * waited / elapsed, self.backoff_s)
+            self.backoff_s = min(2 * self.backoff_s, self.max_backoff_s)
+        else:
+            self.backoff_s = self.min_backoff_s
+        self._start()
+
+    def _waited(self) -> float:
+        """Seconds the process's threads waited in the run queue since :meth:`_start`."""
+        current = self.waits() or {}
+        return sum(max(0, ns - self.waits0.get(tid, 0)) for tid, ns in current.items()) / 1e9
+
+    def restore(self) -> None:
+        """All threads again (at the end of the governed work)."""
+        if self.enabled and self.reduced_until is not None:
+            torch.set_num_threads(self.threads)
+            self.reduced_until = None
+
+
+_PROCESS_THREADS: AdaptiveThreads | None = None
+
+
+def share_cpu(device: torch.device | str) -> None:
+    """Call between units of CPU work (a training step, an evaluated case, an LTS step): the process's
+    one :class:`AdaptiveThreads` (made at the first call) adapts torch's threads to the CPU it gets."""
+    global _PROCESS_THREADS
+    if torch.device(device).type != "cpu":
+        return
+    if _PROCESS_THREADS is None:
+        _PROCESS_THREADS = AdaptiveThreads()
+    _PROCESS_THREADS.tick()
+
+
+def torch_threads() -> int:
+    """torch's intra-op threads as configured, not as :class:`AdaptiveThreads` lowered them for now."""
+    return _PROCESS_THREADS.threads if _PROCESS_THREADS is not None and _PROCESS_THREADS.enabled \
+        else torch.get_num_threads()

@@ -45,7 +45,8 @@ def test_synthetic_2d_run_produces_the_run_directory(make_cfg, tmp_path, caplog)
         result = train(cfg)
     device = json.loads((tmp_path / "run/result.json").read_text())["device"]  # also logged at the start
     assert device == {"device": "cpu", "name": device["name"], "torch": torch.__version__, "cuda": None,
-                      "precision": "float32", "channels_last": False, "compile": False}
+                      "precision": "float32", "channels_last": False, "compile": False,
+                      "cpu_threads": torch.get_num_threads(), "omp_wait_policy": device["omp_wait_policy"]}
     assert f"device: device cpu, name {device['name']}, torch {torch.__version__}" in caplog.text
     summary = _check_run_dir(tmp_path / "run", n_test=2)
     assert result["test/mean_foreground_dice"] == pytest.approx(summary["mean_foreground_dice"])

@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from mcseg.runtime import share_cpu
 from mcseg.data.cases import CaseData
 from mcseg.data.sampling import PatchDataset
 
@@ -294,6 +295,7 @@ def fit_lts(cases: Sequence[CaseLogits], cfg: LTSConfig, link: Callable | None =
     for epoch in range(cfg.max_epochs):
         net.train()
         for step in range(cfg.steps_per_epoch):
+            share_cpu("cpu")  # a busy machine: fewer torch threads (mcseg.runtime.AdaptiveThreads)
             batch = [sampler[epoch * n + step * cfg.batch_size + j] for j in range(cfg.batch_size)]
             x = torch.stack([b["image"] for b in batch])
             y = torch.stack([b["label"] for b in batch])

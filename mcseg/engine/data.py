@@ -22,7 +22,7 @@ from mcseg.data.build import Splits, build_dataset, record_dataset_facts, resolv
 from mcseg.data.cases import CaseData, CaseRef
 from mcseg.data.sampling import EpochSampler, PatchDataset
 from mcseg.engine.distributed import DistContext
-from mcseg.runtime import available_cpus
+from mcseg.runtime import available_cpus, torch_threads
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ def default_workers(device: torch.device) -> int:
     parallel regions while it runs) and add the cost of passing batches between processes.
     """
     share = available_cpus()
-    busy = torch.get_num_threads() if device.type == "cpu" else 1
+    busy = torch_threads() if device.type == "cpu" else 1
     return max(0, min(8, share - busy))
 
 

@@ -53,7 +53,7 @@ from mcseg.errors import NonFiniteLossError, TrainingInterrupted
 from mcseg.losses.base import target_checks
 from mcseg.losses.deep_supervision import deep_supervision_loss
 from mcseg.models import supervision_outputs
-from mcseg.runtime import to_channels_last, use_channels_last
+from mcseg.runtime import share_cpu, to_channels_last, use_channels_last
 
 log = logging.getLogger(__name__)
 
@@ -263,6 +263,7 @@ class Trainer:
         bar = tqdm(self.loader, desc=f"epoch {epoch + 1}", leave=False, dynamic_ncols=True,
                    disable=not (self.cfg.progress_bar and self.dist.is_main))
         for step, batch in enumerate(bar, start=first_step):
+            share_cpu(self.device)  # a busy machine: fewer torch threads (mcseg.runtime.AdaptiveThreads)
             result = self._train_step(batch, epoch, step)
             self.step_in_epoch = step + 1
             if result is not None:
