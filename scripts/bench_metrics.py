@@ -16,6 +16,7 @@ Runs alternate between the two pipelines and the median over repeats is reported
     python scripts/bench_metrics.py                # writes the "Metrics" section of docs/benchmarks.md
     python scripts/bench_metrics.py --no-write --repeats 1 --hippocampus-cases 10
     python scripts/bench_metrics.py --competitor 1   # also beside one competing torch process (quiet and contended)
+    MCSEG_ADAPTIVE_THREADS=0 python scripts/bench_metrics.py --competitor 1 --no-write   # without mcseg's thread adaptation
 """
 from __future__ import annotations
 
@@ -29,20 +30,21 @@ import time
 import warnings
 from pathlib import Path
 
+import numpy as np
+import torch
+import torch.nn.functional as F
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-import mcseg  # noqa: E402,F401  (first, as in every entry point: its OpenMP wait policy precedes torch)
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from competitor import competitors  # noqa: E402
 
 from mcseg.engine.evaluator import EvalProtocol, Evaluator  # noqa: E402
+from mcseg.runtime import share_cpu  # noqa: E402
 
 N_BINS = 15
+DEFAULT_THREADS = torch.get_num_threads()
 DOC = ROOT / "docs" / "benchmarks.md"
 
 
@@ -71,6 +73,7 @@ def synthetic_ct(shape=(256, 256, 160), k: int = 14, seed: int = 0) -> tuple[tor
 
 
 def run_mcseg(probs, label, spacing, k):
+    share_cpu("cpu")  # as mcseg's evaluation does before each case: its threads follow the CPU it gets
     ev = Evaluator(k, [f"class_{i}" for i in range(k)], EvalProtocol(region="all", n_bins=N_BINS,
                                                                      bootstrap_samples=0))
     flat = ev.add_case("case", probs, label, spacing)
@@ -80,6 +83,17 @@ def run_mcseg(probs, label, spacing, k):
 
 
 def run_reference(probs, label, spacing, k):
+    """The plain alternative, with torch's threads as the process started (mcseg's adaptation, which
+    alternating runs in this process share, is undone for it and restored afterwards)."""
+    adapted = torch.get_num_threads()
+    torch.set_num_threads(DEFAULT_THREADS)
+    try:
+        return _reference(probs, label, spacing, k)
+    finally:
+        torch.set_num_threads(adapted)
+
+
+def _reference(probs, label, spacing, k):
     from monai.metrics import CalibrationErrorMetric, HausdorffDistanceMetric
     from torchmetrics.classification import MulticlassCalibrationError
 
@@ -149,8 +163,8 @@ def machine() -> str:
     import torchmetrics
 
     return (f"{cpu}, {os.cpu_count()} logical CPUs{mem} ({platform.system()}, virtual machine{load}); "
-            f"torch {torch.__version__} with {torch.get_num_threads()} threads (OpenMP wait policy "
-            f"{os.environ.get('OMP_WAIT_POLICY') or 'runtime default'}), MONAI {monai.__version__}, "
+            f"torch {torch.__version__} with {torch.get_num_threads()} threads (mcseg's adaptive threads "
+            f"{'off' if os.environ.get('MCSEG_ADAPTIVE_THREADS') == '0' else 'on'}), MONAI {monai.__version__}, "
             f"torchmetrics {torchmetrics.__version__}, scipy {scipy.__version__}, Python {platform.python_version()}")
 
 

@@ -40,12 +40,11 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
+import numpy as np
+import torch
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-import mcseg  # noqa: E402,F401  (first, as in every entry point: its OpenMP wait policy precedes torch)
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_metrics import machine, write_section  # noqa: E402
@@ -59,6 +58,7 @@ from mcseg.engine.trainer import Trainer  # noqa: E402
 from mcseg.losses.base import target_checks  # noqa: E402
 
 JSON_PATH = ROOT / "docs" / "benchmarks.json"
+DEFAULT_THREADS = torch.get_num_threads()
 HIPPOCAMPUS = ROOT.parent / "shared" / "data" / "hippocampus"
 SECTION = "Training throughput"
 RECIPE_3D = ["loss=ce_dice", "dataset.sampling.dims=3", "dataset.sampling.patch_size=[48,64,48]",
@@ -120,6 +120,16 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def restore_threads() -> None:
+    """Every case starts with the threads the process started with (mcseg's adaptation to a competitor
+    in the previous case would otherwise carry over, and with it the loader workers it leaves room for)."""
+    from mcseg import runtime
+
+    if runtime._PROCESS_THREADS is not None:
+        runtime._PROCESS_THREADS.restore()
+    torch.set_num_threads(DEFAULT_THREADS)
+
+
 # ---------------------------------------------------------------- the pieces mcseg builds
 def compose(overrides: list[str]):
     from hydra import compose as hydra_compose
@@ -172,14 +182,19 @@ def ceiling_rate(trainer: Trainer, steps: int, warmup: int) -> float:
         trainer.forward_loss(image, label).backward()
         optimizer.step()
 
-    with target_checks(loss_fn, False):  # plain PyTorch checks nothing
-        for _ in range(warmup):
-            step()
-        synchronize(device)
-        start = time.perf_counter()
-        for _ in range(steps):
-            step()
-        synchronize(device)
+    adapted = torch.get_num_threads()  # plain PyTorch keeps the threads the process started with
+    torch.set_num_threads(DEFAULT_THREADS)
+    try:
+        with target_checks(loss_fn, False):  # plain PyTorch checks nothing
+            for _ in range(warmup):
+                step()
+            synchronize(device)
+            start = time.perf_counter()
+            for _ in range(steps):
+                step()
+            synchronize(device)
+    finally:
+        torch.set_num_threads(adapted)
     return steps * batch / (time.perf_counter() - start)
 
 
@@ -475,8 +490,10 @@ def main(argv=None) -> int:
               "throughput skipped", flush=True)
     else:
         for name in args.cases:
+            restore_threads()
             record = bench_training_case(name, args, device, compile_model=False)
             if args.competitor:  # the same case again, in the same run, under load
+                restore_threads()
                 with competitors(args.competitor) as competition:
                     record["contended"] = bench_training_case(name, args, device, compile_model=False)
                 record["competition"] = {**vars(competition), "description": competition.describe()}
