@@ -236,7 +236,9 @@ def test_an_absurd_temperature_is_warned_about(tmp_path, caplog):
                                 logits=lambda case: logits)
     case = CaseData(case_id="c0", image=logits.numpy(), label=label.numpy(), spacing=(1.0, 1.0), affine=np.eye(4))
     with caplog.at_level(logging.WARNING):
-        record = fit_posthoc(predictor, [case], PosthocConfig(fit=["temperature"], apply=[]), tmp_path,
+        # balanced voxels: this fake predictor has no label map to pick the region with
+        record = fit_posthoc(predictor, [case], PosthocConfig(fit=["temperature"], apply=[], voxels="balanced"),
+                             tmp_path,
                              {"sha256": "0" * 64, "path": "x.pt"})
     assert record["scalers"]["temperature"]["temperature"] > 20
     assert record["warnings"] and "too small" in caplog.text
