@@ -6,6 +6,7 @@ import logging
 import os
 import platform
 import random
+import time
 
 import numpy as np
 import torch
@@ -131,7 +132,6 @@ def to_channels_last(module: torch.nn.Module, spatial_dims: int) -> torch.nn.Mod
     return module.to(memory_format=torch.channels_last if spatial_dims == 2 else torch.channels_last_3d)
 
 
-
 def runqueue_waits() -> dict[int, int] | None:
     """Nanoseconds each thread of this process has spent runnable but waiting for a CPU (Linux
     ``/proc/self/task/<tid>/schedstat``, second field), by thread id; None where unavailable."""
@@ -173,8 +173,6 @@ class AdaptiveThreads:
     def __init__(self, device: torch.device | str = "cpu", interval_s: float = 1.0, busy: float = 0.3,
                  busy_alone: float = 0.1, backoff_s: float = 10.0, max_backoff_s: float = 120.0, clock=None,
                  waits=None) -> None:
-        import time
-
         self.threads = torch.get_num_threads()
         self.clock, self.waits = clock or time.perf_counter, waits or runqueue_waits
         self.enabled = (torch.device(device).type == "cpu" and self.threads > 1

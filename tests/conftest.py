@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -83,12 +84,21 @@ def _private_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("MCSEG_CACHE_DIR", str(tmp_path / "cache"))
 
 
-@pytest.fixture
-def one_thread():
-    """Tiny tensors on a shared machine: one intra-op thread is faster and steadier."""
+@contextmanager
+def torch_threads(n: int):
+    """torch's intra-op threads set to ``n`` for the block, then restored."""
     import torch
 
     previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny tensors on a shared machine: one intra-op thread is faster and steadier."""
+    with torch_threads(1):
+        yield

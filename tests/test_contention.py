@@ -13,6 +13,7 @@ import torch
 
 from mcseg import runtime
 from mcseg.runtime import AdaptiveThreads, runqueue_waits
+from tests.conftest import torch_threads
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,10 +33,8 @@ class FakeScheduler:
 
 @pytest.fixture
 def two_threads():
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
+    with torch_threads(2):
+        yield
 
 
 def governor(fake: FakeScheduler, **kw) -> AdaptiveThreads:

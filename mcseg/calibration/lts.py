@@ -39,9 +39,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mcseg.runtime import share_cpu
 from mcseg.data.cases import CaseData
 from mcseg.data.sampling import PatchDataset
+from mcseg.runtime import share_cpu
 
 log = logging.getLogger(__name__)
 

@@ -49,13 +49,14 @@ def evaluate_split(
 
     evaluator = new_evaluator()
     origin = {"provenance": provenance} if provenance is not None else {}
-    posthoc = {name: (_transform(scaler.to(predictor.device)), new_evaluator()) for name, scaler in (scalers or {}).items()}
+    posthoc = {name: (_transform(scaler.to(predictor.device)), new_evaluator(), scaler.preserves_argmax)
+               for name, scaler in (scalers or {}).items()}
     dataset.prepare(refs)
     cases = (dataset.load(ref) for ref in refs)  # one case in memory at a time
     evaluate_cases(predictor, cases, evaluator, dataset.restore, out_dir, save_predictions, save_probabilities,
                    protocol.save_uncertainty, posthoc=posthoc)
     after = {}
-    for name, (_, scaled_evaluator) in posthoc.items():
+    for name, (_, scaled_evaluator, _) in posthoc.items():
         fitted = {"label": scalers[name].label(), "description": scalers[name].describe(),
                   "params": scalers[name].record}
         scaled = scaled_evaluator.write(out_dir / name, extra={"posthoc": {"scaler": name, **fitted}, **origin})
@@ -73,7 +74,6 @@ def _transform(scaler: Scaler):
     def transform(logits: torch.Tensor, case: CaseData) -> torch.Tensor:
         image = torch.as_tensor(case.image, device=logits.device) if scaler.uses_image else None
         return scaler.apply(logits, image)
-    transform.preserves_argmax = scaler.preserves_argmax  # evaluate_cases then scores the raw prediction
     return transform
 
 

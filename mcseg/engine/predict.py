@@ -41,16 +41,17 @@ def evaluate_cases(
     out_dir: Path | None = None, save_predictions: bool = False, save_probabilities: bool = False,
     save_uncertainty: bool = False, on_logits: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
     keep: int = 0,
-    posthoc: Mapping[str, tuple[Callable[[torch.Tensor, CaseData], torch.Tensor], Evaluator]] | None = None,
+    posthoc: Mapping[str, tuple[Callable[[torch.Tensor, CaseData], torch.Tensor], Evaluator, bool]] | None = None,
 ) -> list[tuple[CaseData, torch.Tensor]]:
     """Segment each case, add it to ``evaluator`` and write the requested NIfTI files.
 
     ``restore(case, probs)`` maps probabilities back to the original geometry (the dataset's
     :meth:`~mcseg.data.base.SegmentationDataset.restore`). ``on_logits(logits, label)``
     receives ``1 x K x *S`` logits and the ``1 x *S`` label
-    (the loss's validation hook). ``posthoc`` maps a name to ``(transform, evaluator)``: the
-    case's logits, transformed (``transform(logits, case)``, e.g. divided by a temperature), also go to that evaluator, one
-    probability tensor at a time. Returns the first ``keep`` cases with their predicted label
+    (the loss's validation hook). ``posthoc`` maps a name to ``(transform, evaluator, keeps_argmax)``:
+    the case's logits, transformed (``transform(logits, case)``, e.g. divided by a temperature), also go to
+    that evaluator, one probability tensor at a time; with ``keeps_argmax`` it scores the raw prediction
+    (with a large T, float32 probabilities of nearly equal classes can round to a tie and move the arg-max). Returns the first ``keep`` cases with their predicted label
     maps (for image logging).
     """
     predictor.model.eval()
@@ -83,13 +84,10 @@ def evaluate_cases(
             unc = entropy_map(probs, multilabel=predictor.multilabel)
             write_nifti(pred_dir / f"{case.case_id}_entropy.nii.gz", unc.float().cpu().numpy(), affine, source)
         del probs
-        for transform, extra_evaluator in (posthoc or {}).values():
+        for transform, extra_evaluator, keeps_argmax in (posthoc or {}).values():
             scaled, label, spacing, _ = restore(case, predictor.probabilities(transform(logits, case)))
-            # a scaler that keeps the arg-max is scored on the raw prediction: with a large T, float32
-            # probabilities of nearly equal classes can round to a tie and move the arg-max
-            same = pred if getattr(transform, "preserves_argmax", False) else None
             extra_evaluator.add_case(case.case_id, scaled, torch.as_tensor(label, device=scaled.device), spacing,
-                                     prediction=same)
+                                     prediction=pred if keeps_argmax else None)
             del scaled
         del pred
     return kept
