@@ -118,6 +118,7 @@ class InferenceConfig:
     overlap: float = 0.5
     blend_mode: str = "gaussian"
     roi_size: list[int] | None = None  # 3D window; defaults to the training patch size
+    mirror_axes: list[int] = field(default_factory=list)  # test-time mirroring (not in training's validation)
     save_predictions: bool = True
     save_probabilities: bool = False
 

@@ -28,6 +28,10 @@ def build_predictor(cfg: DictConfig, model, loss_fn, device, inference: Inferenc
     if input_size is not None and inference.roi_size and tuple(inference.roi_size) != input_size:
         raise ValueError(f"inference.roi_size={list(inference.roi_size)}: {type(model).__name__} takes windows of "
                          f"exactly {list(input_size)} (model.img_size); leave inference.roi_size null")
+    axes = list(inference.mirror_axes)
+    if len(set(axes)) != len(axes) or any(not 0 <= a < sampling.dims for a in axes):
+        raise ValueError(f"inference.mirror_axes={axes}: distinct axes of the {sampling.dims}D network's input, "
+                         f"each in [0, {sampling.dims})")
     if any(p % divisor for p in sampling.patch_size):
         raise ValueError(
             f"dataset.sampling.patch_size={sampling.patch_size}: each size must be a multiple of {divisor} "

@@ -48,6 +48,10 @@ def evaluate_split(
         return Evaluator(dataset.num_classes, dataset.class_names, protocol, predictor.multilabel)
 
     evaluator = new_evaluator()
+    if provenance is not None:  # how the logits were made: windows, blending, test-time mirroring
+        cfg = predictor.cfg
+        provenance = {**provenance, "inference": {"overlap": cfg.overlap, "blend_mode": cfg.blend_mode,
+                                                  "mirror_axes": list(cfg.mirror_axes)}}
     origin = {"provenance": provenance} if provenance is not None else {}
     posthoc = {name: (_transform(scaler.to(predictor.device)), new_evaluator(), scaler.preserves_argmax)
                for name, scaler in (scalers or {}).items()}

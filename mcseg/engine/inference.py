@@ -14,6 +14,7 @@ and each new shape would be benchmarked anew.
 from __future__ import annotations
 
 import gc
+import itertools
 import logging
 from contextlib import contextmanager, nullcontext
 
@@ -97,6 +98,13 @@ def cudnn_autotuner_off():
         torch.backends.cudnn.benchmark = benchmark
 
 
+def mirror_combinations(mirror_axes) -> list[tuple[int, ...]]:
+    """Every non-empty subset of ``mirror_axes`` (spatial axes of the network's input), as tensor
+    dims of a ``B x C x *S`` batch."""
+    axes = [a + 2 for a in mirror_axes]
+    return [c for n in range(1, len(axes) + 1) for c in itertools.combinations(axes, n)]
+
+
 @torch.no_grad()
 def predict_logits(
     model: torch.nn.Module, image: torch.Tensor, model_dims: int, divisor: int, cfg: InferenceConfig,
@@ -104,6 +112,11 @@ def predict_logits(
     input_size: tuple[int, ...] | None = None,
 ) -> torch.Tensor:
     """Logits ``K x *S`` (float32) for one image ``C x *S`` already on the model's device.
+
+    With ``cfg.mirror_axes`` (test-time mirroring, as nnU-Net does) each window or slice batch also
+    goes through the network flipped along every non-empty subset of those axes of the network's
+    input, and the logits, flipped back, are averaged: ``z = mean_A flip_A(f(flip_A(x)))`` over the
+    2^n subsets A (the empty one included).
 
     A 2D model segments a 3D image slice by slice along spatial axis ``slice_axis`` (the
     axis it was trained across, ``dataset.sampling.slice_axis``), each slice padded to a multiple of
@@ -114,9 +127,13 @@ def predict_logits(
     """
     device = image.device
     spatial_dims = image.ndim - 1
+    flips = mirror_combinations(cfg.mirror_axes)
 
-    def net(x: torch.Tensor) -> torch.Tensor:
-        return final_output(model(x))
+    def net(x: torch.Tensor) -> torch.Tensor:  # B x C x *S, the network's own spatial axes
+        out = final_output(model(x))
+        for axes in flips:
+            out = out + final_output(model(x.flip(axes))).flip(axes)
+        return out / (len(flips) + 1)
 
     def segment_2d(batch: torch.Tensor) -> torch.Tensor:  # B x C x X x Y, any size
         if input_size is not None:

@@ -1,6 +1,8 @@
 """Predict a list of cases and feed the evaluator: the one path for validation and evaluation."""
 from __future__ import annotations
 
+import copy
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
@@ -28,6 +30,14 @@ class SegmentationPredictor:
         image = torch.from_numpy(case.image).to(self.device)
         return predict_logits(self.model, image, self.model_dims, self.divisor, self.cfg, self.roi_size,
                               self.precision, self.slice_axis, self.input_size)
+
+    def unmirrored(self) -> SegmentationPredictor:
+        """This predictor without test-time mirroring (for the validation during training)."""
+        if not self.cfg.mirror_axes:
+            return self
+        plain = copy.copy(self)
+        plain.cfg = dataclasses.replace(self.cfg, mirror_axes=[])
+        return plain
 
     def probabilities(self, logits: torch.Tensor) -> torch.Tensor:
         return self.link(logits[None])[0]

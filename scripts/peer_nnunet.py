@@ -1,0 +1,142 @@
+"""The file work of scripts/peer_nnunet.sh: one mcseg run's split in nnU-Net v2's layout, nnU-Net's
+probabilities in mcseg's, and the two results side by side.
+
+    python scripts/peer_nnunet.py convert RUN_DIR DATA_ROOT WORK DATASET_ID
+    python scripts/peer_nnunet.py splits RUN_DIR PREPROCESSED_DATASET_DIR
+    python scripts/peer_nnunet.py probabilities PRED_DIR
+    python scripts/peer_nnunet.py compare RUN_DIR NNUNET_SUMMARY TIMES_JSON
+
+``convert`` links the run's training and validation cases into ``WORK/nnUNet_raw/DatasetNNN_Hippocampus``
+(``imagesTr/<case>_0000.nii.gz``, ``labelsTr``; the test cases into ``imagesTs``, their labels into
+``WORK/labelsTs`` with a dataset.json for mcseg-evaluate-folder). ``splits`` writes nnU-Net's
+``splits_final.json`` with one fold: the run's training cases train, its validation cases validate,
+so both tools learn from and select on the same cases and neither sees the test split.
+``probabilities`` turns nnU-Net's ``<case>.npz`` (``probabilities``, C x Z x Y x X in SimpleITK's
+axis order) into ``<case>_probs.nii.gz`` (X x Y x Z x C, the affine of the prediction), which is what
+mcseg-evaluate-folder reads for the calibration metrics.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import nibabel as nib
+import numpy as np
+
+
+def read_split(run_dir: Path) -> dict[str, list[str]]:
+    path = run_dir / "split.json"
+    if not path.is_file():
+        sys.exit(f"{path}: missing; RUN_DIR must be an mcseg run directory (it writes split.json when it starts)")
+    split = json.loads(path.read_text())
+    missing = [k for k in ("train", "val", "test") if not split.get(k)]
+    if missing:
+        sys.exit(f"{path}: no {', '.join(missing)} cases")
+    return split
+
+
+def _link(src: Path, dst: Path) -> None:
+    if not src.is_file():
+        sys.exit(f"{src}: missing (the run's split names a case the data folder does not hold)")
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if dst.is_symlink() or dst.exists():
+        dst.unlink()
+    dst.symlink_to(src.resolve())
+
+
+def convert(run_dir: Path, data_root: Path, work: Path, dataset_id: int) -> None:
+    split = read_split(run_dir)
+    source = json.loads((data_root / "dataset.json").read_text())
+    raw = work / "nnUNet_raw" / f"Dataset{dataset_id:03d}_Hippocampus"
+    for case in split["train"] + split["val"]:
+        _link(data_root / "imagesTr" / f"{case}.nii.gz", raw / "imagesTr" / f"{case}_0000.nii.gz")
+        _link(data_root / "labelsTr" / f"{case}.nii.gz", raw / "labelsTr" / f"{case}.nii.gz")
+    for case in split["test"]:
+        _link(data_root / "imagesTr" / f"{case}.nii.gz", raw / "imagesTs" / f"{case}_0000.nii.gz")
+        _link(data_root / "labelsTr" / f"{case}.nii.gz", work / "labelsTs" / f"{case}.nii.gz")
+    labels = {name.lower(): int(value) for value, name in source["labels"].items()}
+    (raw / "dataset.json").write_text(json.dumps({
+        "channel_names": {"0": "MRI"}, "labels": labels,
+        "numTraining": len(split["train"]) + len(split["val"]), "file_ending": ".nii.gz",
+    }, indent=1))
+    (work / "labelsTs" / "dataset.json").write_text(json.dumps({"labels": source["labels"]}, indent=1))
+    print(f"convert: {len(split['train'])} train + {len(split['val'])} val cases -> {raw}; "
+          f"{len(split['test'])} test cases -> {raw / 'imagesTs'}")
+
+
+def splits(run_dir: Path, preprocessed: Path) -> None:
+    split = read_split(run_dir)
+    preprocessed.mkdir(parents=True, exist_ok=True)
+    (preprocessed / "splits_final.json").write_text(json.dumps([{"train": split["train"], "val": split["val"]}],
+                                                               indent=1))
+    print(f"splits: fold 0 = the run's {len(split['train'])} training / {len(split['val'])} validation cases")
+
+
+def probabilities(pred_dir: Path) -> None:
+    files = sorted(pred_dir.glob("*.npz"))
+    if not files:
+        sys.exit(f"{pred_dir}: no <case>.npz (nnUNetv2_predict needs --save_probabilities)")
+    for npz in files:
+        case = npz.name[: -len(".npz")]
+        label = nib.load(pred_dir / f"{case}.nii.gz")
+        probs = np.load(npz)["probabilities"].astype(np.float32)  # C x Z x Y x X (SimpleITK order)
+        probs = np.ascontiguousarray(probs.transpose(3, 2, 1, 0))  # X x Y x Z x C, nibabel's order
+        if probs.shape[:3] != label.shape:
+            sys.exit(f"{npz}: probabilities of shape {probs.shape[:3]} but the prediction is {label.shape}")
+        nib.save(nib.Nifti1Image(probs, label.affine), pred_dir / f"{case}_probs.nii.gz")
+    print(f"probabilities: {len(files)} cases -> {pred_dir}/<case>_probs.nii.gz")
+
+
+def _row(name: str, summary: dict, minutes: float | None) -> str:
+    per_class = summary["per_class"]
+    dice = " / ".join(f"{per_class[c]['dice']['mean']:.3f}" for c in summary["classes"])
+    time = f"{minutes:.1f}" if minutes is not None else "-"
+    return (f"| {name} | {time} | {dice} / {summary['mean_foreground_dice']:.3f} | "
+            f"{summary['mean_foreground_hd95_mm']:.2f} | {summary['mean_ece']:.3f} | {summary['mean_classwise_ece']:.3f} |")
+
+
+def compare(run_dir: Path, nnunet_summary: Path, times: Path) -> None:
+    minutes = json.loads(times.read_text())
+    mcseg = json.loads((run_dir / "eval" / "test" / "summary.json").read_text())
+    nnunet = json.loads(nnunet_summary.read_text())
+    print("| tool | training wall time (min) | test Dice per class / mean | HD95 mean (mm) | ECE | classwise ECE |")
+    print("|---|---|---|---|---|---|")
+    print(_row(f"mcseg ({run_dir.name})", mcseg, minutes.get("mcseg")))
+    print(_row("nnU-Net v2 3d_fullres, same budget", nnunet, minutes.get("nnunet_train")))
+    print(f"nnU-Net: planning and preprocessing {minutes.get('nnunet_prepare', float('nan')):.1f} min, "
+          f"start-up and final validation {minutes.get('nnunet_startup_validate', float('nan')):.1f} min, "
+          f"test prediction {minutes.get('nnunet_predict', float('nan')):.1f} min (not in the budget)")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("convert")
+    c.add_argument("run_dir", type=Path)
+    c.add_argument("data_root", type=Path)
+    c.add_argument("work", type=Path)
+    c.add_argument("dataset_id", type=int)
+    s = sub.add_parser("splits")
+    s.add_argument("run_dir", type=Path)
+    s.add_argument("preprocessed", type=Path)
+    pr = sub.add_parser("probabilities")
+    pr.add_argument("pred_dir", type=Path)
+    cm = sub.add_parser("compare")
+    cm.add_argument("run_dir", type=Path)
+    cm.add_argument("nnunet_summary", type=Path)
+    cm.add_argument("times", type=Path)
+    a = p.parse_args(argv)
+    if a.command == "convert":
+        convert(a.run_dir, a.data_root, a.work, a.dataset_id)
+    elif a.command == "splits":
+        splits(a.run_dir, a.preprocessed)
+    elif a.command == "probabilities":
+        probabilities(a.pred_dir)
+    else:
+        compare(a.run_dir, a.nnunet_summary, a.times)
+
+
+if __name__ == "__main__":
+    main()

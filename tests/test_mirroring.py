@@ -1,0 +1,87 @@
+"""Test-time mirroring (``inference.mirror_axes``): the averaged logits, the checks, and where it applies."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from mcseg.engine import inference
+from mcseg.engine.inference import InferenceConfig, mirror_combinations, predict_logits
+from mcseg.engine.predict import SegmentationPredictor
+from mcseg.train import train
+from tests.conftest import TINY_3D
+
+
+def test_mirror_combinations_are_every_non_empty_subset_as_batch_dims():
+    assert mirror_combinations([]) == []
+    assert mirror_combinations([1]) == [(3,)]
+    assert sorted(mirror_combinations([0, 1, 2])) == sorted(
+        [(2,), (3,), (4,), (2, 3), (2, 4), (3, 4), (2, 3, 4)])
+
+
+@pytest.mark.parametrize("axes", [[0], [0, 2], [0, 1, 2]])
+def test_3d_logits_are_the_mean_over_flipped_passes(axes):
+    torch.manual_seed(0)
+    net = torch.nn.Conv3d(1, 3, kernel_size=3, padding=1).eval()  # a random, asymmetric kernel
+    image = torch.randn(1, 16, 16, 16)
+    cfg = InferenceConfig(mirror_axes=axes, overlap=0.0)
+    got = predict_logits(net, image, 3, 1, cfg, roi_size=[16, 16, 16])
+    # the mean written out by hand over the 2^n subsets (the empty one included)
+    subsets = [[]] + [list(c) for c in mirror_combinations(axes)]
+    with torch.no_grad():
+        want = sum(net(image[None].flip(s)).flip(s) if s else net(image[None]) for s in subsets)[0] / len(subsets)
+    assert len(subsets) == 2 ** len(axes)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    plain = predict_logits(net, image, 3, 1, InferenceConfig(overlap=0.0), roi_size=[16, 16, 16])
+    assert not torch.allclose(got, plain, atol=1e-3)  # the flips change the result of an asymmetric kernel
+
+
+def test_2d_slices_are_mirrored_in_plane():
+    torch.manual_seed(0)
+    net = torch.nn.Conv2d(1, 2, kernel_size=3, padding=1).eval()
+    image = torch.randn(1, 6, 16, 16)  # 6 slices across axis 0
+    got = predict_logits(net, image, 2, 1, InferenceConfig(mirror_axes=[1]), roi_size=[16, 16], slice_axis=0)
+    with torch.no_grad():
+        slices = image.movedim(1, 0)  # 6 x 1 x 16 x 16
+        want = ((net(slices) + net(slices.flip(3)).flip(3)) / 2).movedim(0, 1)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("axes", [[3], [0, 0], [-1]])
+def test_mirror_axes_outside_the_network_are_refused(make_cfg, tmp_path, axes):
+    cfg = make_cfg([*TINY_3D, f"inference.mirror_axes={axes}"], output_dir=tmp_path / "run")
+    with pytest.raises(ValueError, match=r"inference\.mirror_axes=.*each in \[0, 3\)"):
+        train(cfg)
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_validation_runs_unmirrored_and_the_test_mirrored(make_cfg, tmp_path, monkeypatch):
+    """best.pt is selected on plain validation predictions (nnU-Net's habit, and 1/2^n of the cost);
+    the test evaluation mirrors and says so in its provenance."""
+    seen = []
+    real = inference.predict_logits
+
+    def spy(model, image, dims, divisor, cfg, *args, **kwargs):
+        seen.append(list(cfg.mirror_axes))
+        return real(model, image, dims, divisor, cfg, *args, **kwargs)
+
+    monkeypatch.setattr("mcseg.engine.predict.predict_logits", spy)
+    cfg = make_cfg([*TINY_3D, "inference.mirror_axes=[0,1]", "posthoc.fit=[]", "posthoc.apply=[]"], output_dir=tmp_path / "run")
+    train(cfg)
+    val_cases = len(json.loads((tmp_path / "run" / "split.json").read_text())["val"])
+    test_cases = len(json.loads((tmp_path / "run" / "split.json").read_text())["test"])
+    epochs = int(cfg.trainer.max_epochs)
+    assert seen[: epochs * val_cases] == [[]] * (epochs * val_cases)
+    assert seen[epochs * val_cases:] == [[0, 1]] * test_cases
+    summary = json.loads((tmp_path / "run" / "eval" / "test" / "summary.json").read_text())
+    assert summary["provenance"]["inference"]["mirror_axes"] == [0, 1]
+
+
+def test_unmirrored_is_the_same_predictor_without_flips():
+    cfg = InferenceConfig(mirror_axes=[0, 2])
+    predictor = SegmentationPredictor(torch.nn.Identity(), 3, 1, lambda z: z.softmax(1), False, cfg, None, "32",
+                                      torch.device("cpu"))
+    plain = predictor.unmirrored()
+    assert plain.cfg.mirror_axes == [] and plain.model is predictor.model and predictor.cfg.mirror_axes == [0, 2]
+    assert plain.unmirrored() is plain
