@@ -9,6 +9,8 @@ import torch
 from mcseg.engine import inference
 from mcseg.engine.inference import InferenceConfig, mirror_combinations, predict_logits
 from mcseg.engine.predict import SegmentationPredictor
+from mcseg.errors import ConfigError
+from mcseg.evaluate import evaluate
 from mcseg.train import train
 from tests.conftest import TINY_3D
 
@@ -85,3 +87,24 @@ def test_unmirrored_is_the_same_predictor_without_flips():
     plain = predictor.unmirrored()
     assert plain.cfg.mirror_axes == [] and plain.model is predictor.model and predictor.cfg.mirror_axes == [0, 2]
     assert plain.unmirrored() is plain
+
+
+def test_evaluate_mirrors_a_saved_checkpoint_as_asked(make_cfg, tmp_path):
+    """evaluate.py mirror_axes=[...]: another mirroring than the run's, without the run's scalers
+    (fitted on unmirrored logits), refused in one line if they are asked for."""
+    train(make_cfg(TINY_3D, output_dir=tmp_path / "run"))
+    run = tmp_path / "run"
+
+    def evaluate_with(*extra):
+        cfg = make_cfg([f"ckpt={run}/checkpoints/best.pt", "split=val", *extra], config_name="evaluate",
+                       output_dir=tmp_path / "evaluate")
+        return evaluate(cfg)
+
+    with pytest.raises(ConfigError, match=r"config key 'mirror_axes'=\[0, 2\].*posthoc\.apply=\[\]"):
+        evaluate_with("mirror_axes=[0,2]", f"eval_dir={tmp_path}/refused")
+    assert not (tmp_path / "refused").exists()
+    plain = evaluate_with(f"eval_dir={tmp_path}/plain", "posthoc.apply=[]")
+    mirrored = evaluate_with("mirror_axes=[0,2]", "posthoc.apply=[]", f"eval_dir={tmp_path}/mirrored")
+    assert plain["provenance"]["inference"]["mirror_axes"] == []
+    assert mirrored["provenance"]["inference"]["mirror_axes"] == [0, 2]
+    assert mirrored["mean_nll"] != pytest.approx(plain["mean_nll"], rel=1e-6)

@@ -172,6 +172,23 @@ def posthoc_scalers(cfg: DictConfig, run_cfg: DictConfig, own_split: dict | None
     return scalers_to_apply(record, posthoc.apply, where)
 
 
+def mirrored_as_asked(cfg: DictConfig, inference: InferenceConfig) -> InferenceConfig:
+    """The run's inference settings, with evaluate.py's ``mirror_axes`` where given.
+
+    The run's post-hoc fit was made on the logits of the run's own mirroring, so another mirroring
+    is evaluated without post-hoc scalers (``posthoc.apply=[]``), which is refused otherwise.
+    """
+    axes = cfg.get("mirror_axes")
+    if axes is None or list(axes) == list(inference.mirror_axes):
+        return inference
+    posthoc = typed(cfg.posthoc, PosthocConfig, "posthoc")
+    if posthoc.apply:
+        raise ConfigError(f"config key 'mirror_axes'={list(axes)}: the run's post-hoc scalers were fitted on "
+                          f"logits with inference.mirror_axes={list(inference.mirror_axes)}; "
+                          "add posthoc.apply=[] to evaluate another mirroring")
+    return replace(inference, mirror_axes=[int(a) for a in axes])
+
+
 def own_splits(ckpt: Path, dataset: SegmentationDataset, split: dict) -> Splits:
     """The checkpoint's split as case references of ``dataset``; one line if a case is missing."""
     by_id = {r.case_id: r for r in dataset.case_refs()}
@@ -221,7 +238,7 @@ def _evaluate_held(cfg: DictConfig, ckpt: Path, overrides: list[str] | None) -> 
     # everything that can be refused is, before the first file is written or replaced
     device = resolve_device(cfg.device)
     model, loss_fn = restore_model(run_cfg, state, ckpt, device)
-    inference = typed(run_cfg.inference, InferenceConfig, "inference")
+    inference = mirrored_as_asked(cfg, typed(run_cfg.inference, InferenceConfig, "inference"))
     protocol = typed(cfg.evaluation, EvalProtocol, "evaluation")
     predictor = build_predictor(eval_cfg, model, loss_fn, device, inference, run_cfg.trainer.precision)
     if not other:
