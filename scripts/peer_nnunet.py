@@ -85,6 +85,9 @@ def probabilities(pred_dir: Path) -> None:
         probs = np.ascontiguousarray(probs.transpose(3, 2, 1, 0))  # X x Y x Z x C, nibabel's order
         if probs.shape[:3] != label.shape:
             sys.exit(f"{npz}: probabilities of shape {probs.shape[:3]} but the prediction is {label.shape}")
+        agree = float((probs.argmax(-1) == np.asarray(label.dataobj)).mean())
+        if agree < 0.99:  # nnU-Net's label map is the argmax of these: an axis order gone wrong shows here
+            sys.exit(f"{npz}: the argmax of the probabilities matches {case}.nii.gz on only {agree:.1%} of voxels")
         nib.save(nib.Nifti1Image(probs, label.affine), pred_dir / f"{case}_probs.nii.gz")
     print(f"probabilities: {len(files)} cases -> {pred_dir}/<case>_probs.nii.gz")
 
