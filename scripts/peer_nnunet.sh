@@ -17,7 +17,7 @@
 # that scripts/nnunet_budget_trainer.py stops it at the budget with the poly schedule stretched to end
 # there. It is installed into its own venv: torch pinned by constraints-cpu.txt (a CPU build, as in
 # mcseg's venv); timm, which nnU-Net's network package lists, without its torchvision (the 3d_fullres
-# U-Net does not use it).
+# U-Net does not use it; see the copy of the trainer below).
 # Cost measured on the 2-core machine: docs/benchmarks.md, "nnU-Net v2 side by side".
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -45,7 +45,9 @@ if [ ! -x "$venv/bin/nnUNetv2_train" ]; then
         huggingface_hub safetensors
 fi
 package=$("$venv/bin/python" -c 'import os, nnunetv2; print(os.path.dirname(nnunetv2.__file__))')
-cp scripts/nnunet_budget_trainer.py "$package/training/nnUNetTrainer/variants/nnUNetTrainer_mcsegBudget.py"
+# at the top of nnU-Net's trainer package: its trainer search imports the top-level modules first, and
+# reaching the variants would import timm's models, which need the torchvision this venv lacks
+cp scripts/nnunet_budget_trainer.py "$package/training/nnUNetTrainer/nnUNetTrainer_mcsegBudget.py"
 
 export nnUNet_raw=$work/nnUNet_raw nnUNet_preprocessed=$work/nnUNet_preprocessed nnUNet_results=$work/nnUNet_results
 export nnUNet_n_proc_DA=${nnUNet_n_proc_DA:-$(nproc)}
