@@ -131,6 +131,8 @@ def predict_logits(
 
     def net(x: torch.Tensor) -> torch.Tensor:  # B x C x *S, the network's own spatial axes
         out = final_output(model(x))
+        if not flips:
+            return out
         for axes in flips:
             out = out + final_output(model(x.flip(axes))).flip(axes)
         return out / (len(flips) + 1)
