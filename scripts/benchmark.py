@@ -64,7 +64,8 @@ SECTION = "Training throughput"
 RECIPE_3D = ["loss=ce_dice", "dataset.sampling.dims=3", "dataset.sampling.patch_size=[48,64,48]",
              "dataset.sampling.batch_size=2"]
 CASES = {  # name: (description, overrides after dataset=hippocampus)
-    "hippocampus-3d": ("hippocampus 3D patches 48x64x48, batch 2, CE + Dice (issue #2's CPU recipe, before the search of issue #15)", RECIPE_3D),
+    "hippocampus-3d": ("hippocampus 3D patches 48x64x48, batch 2, CE + Dice "
+                       "(issue #2's CPU recipe, before the search of issue #15)", RECIPE_3D),
     "hippocampus-2d": ("hippocampus 2D slices 64x48, batch 32, CE (the preset's default)", []),
 }
 
