@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ from mcseg.engine.predict import SegmentationPredictor
 from mcseg.errors import ConfigError
 from mcseg.evaluate import evaluate
 from mcseg.train import train
-from tests.conftest import TINY_3D
+from tests.conftest import TINY_3D, compose_config
 
 
 def test_mirror_combinations_are_every_non_empty_subset_as_batch_dims():
@@ -58,9 +59,11 @@ def test_mirror_axes_outside_the_network_are_refused(make_cfg, tmp_path, axes):
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
-def test_validation_runs_unmirrored_and_the_test_mirrored(make_cfg, tmp_path, monkeypatch):
-    """best.pt is selected on plain validation predictions (nnU-Net's habit, and 1/2^n of the cost);
-    the test evaluation mirrors and says so in its provenance."""
+@pytest.fixture(scope="module")
+def mirrored_run(tmp_path_factory):
+    """One tiny 3D run with test-time mirroring over axes 0 and 1 (and the default post-hoc temperature),
+    with the mirror axes of every predict_logits call recorded in order."""
+    run = tmp_path_factory.mktemp("mirroring") / "run"
     seen = []
     real = inference.predict_logits
 
@@ -68,15 +71,22 @@ def test_validation_runs_unmirrored_and_the_test_mirrored(make_cfg, tmp_path, mo
         seen.append(list(cfg.mirror_axes))
         return real(model, image, dims, divisor, cfg, *args, **kwargs)
 
-    monkeypatch.setattr("mcseg.engine.predict.predict_logits", spy)
-    cfg = make_cfg([*TINY_3D, "inference.mirror_axes=[0,1]", "posthoc.fit=[]", "posthoc.apply=[]"], output_dir=tmp_path / "run")
-    train(cfg)
-    val_cases = len(json.loads((tmp_path / "run" / "split.json").read_text())["val"])
-    test_cases = len(json.loads((tmp_path / "run" / "split.json").read_text())["test"])
-    epochs = int(cfg.trainer.max_epochs)
-    assert seen[: epochs * val_cases] == [[]] * (epochs * val_cases)
-    assert seen[epochs * val_cases:] == [[0, 1]] * test_cases
-    summary = json.loads((tmp_path / "run" / "eval" / "test" / "summary.json").read_text())
+    cfg = compose_config("train", [*TINY_3D, "inference.mirror_axes=[0,1]"], run)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("mcseg.engine.predict.predict_logits", spy)
+        train(cfg)
+    return SimpleNamespace(path=run, seen=seen, epochs=int(cfg.trainer.max_epochs),
+                           split=json.loads((run / "split.json").read_text()))
+
+
+def test_validation_runs_unmirrored_and_the_posthoc_fit_and_test_mirrored(mirrored_run):
+    """best.pt is selected on plain validation predictions (nnU-Net's habit, and 1/2^n of the cost);
+    the post-hoc fit sees the logits the test is scored on, and the test's provenance says so."""
+    val_cases, test_cases = len(mirrored_run.split["val"]), len(mirrored_run.split["test"])
+    during_training = mirrored_run.epochs * val_cases
+    assert mirrored_run.seen[:during_training] == [[]] * during_training
+    assert mirrored_run.seen[during_training:] == [[0, 1]] * (val_cases + test_cases)
+    summary = json.loads((mirrored_run.path / "eval" / "test" / "summary.json").read_text())
     assert summary["provenance"]["inference"]["mirror_axes"] == [0, 1]
 
 
@@ -89,11 +99,10 @@ def test_unmirrored_is_the_same_predictor_without_flips():
     assert plain.unmirrored() is plain
 
 
-def test_evaluate_mirrors_a_saved_checkpoint_as_asked(make_cfg, tmp_path):
+def test_evaluate_mirrors_a_saved_checkpoint_as_asked(mirrored_run, make_cfg, tmp_path):
     """evaluate.py mirror_axes=[...]: another mirroring than the run's, without the run's scalers
-    (fitted on unmirrored logits), refused in one line if they are asked for."""
-    train(make_cfg(TINY_3D, output_dir=tmp_path / "run"))
-    run = tmp_path / "run"
+    (fitted on the run's own mirroring), refused in one line if they are asked for."""
+    run = mirrored_run.path
 
     def evaluate_with(*extra):
         cfg = make_cfg([f"ckpt={run}/checkpoints/best.pt", "split=val", *extra], config_name="evaluate",
@@ -103,8 +112,10 @@ def test_evaluate_mirrors_a_saved_checkpoint_as_asked(make_cfg, tmp_path):
     with pytest.raises(ConfigError, match=r"config key 'mirror_axes'=\[0, 2\].*posthoc\.apply=\[\]"):
         evaluate_with("mirror_axes=[0,2]", f"eval_dir={tmp_path}/refused")
     assert not (tmp_path / "refused").exists()
-    plain = evaluate_with(f"eval_dir={tmp_path}/plain", "posthoc.apply=[]")
+    own = evaluate_with(f"eval_dir={tmp_path}/own", "posthoc.apply=[]")
+    plain = evaluate_with("mirror_axes=[]", "posthoc.apply=[]", f"eval_dir={tmp_path}/plain")
     mirrored = evaluate_with("mirror_axes=[0,2]", "posthoc.apply=[]", f"eval_dir={tmp_path}/mirrored")
+    assert own["provenance"]["inference"]["mirror_axes"] == [0, 1]
     assert plain["provenance"]["inference"]["mirror_axes"] == []
     assert mirrored["provenance"]["inference"]["mirror_axes"] == [0, 2]
-    assert mirrored["mean_nll"] != pytest.approx(plain["mean_nll"], rel=1e-6)
+    assert len({own["mean_nll"], plain["mean_nll"], mirrored["mean_nll"]}) == 3
