@@ -127,13 +127,28 @@ def test_training_fits_on_validation_and_reports_pre_and_post_t(make_cfg, tmp_pa
     assert result["test_temperature/mean_ece"] == pytest.approx(post["mean_ece"])
     assert post["posthoc"]["params"]["temperature"] == pytest.approx(record["scalers"]["temperature"]["temperature"])
 
-    # evaluate.py refits on request and writes the same layout for another split
-    ecfg = make_cfg([f"ckpt={run / 'checkpoints' / 'best.pt'}", "split=val", "posthoc.apply=[temperature]",
-                     "posthoc.refit=true", "posthoc.fit=[temperature]"], config_name="evaluate",
-                    output_dir=tmp_path / "eval_job")
-    evaluate(ecfg)
-    assert (run / "eval" / "val" / "temperature" / "summary.json").is_file()
+    # evaluate.py refits on request (here by another objective) and writes the same layout for another
+    # split; the run's own fit, which its test evaluation used, stays on record as it was: the refit is
+    # kept with the evaluation that asked for it
+    def evaluate_val(*extra):
+        return evaluate(make_cfg([f"ckpt={run / 'checkpoints' / 'best.pt'}", "split=val", *extra],
+                                 config_name="evaluate", output_dir=tmp_path / "eval_job"))
+
+    fit_on_record = (run / "calibration.json").read_bytes()
+    evaluate_val("posthoc.apply=[temperature]", "posthoc.refit=true", "posthoc.fit=[temperature]", "posthoc.objective=ece")
+    assert (run / "calibration.json").read_bytes() == fit_on_record
     assert not (run / "eval" / "val" / "vector").exists()
+    (refit,) = json.loads((run / "eval" / "val" / "calibration.json").read_text())["fits"].values()
+    t_run, t_refit = (r["scalers"]["temperature"]["temperature"] for r in (record, refit))
+    assert refit["scalers"]["temperature"]["objective"] == "ece" and t_refit != pytest.approx(t_run, rel=1e-3)
+    applied = lambda: json.loads((run / "eval" / "val" / "temperature" / "summary.json").read_text())["posthoc"]
+    assert applied()["params"]["temperature"] == pytest.approx(t_refit)
+    # evaluated again without refit (replacing that evaluation): the fit on record, and the refit is gone
+    evaluate_val("overwrite=true")
+    assert applied()["params"]["temperature"] == pytest.approx(t_run)
+    assert not (run / "eval" / "val" / "calibration.json").exists()
+    with pytest.raises(ConfigError, match=r"config key 'eval_dir'=.* is the run directory"):
+        evaluate_val(f"eval_dir={run}")
 
 
 def test_apply_without_fit_is_a_config_error(make_cfg):

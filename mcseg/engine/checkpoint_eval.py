@@ -13,7 +13,8 @@
   another dataset the last part is ``<dataset>-<split>``. An existing evaluation is replaced
   only with ``overwrite=true``.
 * Post-hoc scalers are looked up in, or fitted into, ``calibration.json`` by the checkpoint's
-  sha256 (:mod:`mcseg.calibration.posthoc`).
+  sha256 (:mod:`mcseg.calibration.posthoc`). A fit on record is never replaced: a refit
+  (``posthoc.refit=true``) is saved with the evaluation it was made for, ``<eval dir>/calibration.json``.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from mcseg.calibration import SCALER_TYPES, PosthocConfig, Scaler, fit_posthoc, load_calibration, scalers_to_apply
+from mcseg.calibration import CALIBRATION_FILE, SCALER_TYPES, PosthocConfig, Scaler, fit_posthoc, load_calibration, scalers_to_apply
 from mcseg.config import typed
 from mcseg.data.base import SegmentationDataset
 from mcseg.data.split import SPLITS
@@ -126,6 +127,10 @@ def output_dir(cfg: DictConfig, ckpt: Path, sha256: str, run_dir: Path | None, s
     """Where this evaluation goes (module docstring); refuses to replace an earlier one unless ``overwrite``."""
     if cfg.get("eval_dir"):
         out = Path(cfg.eval_dir).expanduser().resolve()
+        if run_dir is not None and out == run_dir.resolve():
+            raise ConfigError(f"config key 'eval_dir'={cfg.eval_dir} is the run directory of {ckpt}: an evaluation "
+                              f"there would mix its files with the run's; pass a folder of its own "
+                              f"(e.g. {run_dir / 'eval' / 'mine'})")
     elif run_dir is None:
         raise ConfigError(f"ckpt={ckpt} is not in a run directory of its own (<run>/checkpoints/<file> next to "
                           f"its <run>/split.json): pass eval_dir=<folder> to say where its evaluation goes")
@@ -142,8 +147,11 @@ def output_dir(cfg: DictConfig, ckpt: Path, sha256: str, run_dir: Path | None, s
 
 def clear_evaluation(out: Path) -> None:
     """Remove an earlier evaluation's files from ``out`` (only the files an evaluation writes)."""
-    for name in ("summary.json", "per_case.csv", "reliability.csv", "reliability.png", PROVENANCE_FILE, "split.json"):
+    for name in ("summary.json", "per_case.csv", "reliability.csv", "reliability.png", PROVENANCE_FILE, "split.json",
+                 CALIBRATION_FILE):  # a refit saved with the evaluation (posthoc_scalers)
         (out / name).unlink(missing_ok=True)
+    for weights in out.glob("lts-*.pt"):
+        weights.unlink()
     for name in ("predictions", *SCALER_TYPES):
         if (out / name).is_dir():
             shutil.rmtree(out / name)
@@ -151,18 +159,36 @@ def clear_evaluation(out: Path) -> None:
 
 def posthoc_scalers(cfg: DictConfig, run_cfg: DictConfig, own_split: dict | None, own: SegmentationDataset | None,
                     where: Path, predictor, checkpoint: dict, provenance: dict,
-                    protocol: EvalProtocol | None = None) -> dict[str, Scaler]:
+                    protocol: EvalProtocol | None = None, evaluation_dir: Path | None = None) -> dict[str, Scaler]:
     """The scalers of ``cfg.posthoc.apply`` for this checkpoint: from ``<where>/calibration.json`` (by its
-    sha256), else fitted now on its own validation split (also when evaluating another dataset) and saved."""
+    sha256), else fitted now on its own validation split (also when evaluating another dataset) and saved.
+
+    A fit on record is never replaced: the run's evaluations were made with it. A new fit of a checkpoint
+    that ``<where>/calibration.json`` already holds (``posthoc.refit=true``, a scaler the recorded fit
+    lacks, or a file that cannot be read) is saved with this evaluation, in
+    ``<evaluation_dir>/calibration.json``, and the log says so.
+    """
     posthoc = typed(cfg.posthoc, PosthocConfig, "posthoc")
     if not posthoc.apply:
         return {}
-    record = None if posthoc.refit else load_calibration(where, checkpoint["sha256"])
+    try:
+        recorded = load_calibration(where, checkpoint["sha256"])
+        on_record = recorded is not None
+    except ValueError:  # an unreadable calibration.json: left as it is when refitting
+        if not posthoc.refit:
+            raise
+        recorded, on_record = None, True
+    record = None if posthoc.refit else recorded
     if record is None or set(posthoc.apply) - set(record.get("scalers", {})):
         if own_split is None:
             raise ValueError(f"posthoc.apply={posthoc.apply}: fitting needs the validation split of "
                              f"{checkpoint['path']}, which neither the checkpoint nor a run directory holds: "
                              f"pass posthoc.apply=[]")
+        if on_record and evaluation_dir is not None and Path(evaluation_dir) != Path(where):
+            log.warning("%s already holds a post-hoc fit of %s, which the run's evaluations used: the new fit "
+                        "goes to %s and that record is left as it is", Path(where) / CALIBRATION_FILE,
+                        checkpoint["path"], Path(evaluation_dir) / CALIBRATION_FILE)
+            where = Path(evaluation_dir)
         own = own or build_dataset(run_cfg.dataset)
         by_id = {r.case_id: r for r in own.case_refs()}
         refs = [by_id[c] for c in own_split["val"] if c in by_id]
@@ -264,7 +290,7 @@ def _evaluate_held(cfg: DictConfig, ckpt: Path, overrides: list[str] | None) -> 
     }
     fit_provenance = {"dataset": provenance["trained_on"], "overrides": overrides}
     scalers = posthoc_scalers(cfg, run_cfg, split, None if other else dataset, run_dir or out_dir, predictor,
-                              checkpoint, fit_provenance, protocol)
+                              checkpoint, fit_provenance, protocol, evaluation_dir=out_dir)
     summary = evaluate_split(predictor, dataset, refs, protocol, out_dir, cfg.save_predictions,
                              cfg.save_probabilities, scalers, provenance)
     print(format_summary(summary, dataset.class_names, title=f"{dataset.name} {cfg.split} split ({ckpt.name}, "
