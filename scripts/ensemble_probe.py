@@ -40,45 +40,55 @@ def load_run(run: Path, device: torch.device):
 
 
 def foreground_dice(probs: torch.Tensor, label: torch.Tensor, num_classes: int) -> float:
+    """The case's Dice averaged over its foreground classes (a class absent from label and prediction: left out)."""
     return float(dice(probs.argmax(0), label, num_classes)[1:].nanmean())
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("runs", nargs="+", type=Path)
-    args = parser.parse_args(argv)
-    if len(args.runs) < 2:
-        parser.error("give at least two run directories")
-    device = torch.device("cpu")
-    loaded = [load_run(run, device) for run in args.runs]
-    splits = {json.dumps(split["val"]) for _, _, split in loaded}
-    if len(splits) != 1:
-        parser.error("the runs do not share one validation split (their split.json differ)")
+def probe(runs: list[Path], device: torch.device = torch.device("cpu")) -> dict:
+    """Mean foreground Dice on the runs' shared validation split: ``single`` (one per run), ``pairs``
+    (``{(i, j): value}``), ``all`` (every run averaged) and ``n_cases``."""
+    loaded = [load_run(run, device) for run in runs]
+    if len({json.dumps(split["val"]) for _, _, split in loaded}) != 1:
+        raise ValueError(f"{', '.join(map(str, runs))}: the runs do not share one validation split "
+                         "(their split.json differ); an ensemble probe needs the same cases for every run")
     cfg = loaded[0][0]
+    num_classes = int(cfg.dataset.num_classes)
     dataset = build_dataset(cfg.dataset)
     by_id = {r.case_id: r for r in dataset.case_refs()}
     refs = [by_id[c] for c in loaded[0][2]["val"]]
     dataset.prepare(refs)
-    singles = [[] for _ in loaded]
+    single: list[list[float]] = [[] for _ in loaded]
     pairs: dict[tuple[int, int], list[float]] = {}
     everything = []
     for ref in refs:
         case = dataset.load(ref)
         label = torch.as_tensor(np.asarray(case.label), dtype=torch.int64)
-        k = int(cfg.dataset.num_classes)
         probs = [predictor.probabilities(predictor.logits(case)) for _, predictor, _ in loaded]
         for i, p in enumerate(probs):
-            singles[i].append(foreground_dice(p, label, k))
+            single[i].append(foreground_dice(p, label, num_classes))
         for i, j in itertools.combinations(range(len(probs)), 2):
-            pairs.setdefault((i, j), []).append(foreground_dice((probs[i] + probs[j]) / 2, label, k))
-        everything.append(foreground_dice(torch.stack(probs).mean(0), label, k))
-    print(f"validation split: {len(refs)} cases; mean foreground Dice")
+            pairs.setdefault((i, j), []).append(foreground_dice((probs[i] + probs[j]) / 2, label, num_classes))
+        everything.append(foreground_dice(torch.stack(probs).mean(0), label, num_classes))
+    return {"single": [float(np.nanmean(v)) for v in single],
+            "pairs": {k: float(np.nanmean(v)) for k, v in pairs.items()},
+            "all": float(np.nanmean(everything)), "n_cases": len(refs)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", type=Path)
+    args = parser.parse_args(argv)
+    if len(args.runs) < 2:
+        parser.error("give at least two run directories")
+    result = probe(args.runs)
+    print(f"validation split: {result['n_cases']} cases; mean foreground Dice")
     for i, run in enumerate(args.runs):
-        print(f"  [{i}] {np.mean(singles[i]):.4f}  {run}")
-    for (i, j), values in pairs.items():
-        print(f"  [{i}]+[{j}] {np.mean(values):.4f}")
-    print(f"  all {len(loaded)}: {np.mean(everything):.4f}")
+        print(f"  [{i}] {result['single'][i]:.4f}  {run}")
+    for (i, j), value in result["pairs"].items():
+        print(f"  [{i}]+[{j}] {value:.4f}")
+    print(f"  all {len(args.runs)}: {result['all']:.4f}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -4,7 +4,8 @@ nnU-Net only finds trainer classes inside its package, so peer_nnunet.sh copies 
 nnunetv2 of its own virtual environment (never mcseg's). Everything is nnU-Net's default
 (``nnUNetTrainer``: its plan, network, augmentation, SGD with Nesterov momentum 0.99, Dice + CE with
 deep supervision, poly learning rate) except the length of training: epochs of
-``MCSEG_PEER_ITERATIONS`` steps (default 50; nnU-Net's are 250), and as many of them as fit in
+``MCSEG_PEER_ITERATIONS`` steps (default 10; nnU-Net's are 250: on 2 CPU cores a step takes about 7 s,
+and an epoch is the budget's unit, so a long one wastes up to its length), and as many of them as fit in
 ``MCSEG_PEER_BUDGET_S`` seconds, counted from the start of the first epoch. The poly schedule is
 stretched over that number of epochs, estimated from the first epoch's duration, so the learning
 rate reaches zero at the budget instead of being cut at a high value. The time it trained is written to
@@ -24,7 +25,7 @@ class nnUNetTrainer_mcsegBudget(nnUNetTrainer):
                  device: torch.device = torch.device("cuda")):
         super().__init__(plans, configuration, fold, dataset_json, device)
         self.budget_s = float(os.environ["MCSEG_PEER_BUDGET_S"])
-        self.num_iterations_per_epoch = int(os.environ.get("MCSEG_PEER_ITERATIONS", "50"))
+        self.num_iterations_per_epoch = int(os.environ.get("MCSEG_PEER_ITERATIONS", "10"))
         self.num_val_iterations_per_epoch = max(1, self.num_iterations_per_epoch // 5)
         self.num_epochs = 10_000  # until the first epoch has been timed
 
