@@ -149,6 +149,13 @@ def test_training_fits_on_validation_and_reports_pre_and_post_t(make_cfg, tmp_pa
     assert not (run / "eval" / "val" / "calibration.json").exists()
     with pytest.raises(ConfigError, match=r"config key 'eval_dir'=.* is the run directory"):
         evaluate_val(f"eval_dir={run}")
+    # an unreadable record is named, and a refit (the way out it names) leaves it as it is
+    (run / "calibration.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"calibration\.json: not valid JSON.*posthoc\.refit=true"):
+        evaluate_val("overwrite=true")
+    evaluate_val("overwrite=true", "posthoc.refit=true")
+    assert (run / "calibration.json").read_text() == "{not json"
+    assert applied()["params"]["temperature"] == pytest.approx(t_run, rel=1e-4)  # the run's settings, refitted
 
 
 def test_apply_without_fit_is_a_config_error(make_cfg):

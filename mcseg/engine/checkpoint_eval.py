@@ -141,17 +141,20 @@ def output_dir(cfg: DictConfig, ckpt: Path, sha256: str, run_dir: Path | None, s
         if not cfg.get("overwrite"):
             raise FileExistsError(f"{out / 'summary.json'} exists (an earlier evaluation; {PROVENANCE_FILE} says of "
                                   f"what): pass overwrite=true to replace it, or eval_dir=<another folder>")
-        clear_evaluation(out)
+        # without a run directory, out's calibration.json is the checkpoint's fit on record: kept
+        clear_evaluation(out, refits=run_dir is not None)
     return out
 
 
-def clear_evaluation(out: Path) -> None:
-    """Remove an earlier evaluation's files from ``out`` (only the files an evaluation writes)."""
-    for name in ("summary.json", "per_case.csv", "reliability.csv", "reliability.png", PROVENANCE_FILE, "split.json",
-                 CALIBRATION_FILE):  # a refit saved with the evaluation (posthoc_scalers)
+def clear_evaluation(out: Path, refits: bool = True) -> None:
+    """Remove an earlier evaluation's files from ``out`` (only the files an evaluation writes); ``refits``:
+    also a post-hoc refit saved with it (:func:`posthoc_scalers`)."""
+    for name in ("summary.json", "per_case.csv", "reliability.csv", "reliability.png", PROVENANCE_FILE, "split.json"):
         (out / name).unlink(missing_ok=True)
-    for weights in out.glob("lts-*.pt"):
-        weights.unlink()
+    if refits:
+        (out / CALIBRATION_FILE).unlink(missing_ok=True)
+        for weights in out.glob("lts-*.pt"):
+            weights.unlink()
     for name in ("predictions", *SCALER_TYPES):
         if (out / name).is_dir():
             shutil.rmtree(out / name)
