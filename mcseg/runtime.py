@@ -1,6 +1,7 @@
 """Device choice, seeding, determinism switches and the CPUs a process may use."""
 from __future__ import annotations
 
+import contextlib
 import glob
 import logging
 import os
@@ -168,6 +169,12 @@ class AdaptiveThreads:
     contended speed). Time a thread spends asleep or in serial code does not count, so a quiet
     machine keeps every thread. A process with one thread, on a GPU, or without Linux scheduler
     statistics is left alone; ``MCSEG_ADAPTIVE_THREADS=0`` turns it off.
+
+    **Deterministic runs keep their threads.** The thread count decides how torch splits a reduction
+    (a convolution's weight gradient, a sum) and so the order of its floating-point additions: one
+    change mid-run made every weight of a tiny deterministic run differ (issue #21). While torch's
+    deterministic algorithms are on (``trainer.deterministic=true``, :func:`seed_everything`),
+    :meth:`tick` restores the configured count and changes nothing, whatever the load.
     """
 
     def __init__(self, device: torch.device | str = "cpu", interval_s: float = 1.0, busy: float = 0.3,
@@ -189,6 +196,9 @@ class AdaptiveThreads:
 
     def tick(self) -> None:
         if not self.enabled:
+            return
+        if torch.are_deterministic_algorithms_enabled():  # reproducible numerics before speed (class docstring)
+            self.restore()
             return
         now = self.clock()
         elapsed = now - self.t0
@@ -246,3 +256,35 @@ def torch_threads() -> int:
     """torch's intra-op threads as configured, not as :class:`AdaptiveThreads` lowered them for now."""
     return _PROCESS_THREADS.threads if _PROCESS_THREADS is not None and _PROCESS_THREADS.enabled \
         else torch.get_num_threads()
+
+
+def thread_reductions() -> int:
+    """How often :class:`AdaptiveThreads` dropped this process to one thread so far (0: never changed)."""
+    return _PROCESS_THREADS.reductions if _PROCESS_THREADS is not None else 0
+
+
+def keep_threads_of(recorded: int | None, source: str) -> None:
+    """A deterministic run resumed in a process configured for another number of torch threads: take the
+    run's own count (recorded in its checkpoint's environment), since the count sets the order of
+    floating-point reductions; ``source`` names the checkpoint in the log line."""
+    current = torch_threads()
+    if not recorded or recorded == current:
+        return
+    log.warning("%s was trained with %d torch threads, this process has %d: resuming with %d, as a deterministic "
+                "run must (the thread count decides the order of floating-point reductions)",
+                source, recorded, current, recorded)
+    torch.set_num_threads(recorded)
+    if _PROCESS_THREADS is not None:
+        _PROCESS_THREADS.threads = recorded
+
+
+@contextlib.contextmanager
+def deterministic_algorithms(on: bool):
+    """torch's deterministic algorithms switched on for the block (when ``on``), then as they were."""
+    before, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    if on:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before, warn_only=warn_only)

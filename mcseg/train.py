@@ -29,7 +29,8 @@ from mcseg.engine.provenance import checkpoint_identity, dataset_identity, hydra
 from mcseg.engine.relaunch import check_launch
 from mcseg.sweep import run_identity
 from mcseg.rundir import begin as begin_run
-from mcseg.runtime import describe_device, seed_everything
+from mcseg.environment import environment_record
+from mcseg.runtime import describe_device, seed_everything, thread_reductions
 from mcseg.targets import instantiate_checked
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,7 @@ def train(cfg: DictConfig) -> dict:
     if unknown:
         raise ConfigError(f"config key 'score.{unknown[0]}': not a validation metric (expected {', '.join(HEADLINE)})")
     seed_everything(int(cfg.seed), tcfg.deterministic)
+    reductions_before = thread_reductions()
     dist, device = init_distributed(tcfg.device)  # torchrun: this rank's process group and device
     run_dir = Path(dist.broadcast_object(str(run_dir)))  # rank 0's run directory on every rank
 
@@ -93,7 +95,8 @@ def train(cfg: DictConfig) -> dict:
     device_info = describe_device(device, tcfg.precision, trainer.channels_last, tcfg.compile)
     log.info("device: %s", ", ".join(f"{k} {v}" for k, v in device_info.items()))
     if resume_from is not None:
-        trainer.resume(resume_from)
+        trainer.resume(resume_from)  # a deterministic run takes its recorded thread count back
+    trainer.provenance["environment"] = environment_record(device, tcfg.deterministic)  # in every checkpoint
     try:
         trainer.fit()
         if not dist.is_main:  # torchrun: the test evaluation and the result files are rank 0's
@@ -111,7 +114,8 @@ def train(cfg: DictConfig) -> dict:
         provenance = {"checkpoint": {**best, "selected": True}, "run_dir": str(run_dir),
                       "split": {"name": "test", "source": "training", "cases": split_ids["test"]},
                       "dataset": trained_on, "trained_on": trained_on, "overrides": overrides,
-                      "output_dir": str(run_dir / "eval" / "test")}
+                      "output_dir": str(run_dir / "eval" / "test"),
+                      "environment": environment_record(device, tcfg.deterministic, reductions_before)}
         summary = evaluate_split(
             predictor, dataset, splits["test"], protocol, run_dir / "eval" / "test",
             inference.save_predictions, inference.save_probabilities, scalers, provenance,
@@ -133,6 +137,7 @@ def train(cfg: DictConfig) -> dict:
     result.update({f"best_{k}": v for k, v in best.items() if k.startswith(("val/", "val_full/"))})
     result["score"] = validation_score(best, cfg.get("score"))
     result["device"] = device_info
+    result["environment"] = environment_record(device, tcfg.deterministic, reductions_before)
     # what mcseg-report reads: the configuration of this run and its validation (selection) metrics
     write_json(run_dir / "result.json", {**result, "run": run_identity(cfg)})
     return result

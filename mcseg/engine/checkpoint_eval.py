@@ -41,7 +41,8 @@ from mcseg.engine.provenance import checkpoint_identity, dataset_identity, file_
 from mcseg.data.validate import validate_cases
 from mcseg.errors import ConfigError
 from mcseg.rundir import holds_checkpoint_run
-from mcseg.runtime import resolve_device
+from mcseg.environment import environment_record
+from mcseg.runtime import deterministic_algorithms, resolve_device
 from mcseg.targets import check_targets
 
 log = logging.getLogger(__name__)
@@ -241,8 +242,17 @@ def evaluate_checkpoint(cfg: DictConfig, ckpt_path: Path, overrides: list[str] |
 
 @holds_checkpoint_run  # never writes into a run another process is training or evaluating
 def _evaluate_held(cfg: DictConfig, ckpt: Path, overrides: list[str] | None) -> dict:
-    overrides = list(overrides or [])
+    """A checkpoint of a deterministic run is evaluated with torch's deterministic algorithms on, which also
+    keeps the CPU thread count fixed (:class:`mcseg.runtime.AdaptiveThreads`): the same figures under load."""
     state = load_checkpoint(ckpt)
+    deterministic = bool((state.get("config") or {}).get("trainer", {}).get("deterministic", False))
+    with deterministic_algorithms(deterministic):
+        return _evaluate_state(cfg, ckpt, state, overrides, deterministic)
+
+
+def _evaluate_state(cfg: DictConfig, ckpt: Path, state: dict, overrides: list[str] | None,
+                    deterministic: bool) -> dict:
+    overrides = list(overrides or [])
     run_cfg = OmegaConf.create(state["config"])
     check_targets(run_cfg)  # a checkpoint's stored config is untrusted input: refused before anything is built
     refuse_fixed_overrides(cfg, run_cfg, overrides)
@@ -290,6 +300,7 @@ def _evaluate_held(cfg: DictConfig, ckpt: Path, overrides: list[str] | None) -> 
         "geometry": {"dims": predictor.model_dims, "slice_axis": predictor.slice_axis,
                      "patch_size": list(predictor.roi_size or [])},
         "overrides": overrides, "output_dir": str(out_dir), "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "environment": environment_record(device, deterministic),
     }
     fit_provenance = {"dataset": provenance["trained_on"], "overrides": overrides}
     scalers = posthoc_scalers(cfg, run_cfg, split, None if other else dataset, run_dir or out_dir, predictor,

@@ -53,7 +53,8 @@ from mcseg.errors import NonFiniteLossError, TrainingInterrupted
 from mcseg.losses.base import target_checks
 from mcseg.losses.deep_supervision import deep_supervision_loss
 from mcseg.models import supervision_outputs
-from mcseg.runtime import share_cpu, to_channels_last, use_channels_last
+from mcseg.environment import environment_record
+from mcseg.runtime import keep_threads_of, share_cpu, to_channels_last, use_channels_last
 
 log = logging.getLogger(__name__)
 
@@ -158,9 +159,23 @@ class Trainer:
         self.best_value, self.best_epoch = state.get("best_value"), state.get("best_epoch")
         self.history = list(state.get("history", []))
         restore_rng_states(state["rng"])
+        self._check_resumed_environment(state.get("environment"), path)
         self.tb.resume_at(self.global_step + 1)  # drop what the interrupted run logged after this checkpoint
         log.info("resumed %s in epoch %d after %d steps of it (best %s at epoch %s)", path, self.epoch + 1,
                  self.step_in_epoch, self.best_value, self.best_epoch)
+
+    def _check_resumed_environment(self, recorded: dict | None, path: Path) -> None:
+        """A deterministic run resumes on its own thread count; other code or libraries are said, since the
+        result can then differ from an uninterrupted run's."""
+        if not recorded:
+            return
+        if self.cfg.deterministic and self.device.type == "cpu":
+            keep_threads_of(recorded.get("cpu_threads"), str(path))
+        now = environment_record(self.device, self.cfg.deterministic)
+        for name in ("code", "libraries"):
+            if recorded.get(name) != now[name]:
+                log.warning("%s was written by other %s (%s; now %s): the resumed run may differ from an "
+                            "uninterrupted one", path, name, recorded.get(name), now[name])
 
     def _improved(self, value: float) -> bool:
         if value is None or not math.isfinite(value):
