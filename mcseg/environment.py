@@ -96,9 +96,13 @@ def environment_differences(records: dict[str, dict | None]) -> tuple[list[str],
 
     Returns the warnings (one per compared aspect on which the runs differ, with the values and how many
     runs have each) and, per label, the aspects in which that run differs from the most common value.
-    A dirty tree counts as its own code: its changes are not known.
+    Runs made from a tree with uncommitted changes are warned of too: their code is not known exactly.
     """
     warnings: list[str] = []
+    dirty = sorted(label for label, record in records.items() if (record or {}).get("code", {}).get("git_dirty") is True)
+    if dirty:
+        warnings.append(f"{len(dirty)} of the {len(records)} runs were made from a tree with uncommitted changes "
+                        f"(first: {dirty[0]}): their code is not exactly the commit they name")
     marks: dict[str, list[str]] = {label: [] for label in records}
     for name, words in COMPARED.items():
         values = {label: _key(record, name) for label, record in records.items()}

@@ -44,6 +44,11 @@ class RunRecord:
     def evaluated(self) -> bool:
         return "" in self.summaries
 
+    @property
+    def environment(self) -> dict | None:
+        """The code, libraries and device that made the run's numbers (None: an older version's run)."""
+        return self.result.get("environment") or self.summaries.get("", {}).get("provenance", {}).get("environment")
+
 
 def _read_json(path: Path) -> dict | None:
     try:

@@ -14,6 +14,7 @@ HEADERS = {
     "ece_post_T": "ECE post_T", "classwise_ece_post_T": "CECE post_T",
 }
 DIGITS = {"hd95_mm": 2}
+ENVIRONMENT_MARK = " †"  # a run of the row was made by other code, libraries or device type (report's warnings)
 
 
 def _num(value: float | None, digits: int = 3) -> str:
@@ -54,6 +55,7 @@ def markdown(rows: list[ConfigRow], title: str, protocol_lines: list[str]) -> st
             if selected_only and not row.selected:
                 continue
             mark = " (baseline)" if row.baseline else (" *" if row.selected and not selected_only else "")
+            mark += ENVIRONMENT_MARK if row.environment_differs else ""
             dataset = f"| {row.dataset} " if first[0] else ""
             out.append(f"{dataset}| {row.loss_name}{mark} | {row.hyperparameters} | {len(row.seeds)} | "
                        f"{_num(row.selection_value, 4)} | {_num(row.temperature, 2)} | "
@@ -90,7 +92,7 @@ def posthoc_table(rows: list[ConfigRow]) -> list[str]:
 
 def write_csv(rows: list[ConfigRow], path: Path) -> None:
     columns = ["dataset", "loss", "hyperparameters", "configuration", "seeds", "selection_value", "selected", "baseline",
-               "temperature"]
+               "temperature", "environment_differs"]
     for name, *_ in METRICS:
         columns += [f"{name}_mean", f"{name}_std", f"{name}_ci95_lo", f"{name}_ci95_hi", f"{name}_n_cases",
                     f"{name}_p_vs_baseline"]
@@ -100,7 +102,8 @@ def write_csv(rows: list[ConfigRow], path: Path) -> None:
     for row in rows:
         record = {"dataset": row.dataset, "loss": row.loss_name, "hyperparameters": row.hyperparameters, "configuration": row.configuration,
                   "seeds": " ".join(map(str, row.seeds)), "selection_value": row.selection_value,
-                  "selected": row.selected, "baseline": row.baseline, "temperature": row.temperature}
+                  "selected": row.selected, "baseline": row.baseline, "temperature": row.temperature,
+                  "environment_differs": " ".join(row.environment_differs)}
         for name, *_ in METRICS:
             cell = row.cells.get(name)
             if cell is not None:
@@ -126,7 +129,8 @@ def latex(rows: list[ConfigRow], caption: str) -> str:
     for row in rows:
         if not row.selected:
             continue
-        name = _tex_escape(row.loss_name) + (" (baseline)" if row.baseline else "")
+        name = _tex_escape(row.loss_name) + (" (baseline)" if row.baseline else "") \
+            + (r"$^\dagger$" if row.environment_differs else "")
         if several_datasets(rows):
             name = f"{_tex_escape(row.dataset)}: {name}"
         lines.append(f"{name} & {_tex_escape(row.hyperparameters)} & "

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.stats import wilcoxon
 
+from mcseg.environment import environment_differences
 from mcseg.metrics.statistics import bootstrap_ci, describe
 from mcseg.report.collect import RunRecord
 
@@ -65,6 +66,7 @@ class ConfigRow:
     temperature: float | None = None
     posthoc: dict[str, dict[str, MetricCell | None]] = field(default_factory=dict)  # scaler -> column -> cell
     posthoc_labels: dict[str, str] = field(default_factory=dict)  # scaler -> how it was fitted
+    environment_differs: list[str] = field(default_factory=list)  # e.g. ["code"]: some run differs from the most common
 
 
 def _mean_std(values: list[float | None]) -> tuple[float, float]:
@@ -160,6 +162,7 @@ def build_rows(runs: list[RunRecord], select: str = "score", select_mode: str = 
         order.setdefault(run.loss_name, len(order))
     rows.sort(key=lambda r: (r.dataset, order.get(r.loss_name, 0), _natural(r.configuration)))
 
+    mark_environments(rows)
     sign = 1 if select_mode == "max" else -1
     for dataset, loss in {(r.dataset, r.loss_name) for r in rows}:
         candidates = [r for r in rows if (r.dataset, r.loss_name) == (dataset, loss) and r.selection_value is not None]
@@ -168,6 +171,16 @@ def build_rows(runs: list[RunRecord], select: str = "score", select_mode: str = 
     for dataset in sorted({r.dataset for r in rows}):
         _test_against_baseline([r for r in rows if r.dataset == dataset], baseline)
     return rows
+
+
+def mark_environments(rows: list[ConfigRow]) -> list[str]:
+    """Mark each row one of whose runs was made by other code, libraries or another device type than the
+    most common among all rows' runs; return the warnings (:func:`mcseg.environment.environment_differences`)."""
+    runs = {str(run.path): run.environment for row in rows for run in row.runs}
+    warnings, marks = environment_differences(runs)
+    for row in rows:
+        row.environment_differs = sorted({m for run in row.runs for m in marks[str(run.path)]})
+    return warnings
 
 
 def _test_against_baseline(rows: list[ConfigRow], baseline: str | None) -> None:
