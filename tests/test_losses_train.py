@@ -12,22 +12,31 @@ import torch
 from mcseg.engine.checkpoint import load_checkpoint
 from mcseg.train import train
 
-from .conftest import CONFIG_DIR, TINY_2D
+from .conftest import CONFIG_DIR, TINY_2D, TINY_3D
+from .regression import check_answers, observed
 from .data.data_helpers import TINY_RUN, fake_download
 
 LOSSES = sorted(p.stem for p in (Path(CONFIG_DIR) / "loss").glob("*.yaml"))
 MULTILABEL = {"bce", "spa"}
 
 
+# Pinned for the regression answers (tests/regression.py): deterministic, one torch thread.
+EXACT = ["trainer.deterministic=true"]
+# The 3D runs: one per family whose code differs in 3D (spatial kernels, Dice over a volume, the margin).
+LOSSES_3D = ("ce", "ce_dice", "margin", "svls", "nacl")
+
+
 @pytest.mark.parametrize("loss", LOSSES)
-def test_every_loss_trains_and_evaluates(make_cfg, tmp_path, loss):
+def test_every_loss_trains_and_evaluates(make_cfg, tmp_path, loss, one_thread):
+    """...and reproduces its regression answer (tests/answers/loss_runs.json)."""
     if loss in MULTILABEL:
         _, overrides = fake_download("brats_regions", tmp_path)
         overrides = [o for o in overrides if not o.startswith("loss=")] + TINY_RUN
     else:
         overrides = TINY_2D + ["trainer.max_epochs=2"]
-    result = train(make_cfg(overrides + [f"loss={loss}"]))
+    result = train(make_cfg(overrides + EXACT + [f"loss={loss}"]))
     run = tmp_path / "run"
+    check_answers("loss_runs", f"{loss}_2d", observed(run))
     summary = json.loads((run / "eval/test/summary.json").read_text())
     assert math.isfinite(result["test/mean_foreground_dice"])
     assert 0 <= summary["mean_ece"] <= 1
@@ -40,3 +49,25 @@ def test_every_loss_trains_and_evaluates(make_cfg, tmp_path, loss):
         assert bool(state["loss"]["has_prev_constraint"])
         assert torch.all(state["loss"]["prev_constraint"] != 0)
         assert state["loss"]["lambd"].shape == (4,)
+
+
+@pytest.mark.parametrize("loss", LOSSES_3D)
+def test_losses_in_3d_reproduce_their_answers(make_cfg, tmp_path, loss, one_thread):
+    train(make_cfg(TINY_3D + EXACT + ["trainer.max_epochs=2", f"loss={loss}"]))
+    check_answers("loss_runs", f"{loss}_3d", observed(tmp_path / "run"))
+
+
+def test_a_moved_answer_fails_naming_what_moved(monkeypatch, tmp_path):
+    from tests import regression
+
+    monkeypatch.setattr(regression, "ANSWERS_DIR", tmp_path)
+    monkeypatch.setattr(regression, "UPDATE", False)
+    answer = {"train_loss": [1.5, 1.2], "mean_foreground_dice": 0.5, "mean_ece": 0.2, "mean_classwise_ece": 0.1}
+    (tmp_path / "book.json").write_text(json.dumps({"case": answer}))
+    check_answers("book", "case", {**answer, "train_loss": [1.5, 1.2 * (1 + 1e-6)]})  # within the tolerance
+    with pytest.raises(AssertionError, match="mean_ece 0.2 -> 0.21"):
+        check_answers("book", "case", {**answer, "mean_ece": 0.21})
+    with pytest.raises(AssertionError, match="train_loss"):
+        check_answers("book", "case", {**answer, "train_loss": [1.5, 1.21]})
+    with pytest.raises(AssertionError, match="no regression answer 'other'"):
+        check_answers("book", "other", answer)
