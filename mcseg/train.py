@@ -25,7 +25,11 @@ from mcseg.engine.inference import InferenceConfig
 from mcseg.engine.tb_logger import TensorBoardLogger
 from mcseg.engine.trainer import HEADLINE, Trainer
 from mcseg.engine.evaluation import evaluate_split, format_summary
-from mcseg.engine.provenance import checkpoint_identity, dataset_identity, hydra_overrides, split_case_ids
+from mcseg.data.fingerprint import split_fingerprints
+from mcseg.data.split import SPLITS
+from mcseg.engine.provenance import (checkpoint_identity, classes_unseen_in_training, configuration_sha256,
+                                    content_lookup, dataset_identity,
+                                    hydra_overrides, split_case_ids, warn_shared_content)
 from mcseg.engine.relaunch import check_launch
 from mcseg.sweep import run_identity
 from mcseg.rundir import begin as begin_run
@@ -63,13 +67,15 @@ def train(cfg: DictConfig) -> dict:
     record_dataset_facts(cfg, dataset)
     container = OmegaConf.to_container(cfg, resolve=True)
     # refused launches (last.pt without resume, a changed config, a finished run) end here, nothing written
-    resume_from = check_launch(run_dir, tcfg.resume, tcfg.auto_resume, container)
+    resume_from = check_launch(run_dir, tcfg.resume, tcfg.auto_resume, container, content_lookup(dataset))
     begin_run(resumed=resume_from is not None)
     with dist.main_first():  # torchrun: rank 0 writes split.json and the cache, the others then read them
         splits = resolve_split(dataset, cfg.dataset, run_dir)
         check_run_inputs(cfg, dataset, splits)  # every case's headers, posthoc vs. the split: before any work
         dataset.prepare(splits["all"])  # preprocess and cache once (no-op when preprocessing is off)
     log.info("dataset %s: %s", dataset.name, {k: len(v) for k, v in splits.refs.items()})
+    content = split_fingerprints(dataset, {name: splits[name] for name in SPLITS})  # cached: a stat per file
+    shared = warn_shared_content(content, f"dataset {dataset.name}")
     train_cases = load_cases(dataset, splits["train"])
     capped = tcfg.val_max_cases and not tcfg.full_val_every  # then the other validation cases are never used
     val_cases = load_cases(dataset, splits["val"][: tcfg.val_max_cases] if capped else splits["val"])
@@ -88,10 +94,12 @@ def train(cfg: DictConfig) -> dict:
         tcfg, run_dir, model, loss_fn, optimizer, scheduler, loader, sampler, predictor, val_cases, dataset.restore,
         dataset.num_classes, dataset.class_names, protocol, tb, container, lcfg.images, dist,
     )
-    # what every checkpoint records of its data: the split's case ids and the dataset's identity
+    # what every checkpoint records of its data: the split's case ids, their content and the dataset's identity
     split_ids = split_case_ids(splits.refs)
-    trained_on = dataset_identity(dataset, [c for ids in split_ids.values() for c in ids])
-    trainer.provenance = {"split": split_ids, "dataset": trained_on}
+    trained_on = dataset_identity(dataset, [c for ids in split_ids.values() for c in ids], content)
+    unseen = classes_unseen_in_training(loader.dataset.fg_points, dataset.class_names, dataset.multilabel)
+    trainer.provenance = {"split": split_ids, "dataset": trained_on, "content": content,
+                          "classes_unseen_in_training": unseen}
     device_info = describe_device(device, tcfg.precision, trainer.channels_last, tcfg.compile)
     log.info("device: %s", ", ".join(f"{k} {v}" for k, v in device_info.items()))
     if resume_from is not None:
@@ -114,6 +122,7 @@ def train(cfg: DictConfig) -> dict:
         provenance = {"checkpoint": {**best, "selected": True}, "run_dir": str(run_dir),
                       "split": {"name": "test", "source": "training", "cases": split_ids["test"]},
                       "dataset": trained_on, "trained_on": trained_on, "overrides": overrides,
+                      "classes_unseen_in_training": unseen, "seen_in_training": {"train": shared["test"]} if "test" in shared else {},
                       "output_dir": str(run_dir / "eval" / "test"),
                       "environment": environment_record(device, tcfg.deterministic, reductions_before)}
         summary = evaluate_split(
@@ -139,7 +148,10 @@ def train(cfg: DictConfig) -> dict:
     result["device"] = device_info
     result["environment"] = environment_record(device, tcfg.deterministic, reductions_before)
     # what mcseg-report reads: the configuration of this run and its validation (selection) metrics
-    write_json(run_dir / "result.json", {**result, "run": run_identity(cfg)})
+    # the run's identity: its overrides (labels), what it ran (the resolved config) and the content of its data
+    identity = {**run_identity(cfg), "configuration_sha256": configuration_sha256(container),
+                "dataset_content": trained_on.get("content_sha256")}
+    write_json(run_dir / "result.json", {**result, "run": identity})
     return result
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from mcseg.data.augment import augment_config
+from mcseg.data.fingerprint import DigestCache, files_fingerprint
 from mcseg.data.cache import CaseCache
 from mcseg.data.cases import CaseData, CaseRef, load_case, to_regions
 from mcseg.data.normalize import check_normalization, normalize_image
@@ -144,6 +145,10 @@ class SegmentationDataset(ABC):
 
     def source_files(self, ref: CaseRef) -> list[Path | None]:
         return [*ref.image_paths, ref.label_path]
+
+    def content_fingerprint(self, ref: CaseRef, cache: DigestCache) -> str:
+        """The case's identity by content (:mod:`mcseg.data.fingerprint`): its source files' bytes."""
+        return files_fingerprint(self.source_files(ref), cache)
 
     # ------------------------------------------------------------------ reading
     def read(self, ref: CaseRef) -> CaseData:

@@ -16,6 +16,7 @@ from scipy.ndimage import gaussian_filter
 
 from mcseg.data.base import SegmentationDataset
 from mcseg.data.cases import CaseData, CaseRef
+from mcseg.data.fingerprint import combine
 from mcseg.data.normalize import normalize_image
 
 CLASS_NAMES = ("background", "crescent", "ring", "pool")
@@ -97,6 +98,12 @@ class SyntheticDataset(SegmentationDataset):
 
     def case_refs(self) -> list[CaseRef]:
         return [CaseRef(f"{self.name}_{i:03d}", (), None) for i in range(self.n_cases)]
+
+    def content_fingerprint(self, ref: CaseRef, cache=None) -> str:
+        """A phantom is what generates it: shape, seed, index and noise (not the case's name)."""
+        index = int(ref.case_id.rsplit("_", 1)[1])
+        return combine(["phantom", *map(str, self.shape), str(self.seed), str(index), repr(float(self.noise)),
+                        *map(repr, self.spacing)])
 
     def load(self, ref: CaseRef) -> CaseData:
         index = int(ref.case_id.rsplit("_", 1)[1])

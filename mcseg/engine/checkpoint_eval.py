@@ -30,6 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 from mcseg.calibration import CALIBRATION_FILE, SCALER_TYPES, PosthocConfig, Scaler, fit_posthoc, load_calibration, scalers_to_apply
 from mcseg.config import typed
 from mcseg.data.base import SegmentationDataset
+from mcseg.data.fingerprint import case_fingerprints, seen_in
 from mcseg.data.split import SPLITS
 from mcseg.engine.build import build_predictor, restore_model
 from mcseg.engine.checkpoint import load_checkpoint
@@ -37,6 +38,7 @@ from mcseg.engine.data import Splits, build_dataset, record_dataset_facts, resol
 from mcseg.engine.evaluation import PROVENANCE_FILE, evaluate_split, format_summary
 from mcseg.engine.evaluator import EvalProtocol
 from mcseg.engine.inference import InferenceConfig
+from mcseg.engine.relaunch import resume_mismatch
 from mcseg.engine.provenance import checkpoint_identity, dataset_identity, file_sha256
 from mcseg.data.validate import validate_cases
 from mcseg.errors import ConfigError
@@ -101,11 +103,56 @@ def checkpoint_split(ckpt: Path, state: dict, has_eval_dir: bool) -> tuple[dict 
     if on_disk is None:
         return stored, None, "checkpoint"
     if _same_split(stored, on_disk):
-        return stored, candidate, "checkpoint"
+        foreign = other_runs_config(ckpt, state, candidate)
+        if foreign is None:
+            return stored, candidate, "checkpoint"
+        if not has_eval_dir:
+            raise ValueError(f"{ckpt}: its configuration is not its run's ({foreign}): the checkpoint was not trained "
+                             f"in {candidate}; pass eval_dir=<folder> to evaluate it elsewhere")
+        return stored, None, "checkpoint"
     if not has_eval_dir:
         raise ValueError(f"{ckpt}: its split (stored at training) is not {split_file}: the checkpoint was not "
                          f"trained in {candidate}; pass eval_dir=<folder> to evaluate it on its own split elsewhere")
     return stored, None, "checkpoint"
+
+
+def scored_content(ckpt: Path, state: dict, dataset: SegmentationDataset, refs: list, own_split: str | None
+                   ) -> tuple[dict[str, dict[str, str]], list[str]]:
+    """Which scored cases are, by content, cases the checkpoint was trained or validated on
+    (``{part: {scored case: the checkpoint's case}}``; on its own split the part scored itself is not
+    counted), and which cases of its own split now hold other content than it recorded; both warned of
+    loudly. A checkpoint that recorded no content (older versions) is not checked."""
+    recorded = state.get("content")
+    if not recorded:
+        return {}, []
+    scored = case_fingerprints(dataset, refs)
+    seen = {part: hits for part, hits in seen_in(recorded, scored).items() if own_split not in (part, "all")}
+    for part, hits in seen.items():
+        pairs = ", ".join(f"{case} = {theirs}" for case, theirs in list(hits.items())[:5])
+        log.warning("WARNING: %d of the %d scored cases are, by content, cases of %s's %s split (%s%s): their "
+                    "figures are not of unseen data (recorded in provenance.seen_in_training)", len(hits), len(refs),
+                    ckpt, part, pairs, " ..." if len(hits) > 5 else "")
+    changed = []
+    own = {c: fp for part in recorded.values() for c, fp in part.items()} if own_split == "all" \
+        else recorded.get(own_split) if own_split else None
+    if own:
+        changed = sorted(c for c, fp in scored.items() if own.get(c) not in (None, fp))
+        if changed:
+            log.warning("WARNING: %d scored case(s) differ in content from the %s cases %s recorded at training "
+                        "(%s): dataset.root holds other data under the same names", len(changed), own_split, ckpt,
+                        ", ".join(changed[:5]))
+    return seen, changed
+
+
+def other_runs_config(ckpt: Path, state: dict, run_dir: Path) -> str | None:
+    """Where a checkpoint's model, loss, optimiser, seed or data settings differ from those of the run whose
+    ``checkpoints/`` it sits in (that run's best.pt, else last.pt), or None: a checkpoint copied there from
+    another run with the same split is told apart by what it ran. The run's own best.pt is not compared."""
+    own = [run_dir / "checkpoints" / name for name in (SELECTED, "last.pt")]
+    reference = next((p for p in own if p.is_file() and p.resolve() != ckpt.resolve()), None)
+    if reference is None or ckpt.resolve() == own[0].resolve():
+        return None
+    return resume_mismatch(load_checkpoint(reference)["config"], state["config"])
 
 
 def check_compatible(ckpt: Path, run_cfg: DictConfig, dataset: SegmentationDataset) -> None:
@@ -292,6 +339,7 @@ def _evaluate_state(cfg: DictConfig, ckpt: Path, state: dict, overrides: list[st
         split_source = str(out_dir / "split.json")
     refs = splits[cfg.split]
     validate_cases(dataset, refs, "scoring")  # the same header checks as training and mcseg-data check
+    seen, changed = scored_content(ckpt, state, dataset, refs, None if other else str(cfg.split))
     provenance = {
         "checkpoint": checkpoint, "run_dir": str(run_dir) if run_dir is not None else None,
         "split": {"name": str(cfg.split), "source": split_source, "cases": [r.case_id for r in refs]},
@@ -301,6 +349,8 @@ def _evaluate_state(cfg: DictConfig, ckpt: Path, state: dict, overrides: list[st
                      "patch_size": list(predictor.roi_size or [])},
         "overrides": overrides, "output_dir": str(out_dir), "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "environment": environment_record(device, deterministic),
+        "seen_in_training": seen, "content_changed": changed,
+        "classes_unseen_in_training": list(state.get("classes_unseen_in_training") or []),
     }
     fit_provenance = {"dataset": provenance["trained_on"], "overrides": overrides}
     scalers = posthoc_scalers(cfg, run_cfg, split, None if other else dataset, run_dir or out_dir, predictor,

@@ -92,10 +92,13 @@ def format_summary(summary: dict, class_names: list[str], title: str) -> str:
              f"{protocol.get('n_bins')} bins, HD{protocol.get('hd_percentile', 95):g} in mm =="]
     lines.append(f"{'class':<16}{'Dice':>10}{'HD95 mm':>12}")
     per_class = summary.get("per_class", {})
+    provenance = summary.get("provenance") or {}
+    unseen = set(provenance.get("classes_unseen_in_training") or [])
     for name in class_names[1:] if not summary.get("multilabel") else class_names:
         entry = per_class.get(name, {})
         lines.append(f"{name:<16}{_fmt(entry.get('dice', {}).get('mean')):>10}"
-                     f"{_fmt(entry.get('hd95_mm', {}).get('mean'), 2):>12}")
+                     f"{_fmt(entry.get('hd95_mm', {}).get('mean'), 2):>12}"
+                     + ("   (no voxel of it in the training split)" if name in unseen else ""))
     lines.append(f"{'foreground mean':<16}{_fmt(summary.get('mean_foreground_dice')):>10}"
                  f"{_fmt(summary.get('mean_foreground_hd95_mm'), 2):>12}")
     pooled = summary.get("pooled", {})
@@ -103,6 +106,9 @@ def format_summary(summary: dict, class_names: list[str], title: str) -> str:
                  f"   (means of per-case values)")
     lines.append(f"ECE {_fmt(pooled.get('ece'))}   classwise ECE {_fmt(pooled.get('classwise_ece'))}"
                  f"   (pooled over all voxels of the split)")
+    for part, hits in (provenance.get("seen_in_training") or {}).items():
+        lines.append(f"WARNING: {plural(len(hits), 'scored case')} of this split have the content of the checkpoint's "
+                     f"{part} cases ({', '.join(list(hits)[:3])}{' ...' if len(hits) > 3 else ''})")
     for name, after in summary.get("posthoc", {}).items():
         shown = after.get("description") or name
         lines.append(f"post-hoc {shown}: Dice {_fmt(after.get('mean_foreground_dice'))}   "

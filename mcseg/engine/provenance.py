@@ -8,9 +8,13 @@ beside ``per_case.csv``.
 from __future__ import annotations
 
 import hashlib
+import logging
 from pathlib import Path
 
 from mcseg.data.base import SegmentationDataset
+from mcseg.data.fingerprint import seen_in, split_content_sha256, split_fingerprints
+
+log = logging.getLogger(__name__)
 
 CHUNK = 1 << 20  # hash files in 1 MiB reads: a checkpoint never has to fit in memory twice
 
@@ -34,16 +38,21 @@ def split_case_ids(refs: dict) -> dict[str, list[str]]:
     return {name: [r.case_id for r in part] for name, part in refs.items()}
 
 
-def dataset_identity(dataset: SegmentationDataset, case_ids: list[str]) -> dict:
-    """Name, root, classes, channels and a fingerprint of the case ids of a dataset."""
+def dataset_identity(dataset: SegmentationDataset, case_ids: list[str], content: dict | None = None) -> dict:
+    """Name, root, classes, channels, a hash of the case ids (``cases_sha256``: names only) and, given the
+    split's content fingerprints (:func:`mcseg.data.fingerprint.split_fingerprints`), ``content_sha256``:
+    which content is in which part of the split, the identity reports tell datasets apart by."""
     ids = sorted(case_ids)
     root = getattr(dataset, "root", None)
-    return {
+    identity = {
         "name": dataset.name, "root": str(root) if root is not None else None,
         "n_cases": len(ids), "cases_sha256": hashlib.sha256("\n".join(ids).encode()).hexdigest(),
         "num_classes": dataset.num_classes, "class_names": list(dataset.class_names),
         "in_channels": dataset.in_channels, "multilabel": bool(dataset.multilabel),
     }
+    if content is not None:
+        identity["content_sha256"] = split_content_sha256(content)
+    return identity
 
 
 def hydra_overrides() -> list[str]:
@@ -51,3 +60,66 @@ def hydra_overrides() -> list[str]:
     from hydra.core.hydra_config import HydraConfig
 
     return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+
+
+def content_lookup(dataset: SegmentationDataset):
+    """``content_of(ids by split) -> fingerprints by split`` over ``dataset`` (cases it lacks left out), for
+    :func:`mcseg.engine.relaunch.check_launch`."""
+
+    def content_of(ids_by_split: dict[str, list[str]]) -> dict[str, dict[str, str]]:
+        by_id = {r.case_id: r for r in dataset.case_refs()}
+        return split_fingerprints(dataset, {name: [by_id[c] for c in ids if c in by_id]
+                                            for name, ids in ids_by_split.items()})
+
+    return content_of
+
+
+def warn_shared_content(content: dict[str, dict[str, str]], where: str) -> dict[str, dict[str, str]]:
+    """Validation or test cases with the content of a training case (a scan copied under two names):
+    warned of, and returned as ``{part: {case: training case}}``."""
+    shared = {part: hits for part in ("val", "test")
+              for hits in [seen_in(content, content.get(part, {}), ("train",)).get("train", {})] if hits}
+    for part, hits in shared.items():
+        pairs = ", ".join(f"{case} = {train}" for case, train in list(hits.items())[:5])
+        log.warning("%s: %d %s case(s) have the content of a training case (%s%s): their figures are not of "
+                    "unseen data", where, len(hits), part, pairs, " ..." if len(hits) > 5 else "")
+    return shared
+
+
+def classes_unseen_in_training(foreground_points: list[dict], class_names: list[str], multilabel: bool) -> list[str]:
+    """Foreground classes (regions) with no voxel in the training split, from the sampler's per-case
+    foreground points (:class:`mcseg.data.sampling.PatchDataset`); warned of by name."""
+    seen = {k for points in foreground_points for k, v in points.items() if len(v)}
+    names = list(class_names)
+    indices = range(1, len(names) + 1) if multilabel else range(1, len(names))
+    unseen = [names[k - 1] if multilabel else names[k] for k in indices if k not in seen]
+    for name in unseen:
+        log.warning("class %r has no voxel in the training split (%d cases): the model never saw it, and its "
+                    "figures are marked in summary.json (provenance.classes_unseen_in_training)", name,
+                    len(foreground_points))
+    return unseen
+
+
+# Resolved-config keys that do not change what a run computes: where files go, logging, workers and caches,
+# resuming, the seed (runs of one configuration differ in it), the data's location (the data are told apart
+# by their content: dataset_identity's content_sha256) and the device (recorded in the environment record).
+RESULT_NEUTRAL = (
+    "seed", "paths", "hydra", "logger", "task_name", "tags", "trainer.device", "trainer.resume", "trainer.auto_resume",
+    "trainer.progress_bar", "trainer.log_every_n_steps", "trainer.checkpoint_every_n_steps", "dataset.root",
+    "dataset.split.file", "dataset.sampling.num_workers", "dataset.preprocess.cache", "dataset.preprocess.cache_dir",
+    "dataset.preprocess.workers", "inference.save_predictions", "inference.save_probabilities",
+)
+
+
+def configuration_sha256(config: dict) -> str:
+    """A hash of what a run ran: its resolved config without :data:`RESULT_NEUTRAL`, so that a sweep that
+    spells out a default (``optim.lr=0.001``) and one that does not are one configuration."""
+    import json
+
+    def strip(node, prefix: str):
+        if not isinstance(node, dict):
+            return node
+        return {k: strip(v, f"{prefix}{k}.") for k, v in sorted(node.items())
+                if f"{prefix}{k}" not in RESULT_NEUTRAL}
+
+    return hashlib.sha256(json.dumps(strip(config, ""), sort_keys=True, default=str).encode()).hexdigest()[:16]

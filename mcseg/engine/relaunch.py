@@ -4,12 +4,16 @@
 * resuming: what the model sees and how it is trained must be the checkpoint's own
   (:data:`RESUME_MUST_MATCH`, compared after :func:`~mcseg.engine.data.record_dataset_facts`, so the
   class names and channels found in the data are compared too);
-* a finished run (``result.json``) is not trained or evaluated again: ``evaluate.py`` re-evaluates it.
+* a finished run (``result.json``) is not trained or evaluated again: ``evaluate.py`` re-evaluates it;
+* resuming: every case of the run's split must hold the content the checkpoint recorded
+  (:mod:`mcseg.data.fingerprint`); data moved to another ``dataset.root`` are accepted when they do.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
+from mcseg.data.fingerprint import content_differences
 from mcseg.engine.checkpoint import load_checkpoint
 from mcseg.rundir import LaunchRefused
 
@@ -59,8 +63,13 @@ def resume_mismatch(saved: dict, now: dict) -> str | None:
     return None
 
 
-def check_launch(run_dir: Path, resume: bool, auto_resume: bool, config: dict) -> Path | None:
-    """The checkpoint to resume from (None: a fresh start); :class:`LaunchRefused` if the launch may not run."""
+def check_launch(run_dir: Path, resume: bool, auto_resume: bool, config: dict,
+                 content_of: Callable[[dict], dict] | None = None) -> Path | None:
+    """The checkpoint to resume from (None: a fresh start); :class:`LaunchRefused` if the launch may not run.
+
+    ``content_of(case ids by split)``: the fingerprints of those cases in the data now (a case not found
+    left out), compared with the checkpoint's record.
+    """
     last = Path(run_dir) / "checkpoints" / "last.pt"
     if not last.is_file():
         if resume:
@@ -68,10 +77,19 @@ def check_launch(run_dir: Path, resume: bool, auto_resume: bool, config: dict) -
         return None
     if not (resume or auto_resume):
         raise LaunchRefused(f"{last} exists: pass trainer.resume=true to continue this run, or use a new run directory")
-    mismatch = resume_mismatch(load_checkpoint(last)["config"], config)
+    state = load_checkpoint(last)
+    mismatch = resume_mismatch(state["config"], config)
     if mismatch:
         raise LaunchRefused(f"{last}: cannot resume with {mismatch}; resume with the run's own config "
                             "or start a new run directory")
+    recorded = state.get("content")
+    if recorded and content_of is not None:
+        changed = content_differences(recorded, content_of({name: list(cases) for name, cases in recorded.items()}))
+        if changed:
+            more = f" and {len(changed) - 5} more" if len(changed) > 5 else ""
+            raise LaunchRefused(f"{last}: {len(changed)} case(s) of the run's split differ in content from the data "
+                                f"it was trained on: {', '.join(changed[:5])}{more} (missing, or other files under "
+                                f"the same name); resume on the run's own data (a moved copy of it is accepted)")
     if (Path(run_dir) / "result.json").is_file():
         raise LaunchRefused(f"{run_dir} is a finished run (result.json): re-evaluate it with "
                             f"`python evaluate.py ckpt={run_dir}/checkpoints/best.pt`, or train in a new run directory")

@@ -15,8 +15,8 @@ from pathlib import Path
 from mcseg.data.io import atomic_write
 from mcseg.report.collect import RunRecord, collect_runs, read_run
 from mcseg.report.figures import margin_heatmap, reliability_overlay
-from mcseg.report.render import ENVIRONMENT_MARK, latex, markdown, write_csv
-from mcseg.report.table import build_rows, common_overrides, mark_environments
+from mcseg.report.render import ENVIRONMENT_MARK, SEEN_MARK, latex, markdown, write_csv
+from mcseg.report.table import build_rows, common_overrides, mark_environments, mark_seen_in_training
 
 log = logging.getLogger("mcseg.report")
 
@@ -116,14 +116,17 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_eval:
         runs = evaluate_missing(runs, args.split, ["temperature"], args.device)
     rows = build_rows(runs, args.select, args.select_mode, args.baseline, args.bootstrap)
-    differences = mark_environments(rows)
+    differences, seen = mark_environments(rows), mark_seen_in_training(rows)
     for warning in differences:
         log.warning("warning: %s (rows marked%s)", warning, ENVIRONMENT_MARK)
+    for warning in seen:
+        log.warning("warning: %s (rows marked%s)", warning, SEEN_MARK)
     out = args.out or args.dirs[0] / "report"
     out.mkdir(parents=True, exist_ok=True)
     title = args.title or f"mcseg report: {len(rows)} configurations"
     notes = [f"**Warning{ENVIRONMENT_MARK}**: {w}; rows with a run unlike the most common are marked{ENVIRONMENT_MARK}."
              for w in differences]
+    notes += [f"**Warning{SEEN_MARK}**: {w}: not figures of unseen data (rows marked{SEEN_MARK})." for w in seen]
     text = markdown(rows, title, protocol_lines(runs, args) + notes) + "\n".join(failure_lines(runs))
     atomic_write(out / "report.md", lambda tmp: tmp.write_text(text))
     write_csv(rows, out / "report.csv")

@@ -39,6 +39,14 @@ class RunRecord:
     error: str | None = None
     dataset: str = "?"
     duplicate_of: Path | None = None  # same dataset, configuration and seed as that run (set by the table)
+    # What the run ran and on which data: the hash of its resolved config and of its split's content
+    # (mcseg.engine.provenance); runs of versions that recorded neither fall back to overrides and name.
+    configuration_key: str = ""
+    dataset_key: str = ""
+
+    def __post_init__(self) -> None:
+        self.configuration_key = self.configuration_key or self.configuration
+        self.dataset_key = self.dataset_key or self.dataset
 
     @property
     def evaluated(self) -> bool:
@@ -111,7 +119,9 @@ def read_run(run_dir: Path, split: str = "test") -> RunRecord | None:
     state = state_of(run_dir, status.get("status") or ("completed" if result else "unknown"))
     record = RunRecord(run_dir, identity["configuration"], identity["loss_name"], identity.get("loss") or {},
                        int(identity.get("seed", 0)), state, {k: v for k, v in (result or {}).items() if k != "run"},
-                       error=status.get("error"), dataset=str(identity.get("dataset")))
+                       error=status.get("error"), dataset=str(identity.get("dataset")),
+                       configuration_key=identity.get("configuration_sha256") or "",
+                       dataset_key=identity.get("dataset_content") or "")
     eval_dir = run_dir / "eval" / split
     summary = _read_json(eval_dir / "summary.json")
     if summary is not None and not summary.get("provenance", {}).get("checkpoint", {}).get("selected", True):

@@ -15,6 +15,7 @@ HEADERS = {
 }
 DIGITS = {"hd95_mm": 2}
 ENVIRONMENT_MARK = " †"  # a run of the row was made by other code, libraries or device type (report's warnings)
+SEEN_MARK = " ‡"  # a run of the row scored cases it was trained or validated on (by content)
 
 
 def _num(value: float | None, digits: int = 3) -> str:
@@ -56,6 +57,7 @@ def markdown(rows: list[ConfigRow], title: str, protocol_lines: list[str]) -> st
                 continue
             mark = " (baseline)" if row.baseline else (" *" if row.selected and not selected_only else "")
             mark += ENVIRONMENT_MARK if row.environment_differs else ""
+            mark += SEEN_MARK if row.seen_in_training else ""
             dataset = f"| {row.dataset} " if first[0] else ""
             out.append(f"{dataset}| {row.loss_name}{mark} | {row.hyperparameters} | {len(row.seeds)} | "
                        f"{_num(row.selection_value, 4)} | {_num(row.temperature, 2)} | "
@@ -92,7 +94,7 @@ def posthoc_table(rows: list[ConfigRow]) -> list[str]:
 
 def write_csv(rows: list[ConfigRow], path: Path) -> None:
     columns = ["dataset", "loss", "hyperparameters", "configuration", "seeds", "selection_value", "selected", "baseline",
-               "temperature", "environment_differs"]
+               "temperature", "environment_differs", "scores_seen_cases"]
     for name, *_ in METRICS:
         columns += [f"{name}_mean", f"{name}_std", f"{name}_ci95_lo", f"{name}_ci95_hi", f"{name}_n_cases",
                     f"{name}_p_vs_baseline"]
@@ -103,7 +105,8 @@ def write_csv(rows: list[ConfigRow], path: Path) -> None:
         record = {"dataset": row.dataset, "loss": row.loss_name, "hyperparameters": row.hyperparameters, "configuration": row.configuration,
                   "seeds": " ".join(map(str, row.seeds)), "selection_value": row.selection_value,
                   "selected": row.selected, "baseline": row.baseline, "temperature": row.temperature,
-                  "environment_differs": " ".join(row.environment_differs)}
+                  "environment_differs": " ".join(row.environment_differs),
+                  "scores_seen_cases": bool(row.seen_in_training)}
         for name, *_ in METRICS:
             cell = row.cells.get(name)
             if cell is not None:

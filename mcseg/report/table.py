@@ -67,6 +67,7 @@ class ConfigRow:
     posthoc: dict[str, dict[str, MetricCell | None]] = field(default_factory=dict)  # scaler -> column -> cell
     posthoc_labels: dict[str, str] = field(default_factory=dict)  # scaler -> how it was fitted
     environment_differs: list[str] = field(default_factory=list)  # e.g. ["code"]: some run differs from the most common
+    seen_in_training: list[str] = field(default_factory=list)  # runs whose scored cases include trained-on content
 
 
 def _mean_std(values: list[float | None]) -> tuple[float, float]:
@@ -116,6 +117,23 @@ def _hyperparameters(configuration: str, loss_name: str, common: set[str]) -> st
     return " ".join(parts) or "defaults"
 
 
+def _configuration_label(members: list[RunRecord]) -> str:
+    """The overrides that name a configuration; runs that spelled the same one differently (a default
+    written out) show the shortest spelling."""
+    return min((r.configuration for r in members), key=lambda c: (len(c.split()), c))
+
+
+def label_datasets(runs: list[RunRecord]) -> None:
+    """Datasets are told apart by content: where one name (``msd``) covers data of different content
+    (two roots), each is labelled with the start of its content hash, so rows never mix them."""
+    keys: dict[str, set[str]] = {}
+    for run in runs:
+        keys.setdefault(run.dataset, set()).add(run.dataset_key)
+    for run in runs:
+        if len(keys[run.dataset]) > 1 and run.dataset_key != run.dataset:
+            run.dataset = f"{run.dataset} [{run.dataset_key[:8]}]"
+
+
 def _natural(text: str) -> list:
     """Sort key in which numbers compare as numbers: margin=3 < margin=5 < margin=10."""
     return [float(part) if i % 2 else part for i, part in enumerate(re.split(r"(\d+(?:\.\d+)?)", text))]
@@ -126,18 +144,22 @@ def build_rows(runs: list[RunRecord], select: str = "score", select_mode: str = 
     """Group evaluated runs into configurations, fill the metric cells, select and test."""
     if select_mode not in ("max", "min"):
         raise ValueError(f"select_mode={select_mode!r}: expected max or min")
+    evaluated = [r for r in runs if r.evaluated]
+    label_datasets(evaluated)
     groups: dict[tuple[str, str], list[RunRecord]] = {}
     seen: dict[tuple[str, str, int], RunRecord] = {}
-    for run in sorted((r for r in runs if r.evaluated), key=lambda r: str(r.path)):
-        first = seen.setdefault((run.dataset, run.configuration, run.seed), run)
+    for run in sorted(evaluated, key=lambda r: str(r.path)):
+        first = seen.setdefault((run.dataset_key, run.configuration_key, run.seed), run)
         if first is not run:
             run.duplicate_of = first.path
             continue
-        groups.setdefault((run.dataset, run.configuration), []).append(run)
+        groups.setdefault((run.dataset_key, run.configuration_key), []).append(run)
     rows = []
-    common = set(common_overrides([configuration for _, configuration in groups]))
-    for (dataset, configuration), members in groups.items():
+    spelled = {group: _configuration_label(members) for group, members in groups.items()}
+    common = set(common_overrides(list(spelled.values())))
+    for group, members in groups.items():
         members = sorted(members, key=lambda r: r.seed)
+        configuration, dataset = spelled[group], members[0].dataset
         selection = _mean_std([r.result.get(select) for r in members])[0]
         row = ConfigRow(dataset, members[0].loss_name, configuration,
                         _hyperparameters(configuration, members[0].loss_name, common),
@@ -163,6 +185,7 @@ def build_rows(runs: list[RunRecord], select: str = "score", select_mode: str = 
     rows.sort(key=lambda r: (r.dataset, order.get(r.loss_name, 0), _natural(r.configuration)))
 
     mark_environments(rows)
+    mark_seen_in_training(rows)
     sign = 1 if select_mode == "max" else -1
     for dataset, loss in {(r.dataset, r.loss_name) for r in rows}:
         candidates = [r for r in rows if (r.dataset, r.loss_name) == (dataset, loss) and r.selection_value is not None]
@@ -180,6 +203,21 @@ def mark_environments(rows: list[ConfigRow]) -> list[str]:
     warnings, marks = environment_differences(runs)
     for row in rows:
         row.environment_differs = sorted({m for run in row.runs for m in marks[str(run.path)]})
+    return warnings
+
+
+def mark_seen_in_training(rows: list[ConfigRow]) -> list[str]:
+    """Mark each row with a run whose evaluation scored cases that are, by content, cases the model was
+    trained or validated on (``provenance.seen_in_training``); return one warning per such run."""
+    warnings = []
+    for row in rows:
+        row.seen_in_training = []
+        for run in row.runs:
+            seen = (run.summaries.get("", {}).get("provenance") or {}).get("seen_in_training") or {}
+            if seen:
+                row.seen_in_training.append(str(run.path))
+                warnings.append(f"{run.path}: its scored cases include "
+                                + ", ".join(f"{len(hits)} of its {part} cases" for part, hits in seen.items()))
     return warnings
 
 

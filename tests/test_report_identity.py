@@ -1,4 +1,5 @@
-"""mcseg-report warns, and marks the rows, when the runs it compares were made by other code, libraries or devices."""
+"""mcseg-report compares what runs ran, on which data, by which code: configurations by their resolved config,
+datasets by content, and a warning (with marked rows) where code, libraries or devices differ."""
 from __future__ import annotations
 
 import json
@@ -59,3 +60,48 @@ def test_the_same_environment_gives_no_warning_and_a_dirty_tree_one():
     assert marks == {"a": [], "b": []} and len(warnings) == 1 and "uncommitted changes" in warnings[0]
     warnings, marks = environment_differences({"a": _env(), "b": _env(), "c": _env(git_commit="b" * 40)})
     assert marks["c"] == ["code"] and marks["a"] == [] and "2 runs" in warnings[0] and "1 run)" in warnings[0]
+
+
+def _identified(run, configuration_sha256: str, dataset_content: str, configuration: str | None = None):
+    result = json.loads((run / "result.json").read_text())
+    result["run"].update(configuration_sha256=configuration_sha256, dataset_content=dataset_content)
+    if configuration:
+        result["run"]["configuration"] = configuration
+    (run / "result.json").write_text(json.dumps(result))
+
+
+def test_a_default_spelt_out_is_one_configuration_and_two_roots_of_one_preset_two_datasets(tmp_path):
+    """#22.2: `optim.lr=0.001` (the default) made a second configuration, hid the duplicate seed and tested two
+    identical runs against each other; a 4-case and a 10-case root of `dataset=msd` were one dataset."""
+    for name, loss, seed, config, content, label in [
+            ("ce_s0", "ce", 0, "c_ce", "big", None), ("ce_s1", "ce", 1, "c_ce", "big", None),
+            ("ce_lr_s1", "ce", 1, "c_ce", "big", "loss=ce optim.lr=0.001"),  # the same run, a default spelt out
+            ("focal_s0", "focal", 0, "c_focal", "big", None),
+            ("ce_small_s0", "ce", 0, "c_ce", "small", None)]:  # the preset on another root
+        _fake_run(tmp_path / name, "msd", loss, seed, 0.8, score=0.5)
+        _identified(tmp_path / name, config, content, label)
+    runs = collect_runs([tmp_path])
+    rows = build_rows(runs, baseline="ce", n_boot=10)
+    assert [r.path.name for r in runs if r.duplicate_of] == ["ce_s1"] or \
+        [r.path.name for r in runs if r.duplicate_of] == ["ce_lr_s1"]
+    by = {(r.dataset, r.loss_name): r for r in rows}
+    assert set(by) == {("msd [big]", "ce"), ("msd [big]", "focal"), ("msd [small]", "ce")}
+    assert by["msd [big]", "ce"].seeds == [0, 1] and by["msd [big]", "ce"].configuration == "loss=ce"
+    assert by["msd [big]", "ce"].baseline and by["msd [small]", "ce"].baseline  # each dataset its own baseline
+
+
+def test_the_configuration_hash_ignores_paths_loggers_workers_and_spelt_out_defaults(make_cfg, tmp_path):
+    from omegaconf import OmegaConf
+
+    from mcseg.engine.provenance import configuration_sha256
+
+    def sha(*overrides):
+        cfg = make_cfg(list(overrides), output_dir=tmp_path / "x")
+        return configuration_sha256(OmegaConf.to_container(cfg, resolve=True))
+
+    base = sha()
+    lr = OmegaConf.to_container(make_cfg([]).optim)["lr"]
+    assert sha(f"optim.lr={lr}") == base
+    assert sha("logger=none", "dataset.sampling.num_workers=3", "trainer.progress_bar=false", "seed=7",
+               "+dataset.root=/elsewhere") == base
+    assert sha(f"optim.lr={lr * 2}") != base and sha("loss=focal") != base
