@@ -188,6 +188,7 @@ class AdaptiveThreads:
         self.backoff_s, self.min_backoff_s, self.max_backoff_s = backoff_s, backoff_s, max_backoff_s
         self.reduced_until: float | None = None
         self.reductions = 0
+        self.contention_warned = False
         if self.enabled:
             self._start()
 
@@ -199,6 +200,7 @@ class AdaptiveThreads:
             return
         if torch.are_deterministic_algorithms_enabled():  # reproducible numerics before speed (class docstring)
             self.restore()
+            self._warn_once_if_contended()
             return
         now = self.clock()
         elapsed = now - self.t0
@@ -225,6 +227,23 @@ class AdaptiveThreads:
         else:
             self.backoff_s = self.min_backoff_s
         self._start()
+
+    def _warn_once_if_contended(self) -> None:
+        """A deterministic run on shared cores keeps its threads and can run many times slower (measured:
+        10-25x beside three busy processes on 2 cores, docs/reliability.md): said once, with the remedy."""
+        now = self.clock()
+        elapsed = now - self.t0
+        if self.contention_warned or elapsed < self.interval_s:
+            return
+        waited = self._waited()
+        self._start()
+        if waited > self.busy * elapsed:
+            self.contention_warned = True
+            log.warning("the CPU is shared: this process's %d torch threads waited %.0f%% of the wall time for a "
+                        "core; a deterministic run keeps its thread count (it orders float reductions) and can run "
+                        "many times slower under load. For bitwise results on a shared machine start it with "
+                        "OMP_NUM_THREADS=1 (docs/reliability.md, 'Same inputs, same numbers')",
+                        self.threads, 100 * waited / elapsed)
 
     def _waited(self) -> float:
         """Seconds the process's threads waited in the run queue since :meth:`_start`."""

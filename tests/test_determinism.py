@@ -73,6 +73,7 @@ def test_a_deterministic_run_on_a_busy_machine_keeps_its_threads_and_its_numbers
         threads_after = torch.get_num_threads()
     assert _differences(quiet_run, busy) == []
     assert governor.reductions == 0 and threads_after == 2, "a deterministic run changed torch's thread count"
+    assert governor.contention_warned  # and the user was told why it runs slowly, and what to do
 
 
 def test_without_determinism_a_busy_machine_still_sheds_threads(make_cfg, tmp_path, monkeypatch):
