@@ -232,7 +232,7 @@ def test_an_interrupted_sweep_continues_when_run_again(tmp_path):
     assert f"({finished.name}) already completed: skipped" in again.stdout + again.stderr
     assert snapshot(finished) == untouched
     resumes = yaml.safe_load((stopped / ".hydra" / "resumes.yaml").read_text())
-    assert len(resumes) == 1 and "trainer.auto_resume=true" in resumes[0]["overrides"]
+    assert len(resumes) == 1 and "trainer.auto_resume=true" in [o.lower() for o in resumes[0]["overrides"]]
     assert "resumed " in (stopped / "train.log").read_text()
     assert json.loads((stopped / "status.json").read_text())["status"] == "completed"
     assert json.loads((sweep / "sweep_summary.json").read_text())["counts"] == {"completed": 2}

@@ -5,13 +5,15 @@
   (:data:`RESUME_MUST_MATCH`, compared after :func:`~mcseg.engine.data.record_dataset_facts`, so the
   class names and channels found in the data are compared too);
 * a finished run (``result.json``) is not trained or evaluated again: ``evaluate.py`` re-evaluates it.
+  When its ``status.json`` also says ``completed``, the refusal is :class:`RunFinished`, which a
+  sweep run again (:func:`mcseg.sweep.run_job`) takes as "skip this job".
 """
 from __future__ import annotations
 
 from pathlib import Path
 
 from mcseg.engine.checkpoint import load_checkpoint
-from mcseg.rundir import LaunchRefused
+from mcseg.rundir import STATUS_FILE, LaunchRefused
 
 # Config sections that must match between a checkpoint and the run resuming from it.
 RESUME_MUST_MATCH = ("model", "loss", "optim", "scheduler", "seed", "dataset")
@@ -20,6 +22,27 @@ RESUME_MUST_MATCH = ("model", "loss", "optim", "scheduler", "seed", "dataset")
 # resumed run reads its own split.json, whatever split.file says).
 DATASET_MAY_CHANGE = ("root", "split.file", "preprocess.cache", "preprocess.cache_dir", "preprocess.workers",
                       "sampling.num_workers")
+
+
+class RunFinished(LaunchRefused):
+    """A resume of a run that completed (``result.json``, ``status.json`` ``completed``) with the same config.
+
+    A single run refuses it with this message; a sweep run again skips the job and reports ``result``.
+    """
+
+    def __init__(self, message: str, result: Path) -> None:
+        super().__init__(message)
+        self.result = result
+
+
+def completed(run_dir: Path) -> bool:
+    """``status.json`` of ``run_dir`` says ``completed`` (unreadable or absent: not completed)."""
+    import json
+
+    try:
+        return json.loads((Path(run_dir) / STATUS_FILE).read_text()).get("status") == "completed"
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _without(node: dict | None, dotted: tuple[str, ...]) -> dict | None:
@@ -67,12 +90,15 @@ def check_launch(run_dir: Path, resume: bool, auto_resume: bool, config: dict) -
             raise LaunchRefused(f"trainer.resume=true but {last} does not exist")
         return None
     if not (resume or auto_resume):
-        raise LaunchRefused(f"{last} exists: pass trainer.resume=true to continue this run, or use a new run directory")
+        raise LaunchRefused(f"{last} exists: pass trainer.resume=true to continue this run (a sweep: "
+                            "trainer.auto_resume=true, which also skips its completed jobs), or use a new run directory")
     mismatch = resume_mismatch(load_checkpoint(last)["config"], config)
     if mismatch:
         raise LaunchRefused(f"{last}: cannot resume with {mismatch}; resume with the run's own config "
                             "or start a new run directory")
-    if (Path(run_dir) / "result.json").is_file():
-        raise LaunchRefused(f"{run_dir} is a finished run (result.json): re-evaluate it with "
-                            f"`python evaluate.py ckpt={run_dir}/checkpoints/best.pt`, or train in a new run directory")
+    result = Path(run_dir) / "result.json"
+    if result.is_file():
+        message = (f"{run_dir} is a finished run (result.json): re-evaluate it with "
+                   f"`python evaluate.py ckpt={run_dir}/checkpoints/best.pt`, or train in a new run directory")
+        raise RunFinished(message, result) if completed(run_dir) else LaunchRefused(message)
     return last
