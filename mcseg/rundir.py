@@ -26,6 +26,7 @@ from pathlib import Path
 log = logging.getLogger("mcseg")
 
 LOCK_FILE = "run.lock"
+STATUS_FILE = "status.json"  # a job's outcome, written by mcseg.sweep.run_job
 HEARTBEAT_S = 30.0  # the lock file's mtime is refreshed this often while its holder lives
 STALE_S = 600.0  # a lock not refreshed for this long belongs to a dead process (any host)
 EMPTY_LOCK_S = 10.0  # a lock still empty this long after its creation was left by a killed writer

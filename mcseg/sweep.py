@@ -3,14 +3,18 @@
 * :func:`run_job` runs one job (train or evaluate) and records ``status.json`` in its output
   directory. Inside a multirun a failing job is recorded as failed and the sweep goes on (a
   ``sys.exit`` would end every remaining job); a single run still exits with status 1.
-* :class:`SweepSummary` is a Hydra callback: when a multirun ends it collects the jobs'
-  ``status.json`` files into ``sweep_summary.json`` / ``.md`` in the sweep directory and logs
-  the failed jobs.
+* :class:`SweepSummary` is a Hydra callback: when a multirun ends, also when it ends early (SIGTERM,
+  Ctrl-C, an exception), it collects the jobs' ``status.json`` files into ``sweep_summary.json`` /
+  ``.md`` in the sweep directory and logs the failed jobs.
+* The same sweep run again into its directory with ``trainer.auto_resume=true`` continues it: job
+  directory names leave out the resume overrides, so each job finds its directory; a completed job
+  is skipped (a log line names it), an interrupted one resumes from its ``last.pt``.
 * The study sweeper (``hydra/sweeper=study``, in ``hydra_plugins/mcseg_study_sweeper`` where
   Hydra requires plugins to live) runs a union of grids, one per loss.
 """
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import math
@@ -26,11 +30,10 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from mcseg.data.io import atomic_write, write_json
-from mcseg.rundir import state_of
+from mcseg.rundir import STATUS_FILE, state_of
 
 log = logging.getLogger("mcseg")
 
-STATUS_FILE = "status.json"
 SUMMARY_FILE = "sweep_summary.json"
 EXIT_INTERRUPTED = 128  # + the signal's number (143: SIGTERM, 130: SIGINT), what schedulers and shells expect
 # Errors that are the user's input, not a bug: one clear line and a non-zero exit.
@@ -55,7 +58,10 @@ NOT_CONFIGURATION = ("seed", "trainer.device", "trainer.resume", "trainer.auto_r
                      "task_name", "paths.", "hydra.", "hydra/", "logger", "tags")
 
 
-JOB_NAME_EXCLUDE = ("experiment", "hparams_search", "debug", "trainer.device", "hydra.", "hydra/", "paths.")
+# Left out of job directory names. The resume overrides say how to launch a job, not what it is: the
+# same sweep run again with trainer.auto_resume=true must find each job's directory.
+JOB_NAME_EXCLUDE = ("experiment", "hparams_search", "debug", "trainer.device", "trainer.resume=",
+                    "trainer.auto_resume=", "hydra.", "hydra/", "paths.")
 JOB_NAME_MAX = 120
 
 
@@ -115,9 +121,13 @@ def run_job(fn: Callable[[DictConfig], Any], cfg: DictConfig, checks_itself: boo
     it began (directory in use, :class:`~mcseg.rundir.LaunchRefused`) writes nothing, not even
     ``status.json``. Returns ``fn``'s value, or ``None`` for a job that failed inside a multirun (an
     Optuna sweeper then marks the trial failed). ``MCSEG_TRACEBACK=1`` re-raises instead.
+    Inside a multirun, a job that already completed (a sweep run again with ``trainer.auto_resume=true``:
+    :class:`~mcseg.engine.relaunch.RunFinished`) is skipped with a log line naming it, its directory
+    untouched, and returns its recorded ``result.json``.
     """
     from mcseg import rundir
     from mcseg.engine.distributed import env_context
+    from mcseg.engine.relaunch import RunFinished
     from mcseg.errors import TrainingInterrupted
 
     multirun, overrides, num = _hydra_job()
@@ -126,6 +136,10 @@ def run_job(fn: Callable[[DictConfig], Any], cfg: DictConfig, checks_itself: boo
             return fn(cfg)
         except TrainingInterrupted as exc:  # rank 0 reports it; the exit status says why this rank ended
             sys.exit(EXIT_INTERRUPTED + exc.signum)
+        except RunFinished as exc:
+            if not multirun:
+                raise
+            return json.loads(exc.result.read_text())
     out_dir = Path(cfg.paths.output_dir)
     record = {"status": "running", "overrides": overrides, "job_num": num, "pid": os.getpid(),
               "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
@@ -167,14 +181,20 @@ def run_job(fn: Callable[[DictConfig], Any], cfg: DictConfig, checks_itself: boo
         finish("interrupted", str(exc))
         log.warning("%s", exc)
         print(f"interrupted: {exc}", file=sys.stderr)
+        _note_stop(f"job {num} was interrupted by {signal.Signals(exc.signum).name}")
         sys.exit(EXIT_INTERRUPTED + exc.signum)
     except KeyboardInterrupt:  # Ctrl-C outside the training loop, or a second one inside it
         finish("interrupted", "KeyboardInterrupt")
         print("interrupted: Ctrl-C (no checkpoint written since the last one)", file=sys.stderr)
+        _note_stop(f"job {num} was interrupted by Ctrl-C")
         sys.exit(EXIT_INTERRUPTED + signal.SIGINT)
     except Exception as exc:
+        if multirun and isinstance(exc, RunFinished):  # nothing was written: the directory stays as it was
+            log.info("job %s (%s) already completed: skipped (its results: %s)", num, out_dir.name, exc.result)
+            return json.loads(exc.result.read_text())
         finish("failed", f"{type(exc).__name__}: {exc}")
         if os.environ.get("MCSEG_TRACEBACK"):
+            _note_stop(f"job {num} failed and MCSEG_TRACEBACK=1 re-raised its error")
             raise
         if not multirun and not isinstance(exc, USER_ERRORS):
             raise
@@ -188,6 +208,15 @@ def run_job(fn: Callable[[DictConfig], Any], cfg: DictConfig, checks_itself: boo
         rundir.release(owner)
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+# Why this process's sweep is ending before its last job (read by SweepSummary at exit).
+_stop_reason: str | None = None
+
+
+def _note_stop(reason: str) -> None:
+    global _stop_reason
+    _stop_reason = reason
 
 
 def _stop_on_sigterm():
@@ -248,16 +277,22 @@ def collect_job_status(sweep_dir: Path) -> list[dict]:
     return jobs
 
 
-def write_sweep_summary(sweep_dir: Path) -> dict:
-    """Write ``sweep_summary.json`` and ``sweep_summary.md`` for the jobs under ``sweep_dir``."""
+def write_sweep_summary(sweep_dir: Path, ended_early: str | None = None) -> dict:
+    """Write ``sweep_summary.json`` and ``sweep_summary.md`` for the jobs under ``sweep_dir``.
+
+    ``ended_early``: why the sweep stopped before its last job (the summary then says how to continue it).
+    """
     jobs = collect_job_status(sweep_dir)
     counts: dict[str, int] = {}
     for job in jobs:
         counts[job["status"]] = counts.get(job["status"], 0) + 1
-    summary = {"sweep_dir": str(sweep_dir), "counts": counts, "jobs": jobs}
+    summary = {"sweep_dir": str(sweep_dir), "counts": counts, "ended_early": ended_early, "jobs": jobs}
     write_json(Path(sweep_dir) / SUMMARY_FILE, summary)
-    lines = [f"# Sweep {sweep_dir}", "", ", ".join(f"{n} {s}" for s, n in sorted(counts.items())), "",
-             "| job | status | wall time (s) | overrides | error |", "|---|---|---|---|---|"]
+    lines = [f"# Sweep {sweep_dir}", "", ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no jobs", ""]
+    if ended_early:
+        lines += [f"The sweep ended early ({ended_early}); jobs that had not started are not listed. "
+                  f"{continue_hint(sweep_dir, '`')}", ""]
+    lines += ["| job | status | wall time (s) | overrides | error |", "|---|---|---|---|---|"]
     for job in jobs:
         error = (job.get("error") or "").replace("|", "\\|").replace("\n", " ")
         lines.append(f"| {job['dir']} | {job['status']} | {job.get('wall_time_s', '')} | "
@@ -266,18 +301,61 @@ def write_sweep_summary(sweep_dir: Path) -> dict:
     return summary
 
 
+def continue_hint(sweep_dir: Path, quote: str = "") -> str:
+    """How to continue a sweep that ended early (``quote``: "`" for markdown)."""
+    q = quote
+    return (f"To continue it, run the same command again with {q}trainer.auto_resume=true "
+            f"hydra.sweep.dir={sweep_dir}{q}: completed jobs are skipped, interrupted ones resume from their "
+            f"{q}last.pt{q}.")
+
+
 class SweepSummary(Callback):
-    """Hydra callback: summarise the sweep's jobs when a multirun ends (see :func:`write_sweep_summary`)."""
+    """Hydra callback: summarise the sweep's jobs when the multirun ends (see :func:`write_sweep_summary`).
+
+    Hydra calls ``on_multirun_end`` only when every job has returned; a sweep stopped by SIGTERM, Ctrl-C or
+    an exception is summarised at the process's exit instead (``atexit``), saying that it ended early.
+    SIGTERM, which would otherwise end the process without running exit handlers, is turned into an exit
+    with status 143 while the sweep runs (jobs and the training loop install their own handlers meanwhile).
+    """
+
+    def __init__(self) -> None:
+        self.sweep_dir: Path | None = None
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        import threading
+
+        self.sweep_dir = Path(str(config.hydra.sweep.dir))
+        atexit.register(self._at_exit)
+        if threading.current_thread() is threading.main_thread() and \
+                signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _exit_on_sigterm)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        sweep_dir = Path(config.hydra.sweep.dir)
-        if not sweep_dir.is_dir():
+        atexit.unregister(self._at_exit)
+        self._summarise(Path(str(config.hydra.sweep.dir)), None)
+
+    def _at_exit(self) -> None:
+        try:
+            self._summarise(self.sweep_dir, _stop_reason or "the process ended before its last job")
+        except OSError as exc:  # e.g. the full disk that ended the sweep: one line, not a traceback at exit
+            print(f"error: cannot write the sweep summary in {self.sweep_dir}: {exc.strerror or exc}", file=sys.stderr)
+
+    @staticmethod
+    def _summarise(sweep_dir: Path | None, ended_early: str | None) -> None:
+        if sweep_dir is None or not sweep_dir.is_dir():
             return
-        summary = write_sweep_summary(sweep_dir)
+        summary = write_sweep_summary(sweep_dir, ended_early)
         failed = [j for j in summary["jobs"] if j["status"] != "completed"]
         log.info("sweep %s: %s (summary in %s)", sweep_dir, summary["counts"], sweep_dir / SUMMARY_FILE)
         for job in failed:
             log.error("job %s %s: %s", job["dir"], job["status"], job.get("error"))
+        if ended_early:
+            log.warning("the sweep ended early (%s). %s", ended_early, continue_hint(sweep_dir))
+
+
+def _exit_on_sigterm(signum, frame):
+    _note_stop("the sweep was stopped by SIGTERM")
+    sys.exit(EXIT_INTERRUPTED + signum)
 
 
 class OutputDirCheck(Callback):

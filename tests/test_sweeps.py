@@ -4,13 +4,17 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from mcseg.report.cli import main as report_main
-from tests.conftest import TINY_2D, run_cli
+from tests.conftest import ROOT, TINY_2D, run_cli
+from tests.test_rundir import snapshot
 
 # Fast jobs: temperature scaling only, few bootstrap resamples.
 SWEEP_JOB = TINY_2D + ["posthoc.fit=[temperature]", "posthoc.apply=[temperature]", "logger.images=0",
@@ -164,3 +168,71 @@ def test_report_evaluates_runs_missing_an_evaluation(margin_sweep, tmp_path):
     assert redone["mean_foreground_dice"] == pytest.approx(original["mean_foreground_dice"], rel=1e-6)
     assert (copy / "eval" / "test" / "temperature" / "summary.json").is_file()
     assert "not evaluated" not in (tmp_path / "report" / "report.md").read_text()
+
+
+# ---------------------------------------------------------------- continuing an interrupted sweep (issue #22, 3)
+
+def test_job_directory_names_leave_out_resume_overrides():
+    """A sweep run again with trainer.auto_resume=true (or trainer.resume) must find its jobs' directories."""
+    from mcseg.sweep import job_name
+
+    job = ["loss=margin", "loss.margin=2", "seed=0", "optim.lr=0.01"]
+    assert job_name(job + ["trainer.auto_resume=true"]) == job_name(job) == "loss=margin,margin=2,seed=0,optim.lr=0.01"
+    assert job_name(["trainer.resume=true", *job]) == job_name(job)
+    assert job_name(["++trainer.auto_resume=true", *job]) == job_name(job)
+
+
+def test_a_finished_job_is_skipped_when_its_sweep_runs_again(margin_sweep, make_cfg, monkeypatch, caplog):
+    from mcseg import sweep
+    from mcseg.train import train
+
+    job = next(j for j in _job_dirs(margin_sweep) if (j / "result.json").is_file())
+    overrides = json.loads((job / "status.json").read_text())["overrides"] + ["trainer.auto_resume=true"]
+    before = snapshot(job)
+    monkeypatch.setattr(sweep, "_hydra_job", lambda: (True, overrides, 2))  # job 2 of a multirun
+    with caplog.at_level("INFO", logger="mcseg"):
+        result = sweep.run_job(train, make_cfg(overrides, output_dir=job), checks_itself=True)
+    assert result["score"] == json.loads((job / "result.json").read_text())["score"]  # what Optuna would read
+    assert f"job 2 ({job.name}) already completed: skipped" in caplog.text
+    assert snapshot(job) == before  # not trained, evaluated or recorded again
+
+
+def test_a_sweep_ended_by_an_exception_still_writes_its_summary(tmp_path):
+    sweep = tmp_path / "multirun"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "MCSEG_TRACEBACK": "1"}  # a failed job's exception ends the sweep
+    done = subprocess.run([sys.executable, str(ROOT / "train.py"), "-m", "loss=margin", "loss.margin=-1",
+                           f"hydra.sweep.dir={sweep}", *SWEEP_JOB], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 1 and "margin" in done.stderr
+    summary = json.loads((sweep / "sweep_summary.json").read_text())
+    assert summary["counts"] == {"failed": 1}
+    assert "ended early" in (sweep / "sweep_summary.md").read_text()
+
+
+@pytest.mark.slow
+def test_an_interrupted_sweep_continues_when_run_again(tmp_path):
+    """SIGTERM in the second of two jobs; the same sweep run again with trainer.auto_resume=true skips the
+    finished job, resumes the interrupted one from its last.pt in the same directory, and summarises both runs."""
+    sweep = tmp_path / "multirun"
+    args = ["-m", "seed=0,1", f"hydra.sweep.dir={sweep}", "posthoc.fit=[]", "posthoc.apply=[]", *SWEEP_JOB[:-3]]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "MCSEG_TERM_AT_STEP": "7"}  # 4 steps a job: job 1's 3rd step
+    env.pop("MCSEG_TRACEBACK", None)
+    first = subprocess.run([sys.executable, str(ROOT / "tests/interrupt_wrapper.py"), *args], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=600)
+    assert first.returncode == 143, first.stderr[-3000:]
+    finished, stopped = _job_dirs(sweep)
+    assert json.loads((sweep / "sweep_summary.json").read_text())["counts"] == {"completed": 1, "interrupted": 1}
+    assert "trainer.auto_resume=true" in (sweep / "sweep_summary.md").read_text()  # how to continue
+    assert (stopped / "checkpoints" / "last.pt").is_file() and not (stopped / "result.json").exists()
+    untouched = snapshot(finished)
+
+    again = run_cli("train.py", args + ["trainer.auto_resume=true"], timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert _job_dirs(sweep) == [finished, stopped]  # the same directories, no new ones
+    assert f"({finished.name}) already completed: skipped" in again.stdout + again.stderr
+    assert snapshot(finished) == untouched
+    resumes = yaml.safe_load((stopped / ".hydra" / "resumes.yaml").read_text())
+    assert len(resumes) == 1 and "trainer.auto_resume=true" in [o.lower() for o in resumes[0]["overrides"]]
+    assert "resumed " in (stopped / "train.log").read_text()
+    assert json.loads((stopped / "status.json").read_text())["status"] == "completed"
+    assert json.loads((sweep / "sweep_summary.json").read_text())["counts"] == {"completed": 2}
