@@ -1,0 +1,185 @@
+"""Does the uncertainty find the errors? Voxel-level and case-level failure detection.
+
+Voxel level (errors: voxels whose arg-max differs from the label, inside the protocol's region):
+
+* :func:`auroc` — the AUROC of an uncertainty map for the error voxels (positives: errors, score: the
+  uncertainty), ties counted half (the Mann-Whitney statistic with average ranks). It equals fd-shifts'
+  ``failauc`` (positives: correct voxels, score: the confidence ``-u``). Exact per case;
+  :class:`PooledAUROC` pools a split over ``bins`` equal-width bins of the normalised uncertainty in
+  [0, 1] (ties within a bin counted half), so its memory does not grow with the voxels.
+* :func:`ue_dice` — Jungo & Reyes (MICCAI 2019): :math:`\\mathrm{UE\\text{-}Dice}(t) = 2|U_t \\cap E| / (|U_t| + |E|)`
+  with :math:`U_t = \\{u > t\\}` (strict) on an uncertainty normalised to [0, 1], 1 when both sets are empty,
+  at their 11 thresholds :data:`UEO_THRESHOLDS`. :func:`ueo`: the maximum over t of the **dataset mean**
+  UE-Dice, with the threshold that reaches it (chosen per method over the cases, not per case).
+
+Case level (fd-shifts, Traub et al. 2024; risk of a case, e.g. 1 - foreground Dice, and its confidence,
+e.g. minus its aggregated uncertainty):
+
+* :func:`risk_coverage` — remove the least confident cases first; one point at coverage 1, one after each
+  change of confidence (tied cases leave together), and a last point at coverage 0 that repeats the last
+  selective risk (generalised risk: 0). Selective risk: the mean risk of the cases kept; generalised risk:
+  their risk summed over all n cases.
+* :func:`aurc` and :func:`augrc` — minus the trapezoid integral over coverage of those curves, **unscaled**
+  (fd-shifts displays them x 1000); :func:`eaurc` — AURC minus that of the optimal order (the risks sorted
+  ascending, each case its own confidence), the continuous-risk optimum of fd-shifts.
+* :func:`aggregate_uncertainty` — ValUES' case scores of a voxel map: its sum over the image, the largest sum
+  over ``patch``-voxel windows (10 per axis, cut to the image where it is smaller), or the mean of the voxels
+  at or above a threshold taken from the validation split (0 when none is).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+UEO_THRESHOLDS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
+
+
+# ------------------------------------------------------------------------------------------- voxel level
+def auroc(scores: torch.Tensor, positives: torch.Tensor) -> float:
+    """AUROC of ``scores`` for ``positives`` (bool, same shape), ties counted half; NaN without both classes.
+
+    :math:`(R_+ - n_+(n_+ + 1)/2) / (n_+ n_-)` with :math:`R_+` the sum of the positives' average ranks.
+    """
+    scores, positives = scores.reshape(-1).double(), positives.reshape(-1).bool()
+    n_pos = int(positives.sum())
+    n_neg = positives.numel() - n_pos
+    if n_pos == 0 or n_neg == 0:
+        return float("nan")
+    values, inverse, counts = torch.unique(scores, return_inverse=True, return_counts=True)
+    ends = torch.cumsum(counts, 0).double()
+    average_rank = ends - (counts.double() - 1) / 2  # 1-based mean rank of each distinct value
+    rank_sum = average_rank[inverse][positives].sum().item()
+    return (rank_sum - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
+
+
+class PooledAUROC:
+    """The AUROC of an uncertainty in [0, 1] for the error voxels of a whole split, from two histograms
+    (errors, correct) over ``bins`` equal-width bins: call :meth:`update` per case, then :meth:`aggregate`."""
+
+    def __init__(self, bins: int = 1 << 16) -> None:
+        if bins < 2:
+            raise ValueError(f"bins={bins}: expected at least 2")
+        self.bins = bins
+        self.reset()
+
+    def reset(self) -> None:
+        self.errors = torch.zeros(self.bins, dtype=torch.float64)
+        self.correct = torch.zeros(self.bins, dtype=torch.float64)
+
+    def update(self, uncertainty: torch.Tensor, errors: torch.Tensor) -> None:
+        u = uncertainty.reshape(-1).float().clamp(0.0, 1.0)
+        index = torch.clamp((u * self.bins).long(), max=self.bins - 1).cpu()
+        e = errors.reshape(-1).bool().cpu()
+        self.errors += torch.bincount(index[e], minlength=self.bins).double()
+        self.correct += torch.bincount(index[~e], minlength=self.bins).double()
+
+    def aggregate(self) -> float:
+        n_pos, n_neg = self.errors.sum().item(), self.correct.sum().item()
+        if n_pos == 0 or n_neg == 0:
+            return float("nan")
+        below = torch.cumsum(self.correct, 0) - self.correct  # correct voxels in lower bins
+        pairs = (self.errors * (below + 0.5 * self.correct)).sum().item()
+        return pairs / (n_pos * n_neg)
+
+
+def ue_dice(uncertainty: torch.Tensor, errors: torch.Tensor,
+            thresholds: Sequence[float] = UEO_THRESHOLDS) -> torch.Tensor:
+    """UE-Dice of one case at each threshold (``len(thresholds)`` values); ``uncertainty`` in [0, 1]."""
+    u = uncertainty.reshape(-1).float()
+    e = errors.reshape(-1).bool()
+    t = torch.as_tensor(list(thresholds), dtype=u.dtype, device=u.device)
+    above = u[None, :] > t[:, None]  # T x N
+    both = (above & e[None, :]).sum(1).double()
+    size = above.sum(1).double() + e.sum().double()
+    return torch.where(size > 0, 2 * both / size.clamp_min(1), torch.ones_like(size))
+
+
+def ueo(per_case: Sequence[torch.Tensor], thresholds: Sequence[float] = UEO_THRESHOLDS) -> tuple[float, float]:
+    """(UEO, its threshold): the maximum over thresholds of the mean over cases of :func:`ue_dice`."""
+    mean = torch.stack([torch.as_tensor(v, dtype=torch.float64) for v in per_case]).mean(0)
+    best = int(torch.argmax(mean))
+    return float(mean[best]), float(thresholds[best])
+
+
+# -------------------------------------------------------------------------------------------- case level
+def risk_coverage(confidence: Sequence[float], risk: Sequence[float]) -> dict[str, np.ndarray]:
+    """The risk-coverage curve of fd-shifts: ``coverage``, ``selective_risk`` and ``generalized_risk``
+    from coverage 1 down to 0 (module docstring). Ties in confidence leave together."""
+    kappa, r = np.asarray(confidence, dtype=np.float64), np.asarray(risk, dtype=np.float64)
+    if kappa.shape != r.shape or kappa.ndim != 1 or kappa.size == 0:
+        raise ValueError(f"confidence and risk: expected two equal-length non-empty lists, got {kappa.shape} "
+                         f"and {r.shape}")
+    if not (np.isfinite(kappa).all() and np.isfinite(r).all()):
+        raise ValueError("confidence and risk must be finite (leave undefined cases out and say how many)")
+    order = np.argsort(-kappa, kind="stable")  # most confident first
+    kappa, r = kappa[order], r[order]
+    n = r.size
+    kept = np.cumsum(r)
+    # a point where the next case (in falling confidence) is less confident: the kept set ends there
+    ends = np.flatnonzero(np.append(kappa[1:] != kappa[:-1], True))  # indices of each group's last case
+    counts = ends + 1
+    coverage = counts[::-1] / n
+    selective = (kept[ends] / counts)[::-1]
+    generalized = (kept[ends] / n)[::-1]
+    return {"coverage": np.append(coverage, 0.0), "selective_risk": np.append(selective, selective[-1]),
+            "generalized_risk": np.append(generalized, 0.0)}
+
+
+def _area(y: np.ndarray, x: np.ndarray) -> float:
+    """Minus the trapezoid integral over a falling ``x`` (coverage 1 -> 0)."""
+    return float(-np.sum((x[1:] - x[:-1]) * (y[1:] + y[:-1]) / 2))
+
+
+def aurc(confidence: Sequence[float], risk: Sequence[float]) -> float:
+    curve = risk_coverage(confidence, risk)
+    return _area(curve["selective_risk"], curve["coverage"])
+
+
+def augrc(confidence: Sequence[float], risk: Sequence[float]) -> float:
+    curve = risk_coverage(confidence, risk)
+    return _area(curve["generalized_risk"], curve["coverage"])
+
+
+def eaurc(confidence: Sequence[float], risk: Sequence[float]) -> float:
+    """AURC minus that of the optimal order (the lowest risk most confident, every case its own confidence)."""
+    r = np.asarray(risk, dtype=np.float64)
+    optimal = -np.arange(r.size, dtype=np.float64)  # strictly decreasing confidence along the ascending risks
+    return aurc(confidence, risk) - aurc(optimal, np.sort(r))
+
+
+def aggregate_uncertainty(uncertainty: torch.Tensor, method: str, patch: int = 10,
+                          threshold: float | None = None) -> float:
+    """One case's score from its voxel uncertainty ``*S`` (module docstring): ``image`` (sum), ``patch``
+    (largest window sum) or ``threshold`` (mean of the voxels >= ``threshold``, 0 when none is)."""
+    u = uncertainty.float()
+    if method == "image":
+        return float(u.sum())
+    if method == "patch":
+        if patch < 1:
+            raise ValueError(f"patch={patch}: expected a window of at least 1 voxel")
+        dims = u.dim()
+        if dims not in (2, 3):
+            raise ValueError(f"uncertainty of shape {tuple(u.shape)}: expected a 2D or 3D map")
+        window = tuple(min(patch, s) for s in u.shape)
+        pool = torch.nn.functional.avg_pool2d if dims == 2 else torch.nn.functional.avg_pool3d
+        sums = pool(u[None, None], window, stride=1) * float(np.prod(window))
+        return float(sums.max())
+    if method == "threshold":
+        if threshold is None:
+            raise ValueError("aggregate_uncertainty(method='threshold') needs the threshold taken from validation")
+        kept = u[u >= threshold]
+        return float(kept.mean()) if kept.numel() else 0.0
+    raise ValueError(f"method={method!r}: expected image, patch or threshold")
+
+
+def validation_threshold(maps: Sequence[torch.Tensor], foreground_fractions: Sequence[float]) -> float:
+    """ValUES' threshold for ``threshold`` aggregation: the quantile ``q`` of every validation voxel's
+    uncertainty, ``q`` the mean over validation cases of their predicted background fraction, so that the
+    threshold keeps about as many voxels as the predictions hold foreground."""
+    if not maps:
+        raise ValueError("validation_threshold: no validation case")
+    q = float(np.mean([1.0 - f for f in foreground_fractions]))
+    values = torch.cat([m.reshape(-1).float() for m in maps]).numpy()
+    return float(np.quantile(values, q))
