@@ -205,6 +205,14 @@ def test_nan_batch_stops_the_run_naming_epoch_step_and_cases(make_cfg, tmp_path,
     assert load_checkpoint(tmp_path / "run/checkpoints/last.pt")["epoch"] == 1  # the last good one
 
 
+def test_nan_at_the_first_step_says_there_is_no_checkpoint_yet(make_cfg, tmp_path, monkeypatch):
+    _poison(monkeypatch, at_sample=1)  # epoch 1, step 0: nothing has been written yet
+    with pytest.raises(NonFiniteLossError, match=r"epoch 1, step 0 .*no checkpoint has been written yet") as stop:
+        train(make_cfg(TINY_2D))
+    assert "last.pt" not in str(stop.value)
+    assert not (tmp_path / "run/checkpoints/last.pt").exists()
+
+
 def test_nan_batch_is_skipped_when_configured(make_cfg, tmp_path, monkeypatch):
     _poison(monkeypatch, at_sample=1)
     train(make_cfg(TINY_2D + ["trainer.nonfinite=skip"]))
