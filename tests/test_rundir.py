@@ -170,6 +170,95 @@ def test_a_full_disk_is_one_line_naming_the_path_and_orphans_go_on_the_next_star
     assert not orphan.exists() and not (run / rundir.LOCK_FILE).exists()
 
 
+class _FullDisk:
+    """The disk under ``root`` fills up once ``full`` is set: as on a real one, a file opened there for
+    writing cannot grow (its writes raise ENOSPC) while bytes already written may be overwritten, and
+    ``torch.save`` to a path fails as torch's C++ writer does on a full disk (a RuntimeError, no errno)."""
+
+    def __init__(self, root: Path, monkeypatch) -> None:
+        import builtins
+        import io
+
+        import torch
+
+        self.root, self.full = str(root), False
+        real_open, real_save = io.open, torch.save
+
+        def opened(file, mode="r", *args, **kwargs):
+            f = real_open(file, mode, *args, **kwargs)
+            return _NoGrowth(f) if self._hit(file) and any(c in mode for c in "wax+") else f
+
+        def save(obj, f, *args, **kwargs):
+            if self._hit(f):
+                raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 23040 vs 22960")
+            return real_save(obj, f, *args, **kwargs)
+
+        monkeypatch.setattr(io, "open", opened)
+        monkeypatch.setattr(builtins, "open", opened)
+        monkeypatch.setattr(torch, "save", save)
+
+    def _hit(self, file) -> bool:
+        return self.full and isinstance(file, (str, os.PathLike)) and os.fspath(file).startswith(self.root)
+
+
+class _NoGrowth:
+    def __init__(self, f) -> None:
+        self._f = f
+
+    def __getattr__(self, name):
+        return getattr(self._f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._f.close()
+
+    def write(self, data):
+        import errno
+
+        n = len(data.encode()) if isinstance(data, str) else memoryview(data).nbytes
+        if self._f.tell() + n > os.fstat(self._f.fileno()).st_size:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return self._f.write(data)
+
+
+def test_a_full_disk_during_training_is_one_line_with_the_free_space_and_the_run_failed(make_cfg, tmp_path,
+                                                                                        monkeypatch, capsys):
+    """#22.4: the disk fills up once training starts (checkpoints, TensorBoard's events and status.json can no
+    longer grow): one `error:` line naming the file and the free space, and status `failed` with that cause
+    where mcseg-report reads it."""
+    import shutil
+    from types import SimpleNamespace
+
+    from mcseg import sweep
+    from mcseg.engine.trainer import Trainer
+    from mcseg.report.collect import read_run
+    from mcseg.train import train
+
+    run = tmp_path / "run"
+    disk = _FullDisk(run, monkeypatch)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: SimpleNamespace(total=2**40, used=2**40, free=0))
+    real_fit = Trainer.fit
+
+    def fit_on_a_filling_disk(self):
+        disk.full = True
+        return real_fit(self)
+
+    monkeypatch.setattr(Trainer, "fit", fit_on_a_filling_disk)
+    with pytest.raises(SystemExit) as stop:
+        sweep.run_job(train, _job_cfg(make_cfg, run), checks_itself=True)
+    assert stop.value.code == 1
+    lines = _error_lines(capsys.readouterr().err)
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    assert str(run / "checkpoints") in lines[0] and "0 B free" in lines[0], lines
+    status = json.loads((run / sweep.STATUS_FILE).read_text())
+    assert status["status"] == "failed" and str(run / "checkpoints") in status["error"] and "0 B free" in status["error"]
+    record = read_run(run)
+    assert record.status == "failed" and record.error == status["error"]
+    assert not (run / rundir.LOCK_FILE).exists()
+
+
 def test_only_the_first_submitit_task_owns_the_run_directory(make_cfg, tmp_path, monkeypatch):
     from mcseg import sweep
 
