@@ -349,3 +349,35 @@ def test_evaluate_does_not_write_into_a_run_another_process_holds(finished_run, 
         holder.kill()
         holder.wait()
         (finished_run / rundir.LOCK_FILE).unlink()
+
+
+def test_tensorboard_events_that_cannot_be_written_stop_its_logging_with_one_warning(tmp_path, monkeypatch, caplog):
+    """#22.4: a full disk under TensorBoard's writer is one warning, not its thread's traceback nor the run's end."""
+    import errno
+    import threading
+    from types import SimpleNamespace
+
+    from mcseg.engine import tb_logger
+
+    class FullWriter:
+        def add_scalar(self, *args):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        close = add_scalar
+
+    seen = []
+    monkeypatch.setattr(threading, "excepthook", seen.append)
+    tb = tb_logger.TensorBoardLogger(tmp_path / "tensorboard")
+    tb.writer.close()  # opened as at the first value; then the disk is full
+    tb._writer = FullWriter()
+    with caplog.at_level("WARNING"):
+        tb.scalars({"train/loss": 1.0}, 1)
+        tb.scalars({"train/loss": 1.0}, 2)
+        tb.close()
+    assert [r.getMessage() for r in caplog.records if "TensorBoard logging stopped" in r.getMessage()] == [
+        f"cannot write TensorBoard events in {tmp_path / 'tensorboard'} ([Errno 28] No space left on device); "
+        "TensorBoard logging stopped"]
+    writer_thread = type("_AsyncWriterThread", (threading.Thread,), {"__module__": "tensorboard.summary.writer"})
+    threading.excepthook(SimpleNamespace(exc_value=OSError(errno.ENOSPC, "full"), thread=writer_thread()))
+    threading.excepthook(SimpleNamespace(exc_value=OSError(errno.ENOSPC, "full"), thread=threading.Thread()))
+    assert len(seen) == 1 and not type(seen[0].thread).__module__.startswith("tensorboard")  # only others' threads
