@@ -135,8 +135,11 @@ def _job_cfg(make_cfg, run: Path):
     return make_cfg(TINY_2D, output_dir=run)
 
 
+@pytest.mark.parametrize("reserve", ["kept", "lost"])
 def test_a_full_disk_is_one_line_naming_the_path_and_orphans_go_on_the_next_start(make_cfg, tmp_path, monkeypatch,
-                                                                                  capsys):
+                                                                                  capsys, reserve):
+    """The outcome goes over status.json's reserved space in place; where that is lost too (a copy-on-write
+    file system needs new space for it), the line says that status.json was not updated."""
     import errno
 
     from mcseg import sweep
@@ -145,28 +148,32 @@ def test_a_full_disk_is_one_line_naming_the_path_and_orphans_go_on_the_next_star
     (run / "checkpoints").mkdir(parents=True)
     orphan = run / "checkpoints" / ".last.k2x9_a.pt"  # what a kill during a checkpoint write leaves
     orphan.write_bytes(b"")
-    status_writes = []
-    real_write_json = sweep.write_json
+    real_atomic_write = sweep.atomic_write
 
-    def write_json(path, payload):
-        status_writes.append(payload["status"])
-        if payload["status"] != "running":
+    def atomic_write(path, write_fn):  # the disk is full once status.json said "running"
+        if (run / sweep.STATUS_FILE).exists():
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
-        real_write_json(path, payload)
+        real_atomic_write(path, write_fn)
 
     def train_on_a_full_disk(cfg):
         from mcseg.rundir import begin
 
         begin()
+        if reserve == "lost":
+            (run / sweep.STATUS_FILE).write_text("")
         raise OSError(errno.ENOSPC, "No space left on device", str(run / "checkpoints" / "last.pt"))
 
-    monkeypatch.setattr(sweep, "write_json", write_json)
+    monkeypatch.setattr(sweep, "atomic_write", atomic_write)
     with pytest.raises(SystemExit) as stop:
         sweep.run_job(train_on_a_full_disk, _job_cfg(make_cfg, run), checks_itself=True)
     assert stop.value.code == 1
     lines = _error_lines(capsys.readouterr().err)
-    assert len(lines) == 1 and "last.pt" in lines[0] and "status.json not updated" in lines[0], lines
-    assert status_writes == ["running", "failed"]  # the failure was recorded where the disk allowed it
+    assert len(lines) == 1 and "checkpoints/last.pt" in lines[0] and "free on its file system" in lines[0], lines
+    if reserve == "kept":
+        status = json.loads((run / sweep.STATUS_FILE).read_text())
+        assert status["status"] == "failed" and "checkpoints/last.pt" in status["error"]
+    else:
+        assert "status.json not updated" in lines[0]
     assert not orphan.exists() and not (run / rundir.LOCK_FILE).exists()
 
 
