@@ -260,7 +260,8 @@ def test_a_full_disk_during_training_is_one_line_with_the_free_space_and_the_run
     assert len(lines) == 1 and lines[0].startswith("error: "), lines
     assert str(run / "checkpoints") in lines[0] and "0 B free" in lines[0], lines
     status = json.loads((run / sweep.STATUS_FILE).read_text())
-    assert status["status"] == "failed" and str(run / "checkpoints") in status["error"] and "0 B free" in status["error"]
+    assert status["status"] == "failed"
+    assert str(run / "checkpoints") in status["error"] and "0 B free" in status["error"]
     record = read_run(run)
     assert record.status == "failed" and record.error == status["error"]
     assert not (run / rundir.LOCK_FILE).exists()
