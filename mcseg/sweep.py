@@ -30,6 +30,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from mcseg.data.io import atomic_write, write_json
+from mcseg.errors import as_disk_full
 from mcseg.rundir import STATUS_FILE, state_of
 
 log = logging.getLogger("mcseg")
@@ -39,6 +40,9 @@ EXIT_INTERRUPTED = 128  # + the signal's number (143: SIGTERM, 130: SIGINT), wha
 # Errors that are the user's input, not a bug: one clear line and a non-zero exit.
 # OSError covers a full disk and unwritable output directories (the message names the path).
 USER_ERRORS = (ValueError, OSError, FloatingPointError)
+# status.json is written padded with spaces to a multiple of this size, with at least STATUS_SPARE bytes to
+# spare: on a full disk the run's outcome is then written over it in place, which needs no new space.
+STATUS_BLOCK, STATUS_SPARE = 4096, 2048
 
 
 def _hydra_job() -> tuple[bool, list[str], int | None]:
@@ -113,6 +117,41 @@ def run_identity(cfg: DictConfig) -> dict:
                         str(cfg.dataset.get("name")), cfg.seed)
 
 
+def _status_json(record: dict) -> str:
+    return json.dumps(record, indent=2, default=str) + "\n"
+
+
+def write_status(path: Path, record: dict) -> None:
+    """Write ``status.json`` atomically, padded to keep its space reserved (``STATUS_BLOCK``); when that fails
+    (a full disk), write ``record`` over the file in place, within its size. Raises when neither works."""
+    text = _status_json(record)
+    size = -(-(len(text) + STATUS_SPARE) // STATUS_BLOCK) * STATUS_BLOCK
+    try:
+        atomic_write(path, lambda tmp: tmp.write_text(text + " " * (size - len(text))))
+    except OSError:
+        if not _overwrite_in_place(path, record):
+            raise
+
+
+def _overwrite_in_place(path: Path, record: dict) -> bool:
+    """``record`` written over ``path`` without growing it (its error cut to fit); False when it cannot be."""
+    try:
+        with open(path, "r+b") as f:
+            size = os.fstat(f.fileno()).st_size
+            text = _status_json(record)
+            if len(text) > size and record.get("error"):
+                error = record["error"]
+                text = _status_json({**record, "error": error[: max(0, len(error) - (len(text) - size) - 3)] + "..."})
+            if len(text) > size:
+                return False
+            f.write((text + " " * (size - len(text))).encode())
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError:
+        return False
+    return True
+
+
 def run_job(fn: Callable[[DictConfig], Any], cfg: DictConfig, checks_itself: bool = False) -> Any:
     """Own ``<output_dir>`` (:mod:`mcseg.rundir`), call ``fn(cfg)``, record the outcome in ``status.json``.
 
@@ -124,6 +163,10 @@ def run_job(fn: Callable[[DictConfig], Any], cfg: DictConfig, checks_itself: boo
     Inside a multirun, a job that already completed (a sweep run again with ``trainer.auto_resume=true``:
     :class:`~mcseg.engine.relaunch.RunFinished`) is skipped with a log line naming it, its directory
     untouched, and returns its recorded ``result.json``.
+
+    A full disk ends the job with one line naming the file and the free space
+    (:class:`~mcseg.errors.DiskFullError`), and ``failed`` with that cause goes over the space that
+    ``status.json`` keeps reserved (:func:`write_status`).
     """
     from mcseg import rundir
     from mcseg.engine.distributed import env_context
@@ -151,7 +194,7 @@ def run_job(fn: Callable[[DictConfig], Any], cfg: DictConfig, checks_itself: boo
             return
         record.update(status=status, error=error, wall_time_s=round(time.perf_counter() - start, 1))
         try:
-            write_json(out_dir / STATUS_FILE, record)
+            write_status(out_dir / STATUS_FILE, record)
         except OSError as exc:
             unrecorded.append(f"; {out_dir / STATUS_FILE} not updated ({exc.strerror or exc})")
 
@@ -171,7 +214,7 @@ def run_job(fn: Callable[[DictConfig], Any], cfg: DictConfig, checks_itself: boo
         owner = rundir.claim(out_dir, cfg)
     except OSError as exc:  # in use by a live process, or not writable: nothing was written
         return fail(exc)
-    owner.on_begin.append(lambda: write_json(out_dir / STATUS_FILE, record))
+    owner.on_begin.append(lambda: write_status(out_dir / STATUS_FILE, record))
     previous = _stop_on_sigterm()
     try:
         if not checks_itself:
@@ -188,10 +231,12 @@ def run_job(fn: Callable[[DictConfig], Any], cfg: DictConfig, checks_itself: boo
         print("interrupted: Ctrl-C (no checkpoint written since the last one)", file=sys.stderr)
         _note_stop(f"job {num} was interrupted by Ctrl-C")
         sys.exit(EXIT_INTERRUPTED + signal.SIGINT)
-    except Exception as exc:
-        if multirun and isinstance(exc, RunFinished):  # nothing was written: the directory stays as it was
-            log.info("job %s (%s) already completed: skipped (its results: %s)", num, out_dir.name, exc.result)
-            return json.loads(exc.result.read_text())
+    except Exception as raised:
+        if multirun and isinstance(raised, RunFinished):  # nothing was written: the directory stays as it was
+            log.info("job %s (%s) already completed: skipped (its results: %s)", num, out_dir.name, raised.result)
+            return json.loads(raised.result.read_text())
+        # a full disk anywhere (torch's writers raise a RuntimeError from it): one line, the file and the space left
+        exc = as_disk_full(raised) or as_disk_full(raised, out_dir) or raised
         finish("failed", f"{type(exc).__name__}: {exc}")
         if os.environ.get("MCSEG_TRACEBACK"):
             _note_stop(f"job {num} failed and MCSEG_TRACEBACK=1 re-raised its error")

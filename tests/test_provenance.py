@@ -107,6 +107,31 @@ def test_a_second_evaluation_replaces_the_first_only_when_asked(runs, make_cfg, 
     assert summary["mean_foreground_dice"] == pytest.approx(json.loads(official)["mean_foreground_dice"])
 
 
+@pytest.mark.parametrize("spoil, apply, says", [
+    ("unreadable", "temperature", "not valid JSON"),  # calibration.json cut short or edited by hand
+    ("lts-without-weights", "lts", "incomplete"),  # a recorded LTS fit whose weights cannot be loaded
+])
+def test_a_refused_overwrite_leaves_the_earlier_evaluation_byte_identical(runs, make_cfg, tmp_path, spoil, apply,
+                                                                          says):
+    """#22.4: every check that can refuse an evaluation (scalers, LTS weights, refit target) comes before
+    overwrite=true clears anything."""
+    run = copy_run(runs.run2d, tmp_path / "run")
+    calibration = run / "calibration.json"
+    if spoil == "unreadable":
+        calibration.write_text(calibration.read_text()[:40])
+    else:
+        stored = read(calibration)
+        for fit in stored["fits"].values():
+            fit["scalers"]["lts"] = {}
+        calibration.write_text(json.dumps(stored))
+    official = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in (run / "eval/test").rglob("*") if p.is_file()}
+    with pytest.raises(ValueError, match=says):
+        evaluate_with(make_cfg, tmp_path, [f"ckpt={run}/checkpoints/best.pt", "overwrite=true",
+                                           f"posthoc.apply=[{apply}]"])
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns)
+            for p in (run / "eval/test").rglob("*") if p.is_file()} == official
+
+
 def test_a_checkpoint_outside_a_run_writes_only_where_eval_dir_says(runs, make_cfg, tmp_path):
     """#12.4: a checkpoint outside a run writes nothing next to it, and is scored on its own split."""
     loose = tmp_path / "shared" / "models" / "model.pt"

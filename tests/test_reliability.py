@@ -174,13 +174,12 @@ def test_full_disk_during_checkpoint_write_keeps_the_previous_one(tmp_path, monk
     good = {"model": {"w": torch.ones(3)}, "optimizer": {}, "epoch": 1, "config": {}}
     save_checkpoint(path, good)
 
-    def disk_full(obj, f, *args, **kwargs):
-        with open(f, "wb") as fh:
-            fh.write(b"partial")
+    def disk_full(obj, f, *args, **kwargs):  # f: the open temporary file
+        f.write(b"partial")
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(checkpoint.torch, "save", disk_full)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(OSError, match=r"no space left on device writing .*last\.pt \(.* free on its file system\)"):
         save_checkpoint(path, {**good, "epoch": 2})
     assert load_checkpoint(path)["epoch"] == 1
     assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]  # no temporary file left behind
@@ -203,6 +202,14 @@ def test_nan_batch_stops_the_run_naming_epoch_step_and_cases(make_cfg, tmp_path,
     with pytest.raises(NonFiniteLossError, match=r"epoch 2, step 1 \(batch of training cases \['synthetic2d_"):
         train(make_cfg(TINY_2D))
     assert load_checkpoint(tmp_path / "run/checkpoints/last.pt")["epoch"] == 1  # the last good one
+
+
+def test_nan_at_the_first_step_says_there_is_no_checkpoint_yet(make_cfg, tmp_path, monkeypatch):
+    _poison(monkeypatch, at_sample=1)  # epoch 1, step 0: nothing has been written yet
+    with pytest.raises(NonFiniteLossError, match=r"epoch 1, step 0 .*no checkpoint has been written yet") as stop:
+        train(make_cfg(TINY_2D))
+    assert "last.pt" not in str(stop.value)
+    assert not (tmp_path / "run/checkpoints/last.pt").exists()
 
 
 def test_nan_batch_is_skipped_when_configured(make_cfg, tmp_path, monkeypatch):

@@ -135,8 +135,11 @@ def _job_cfg(make_cfg, run: Path):
     return make_cfg(TINY_2D, output_dir=run)
 
 
+@pytest.mark.parametrize("reserve", ["kept", "lost"])
 def test_a_full_disk_is_one_line_naming_the_path_and_orphans_go_on_the_next_start(make_cfg, tmp_path, monkeypatch,
-                                                                                  capsys):
+                                                                                  capsys, reserve):
+    """The outcome goes over status.json's reserved space in place; where that is lost too (a copy-on-write
+    file system needs new space for it), the line says that status.json was not updated."""
     import errno
 
     from mcseg import sweep
@@ -145,29 +148,123 @@ def test_a_full_disk_is_one_line_naming_the_path_and_orphans_go_on_the_next_star
     (run / "checkpoints").mkdir(parents=True)
     orphan = run / "checkpoints" / ".last.k2x9_a.pt"  # what a kill during a checkpoint write leaves
     orphan.write_bytes(b"")
-    status_writes = []
-    real_write_json = sweep.write_json
+    real_atomic_write = sweep.atomic_write
 
-    def write_json(path, payload):
-        status_writes.append(payload["status"])
-        if payload["status"] != "running":
+    def atomic_write(path, write_fn):  # the disk is full once status.json said "running"
+        if (run / sweep.STATUS_FILE).exists():
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
-        real_write_json(path, payload)
+        real_atomic_write(path, write_fn)
 
     def train_on_a_full_disk(cfg):
         from mcseg.rundir import begin
 
         begin()
+        if reserve == "lost":
+            (run / sweep.STATUS_FILE).write_text("")
         raise OSError(errno.ENOSPC, "No space left on device", str(run / "checkpoints" / "last.pt"))
 
-    monkeypatch.setattr(sweep, "write_json", write_json)
+    monkeypatch.setattr(sweep, "atomic_write", atomic_write)
     with pytest.raises(SystemExit) as stop:
         sweep.run_job(train_on_a_full_disk, _job_cfg(make_cfg, run), checks_itself=True)
     assert stop.value.code == 1
     lines = _error_lines(capsys.readouterr().err)
-    assert len(lines) == 1 and "last.pt" in lines[0] and "status.json not updated" in lines[0], lines
-    assert status_writes == ["running", "failed"]  # the failure was recorded where the disk allowed it
+    assert len(lines) == 1 and "checkpoints/last.pt" in lines[0] and "free on its file system" in lines[0], lines
+    if reserve == "kept":
+        status = json.loads((run / sweep.STATUS_FILE).read_text())
+        assert status["status"] == "failed" and "checkpoints/last.pt" in status["error"]
+    else:
+        assert "status.json not updated" in lines[0]
     assert not orphan.exists() and not (run / rundir.LOCK_FILE).exists()
+
+
+class _FullDisk:
+    """The disk under ``root`` fills up once ``full`` is set: as on a real one, a file opened there for
+    writing cannot grow (its writes raise ENOSPC) while bytes already written may be overwritten, and
+    ``torch.save`` to a path fails as torch's C++ writer does on a full disk (a RuntimeError, no errno)."""
+
+    def __init__(self, root: Path, monkeypatch) -> None:
+        import builtins
+        import io
+
+        import torch
+
+        self.root, self.full = str(root), False
+        real_open, real_save = io.open, torch.save
+
+        def opened(file, mode="r", *args, **kwargs):
+            f = real_open(file, mode, *args, **kwargs)
+            return _NoGrowth(f) if self._hit(file) and any(c in mode for c in "wax+") else f
+
+        def save(obj, f, *args, **kwargs):
+            if self._hit(f):
+                raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 23040 vs 22960")
+            return real_save(obj, f, *args, **kwargs)
+
+        monkeypatch.setattr(io, "open", opened)
+        monkeypatch.setattr(builtins, "open", opened)
+        monkeypatch.setattr(torch, "save", save)
+
+    def _hit(self, file) -> bool:
+        return self.full and isinstance(file, (str, os.PathLike)) and os.fspath(file).startswith(self.root)
+
+
+class _NoGrowth:
+    def __init__(self, f) -> None:
+        self._f = f
+
+    def __getattr__(self, name):
+        return getattr(self._f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._f.close()
+
+    def write(self, data):
+        import errno
+
+        n = len(data.encode()) if isinstance(data, str) else memoryview(data).nbytes
+        if self._f.tell() + n > os.fstat(self._f.fileno()).st_size:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return self._f.write(data)
+
+
+def test_a_full_disk_during_training_is_one_line_with_the_free_space_and_the_run_failed(make_cfg, tmp_path,
+                                                                                        monkeypatch, capsys):
+    """#22.4: the disk fills up once training starts (checkpoints, TensorBoard's events and status.json can no
+    longer grow): one `error:` line naming the file and the free space, and status `failed` with that cause
+    where mcseg-report reads it."""
+    import shutil
+    from types import SimpleNamespace
+
+    from mcseg import sweep
+    from mcseg.engine.trainer import Trainer
+    from mcseg.report.collect import read_run
+    from mcseg.train import train
+
+    run = tmp_path / "run"
+    disk = _FullDisk(run, monkeypatch)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: SimpleNamespace(total=2**40, used=2**40, free=0))
+    real_fit = Trainer.fit
+
+    def fit_on_a_filling_disk(self):
+        disk.full = True
+        return real_fit(self)
+
+    monkeypatch.setattr(Trainer, "fit", fit_on_a_filling_disk)
+    with pytest.raises(SystemExit) as stop:
+        sweep.run_job(train, _job_cfg(make_cfg, run), checks_itself=True)
+    assert stop.value.code == 1
+    lines = _error_lines(capsys.readouterr().err)
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    assert str(run / "checkpoints") in lines[0] and "0 B free" in lines[0], lines
+    status = json.loads((run / sweep.STATUS_FILE).read_text())
+    assert status["status"] == "failed"
+    assert str(run / "checkpoints") in status["error"] and "0 B free" in status["error"]
+    record = read_run(run)
+    assert record.status == "failed" and record.error == status["error"]
+    assert not (run / rundir.LOCK_FILE).exists()
 
 
 def test_only_the_first_submitit_task_owns_the_run_directory(make_cfg, tmp_path, monkeypatch):
@@ -260,3 +357,35 @@ def test_evaluate_does_not_write_into_a_run_another_process_holds(finished_run, 
         holder.kill()
         holder.wait()
         (finished_run / rundir.LOCK_FILE).unlink()
+
+
+def test_tensorboard_events_that_cannot_be_written_stop_its_logging_with_one_warning(tmp_path, monkeypatch, caplog):
+    """#22.4: a full disk under TensorBoard's writer is one warning, not its thread's traceback nor the run's end."""
+    import errno
+    import threading
+    from types import SimpleNamespace
+
+    from mcseg.engine import tb_logger
+
+    class FullWriter:
+        def add_scalar(self, *args):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        close = add_scalar
+
+    seen = []
+    monkeypatch.setattr(threading, "excepthook", seen.append)
+    tb = tb_logger.TensorBoardLogger(tmp_path / "tensorboard")
+    tb.writer.close()  # opened as at the first value; then the disk is full
+    tb._writer = FullWriter()
+    with caplog.at_level("WARNING"):
+        tb.scalars({"train/loss": 1.0}, 1)
+        tb.scalars({"train/loss": 1.0}, 2)
+        tb.close()
+    assert [r.getMessage() for r in caplog.records if "TensorBoard logging stopped" in r.getMessage()] == [
+        f"cannot write TensorBoard events in {tmp_path / 'tensorboard'} ([Errno 28] No space left on device); "
+        "TensorBoard logging stopped"]
+    writer_thread = type("_AsyncWriterThread", (threading.Thread,), {"__module__": "tensorboard.summary.writer"})
+    threading.excepthook(SimpleNamespace(exc_value=OSError(errno.ENOSPC, "full"), thread=writer_thread()))
+    threading.excepthook(SimpleNamespace(exc_value=OSError(errno.ENOSPC, "full"), thread=threading.Thread()))
+    assert len(seen) == 1 and not type(seen[0].thread).__module__.startswith("tensorboard")  # only others' threads

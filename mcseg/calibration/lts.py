@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mcseg.data.cases import CaseData
+from mcseg.data.io import atomic_write, torch_save
 from mcseg.data.sampling import PatchDataset
 from mcseg.runtime import share_cpu
 
@@ -327,8 +328,7 @@ def fit_lts(cases: Sequence[CaseLogits], cfg: LTSConfig, link: Callable | None =
 def save_lts(net: LTSNet, path: Path) -> str:
     """Write the weights and the net's settings to ``path`` (plain tensors and numbers); return its sha256."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"config": net.config(), "state_dict": net.state_dict()}, path)
+    atomic_write(path, lambda tmp: torch_save({"config": net.config(), "state_dict": net.state_dict()}, tmp))
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from mcseg.errors import as_disk_full
+
 
 class VolumeError(ValueError):
     """A volume file is missing, unreadable or inconsistent; the message names the file."""
@@ -178,19 +180,36 @@ os.umask(_UMASK)
 
 
 def atomic_write(path: Path, write_fn) -> None:
-    """Call ``write_fn(tmp_path)`` then rename onto ``path`` so readers never see a partial file."""
+    """Call ``write_fn(tmp_path)`` then rename onto ``path`` so readers never see a partial file.
+
+    A full disk is a :class:`~mcseg.errors.DiskFullError` naming ``path`` and the space left."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    suffix = "".join(path.suffixes)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=suffix)
-    os.close(fd)
-    os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600 files: results must stay readable like any other file
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        suffix = "".join(path.suffixes)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=suffix)
+        os.close(fd)
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600 files: results must stay readable like any other file
         write_fn(Path(tmp))
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    except BaseException as exc:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        full = as_disk_full(exc, path)  # a full disk names the file meant, not the temporary one, and the free space
+        if full is None or full is exc:
+            raise
+        raise full from exc
+
+
+def torch_save(obj, path: Path) -> None:
+    """``torch.save`` through a Python file: a full disk is then an OSError (ENOSPC) that :func:`atomic_write`
+    names in one line, where torch's own C++ writer given a path raises a RuntimeError that says nothing
+    of space ("unexpected pos 23040 vs 22960")."""
+    import torch
+
+    with open(path, "wb") as f:
+        torch.save(obj, f)
 
 
 def write_nifti(path: str | os.PathLike, array: np.ndarray, affine: np.ndarray,

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mcseg.data.io import atomic_write
+from mcseg.data.io import atomic_write, torch_save
 
 REQUIRED_KEYS = ("model", "optimizer", "epoch", "config")
 
@@ -53,7 +53,7 @@ def restore_rng_states(states: dict) -> None:
 
 def save_checkpoint(path: str | Path, state: dict) -> None:
     """Write ``state`` to ``path`` through a temporary file and a rename."""
-    atomic_write(Path(path), lambda tmp: torch.save(state, tmp))
+    atomic_write(Path(path), lambda tmp: torch_save(state, tmp))
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:

@@ -22,7 +22,7 @@ import json
 import logging
 import shutil
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -30,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 from mcseg.calibration import CALIBRATION_FILE, SCALER_TYPES, PosthocConfig, Scaler, fit_posthoc, load_calibration, scalers_to_apply
 from mcseg.config import typed
 from mcseg.data.base import SegmentationDataset
-from mcseg.data.fingerprint import case_fingerprints, seen_in
+from mcseg.data.fingerprint import case_fingerprints, seen_in, split_content_sha256
 from mcseg.data.split import SPLITS
 from mcseg.engine.build import build_predictor, restore_model
 from mcseg.engine.checkpoint import load_checkpoint
@@ -117,15 +117,16 @@ def checkpoint_split(ckpt: Path, state: dict, has_eval_dir: bool) -> tuple[dict 
 
 
 def scored_content(ckpt: Path, state: dict, dataset: SegmentationDataset, refs: list, own_split: str | None
-                   ) -> tuple[dict[str, dict[str, str]], list[str]]:
+                   ) -> tuple[dict[str, dict[str, str]], list[str], dict[str, str]]:
     """Which scored cases are, by content, cases the checkpoint was trained or validated on
     (``{part: {scored case: the checkpoint's case}}``; on its own split the part scored itself is not
     counted), and which cases of its own split now hold other content than it recorded; both warned of
-    loudly. A checkpoint that recorded no content (older versions) is not checked."""
+    loudly; and the scored cases' fingerprints. A checkpoint that recorded no content (older versions) is
+    not compared."""
+    scored = case_fingerprints(dataset, refs)
     recorded = state.get("content")
     if not recorded:
-        return {}, []
-    scored = case_fingerprints(dataset, refs)
+        return {}, [], scored
     seen = {part: hits for part, hits in seen_in(recorded, scored).items() if own_split not in (part, "all")}
     for part, hits in seen.items():
         pairs = ", ".join(f"{case} = {theirs}" for case, theirs in list(hits.items())[:5])
@@ -141,7 +142,7 @@ def scored_content(ckpt: Path, state: dict, dataset: SegmentationDataset, refs: 
             log.warning("WARNING: %d scored case(s) differ in content from the %s cases %s recorded at training "
                         "(%s): dataset.root holds other data under the same names", len(changed), own_split, ckpt,
                         ", ".join(changed[:5]))
-    return seen, changed
+    return seen, changed, scored
 
 
 def other_runs_config(ckpt: Path, state: dict, run_dir: Path) -> str | None:
@@ -172,7 +173,10 @@ def check_compatible(ckpt: Path, run_cfg: DictConfig, dataset: SegmentationDatas
 
 def output_dir(cfg: DictConfig, ckpt: Path, sha256: str, run_dir: Path | None, selected: bool,
                other_dataset: str | None) -> Path:
-    """Where this evaluation goes (module docstring); refuses to replace an earlier one unless ``overwrite``."""
+    """Where this evaluation goes (module docstring); refuses to replace an earlier one unless ``overwrite``.
+
+    Clears nothing: the caller removes an earlier evaluation (:func:`clear_evaluation`) once every other
+    check that can refuse this one has passed."""
     if cfg.get("eval_dir"):
         out = Path(cfg.eval_dir).expanduser().resolve()
         if run_dir is not None and out == run_dir.resolve():
@@ -185,18 +189,15 @@ def output_dir(cfg: DictConfig, ckpt: Path, sha256: str, run_dir: Path | None, s
     else:
         base = run_dir / "eval" if selected else run_dir / "eval" / f"{ckpt.stem}-{sha256[:8]}"
         out = base / (f"{other_dataset}-{cfg.split}" if other_dataset else str(cfg.split))
-    if (out / "summary.json").exists():
-        if not cfg.get("overwrite"):
-            raise FileExistsError(f"{out / 'summary.json'} exists (an earlier evaluation; {PROVENANCE_FILE} says of "
-                                  f"what): pass overwrite=true to replace it, or eval_dir=<another folder>")
-        # without a run directory, out's calibration.json is the checkpoint's fit on record: kept
-        clear_evaluation(out, refits=run_dir is not None)
+    if (out / "summary.json").exists() and not cfg.get("overwrite"):
+        raise FileExistsError(f"{out / 'summary.json'} exists (an earlier evaluation; {PROVENANCE_FILE} says of "
+                              f"what): pass overwrite=true to replace it, or eval_dir=<another folder>")
     return out
 
 
 def clear_evaluation(out: Path, refits: bool = True) -> None:
     """Remove an earlier evaluation's files from ``out`` (only the files an evaluation writes); ``refits``:
-    also a post-hoc refit saved with it (:func:`posthoc_scalers`)."""
+    also a post-hoc refit saved with it (:func:`plan_posthoc`)."""
     for name in ("summary.json", "per_case.csv", "reliability.csv", "reliability.png", PROVENANCE_FILE, "split.json"):
         (out / name).unlink(missing_ok=True)
     if refits:
@@ -208,20 +209,29 @@ def clear_evaluation(out: Path, refits: bool = True) -> None:
             shutil.rmtree(out / name)
 
 
-def posthoc_scalers(cfg: DictConfig, run_cfg: DictConfig, own_split: dict | None, own: SegmentationDataset | None,
-                    where: Path, predictor, checkpoint: dict, provenance: dict,
-                    protocol: EvalProtocol | None = None, evaluation_dir: Path | None = None) -> dict[str, Scaler]:
-    """The scalers of ``cfg.posthoc.apply`` for this checkpoint: from ``<where>/calibration.json`` (by its
-    sha256), else fitted now on its own validation split (also when evaluating another dataset) and saved.
+@dataclass
+class PosthocPlan:
+    """What :func:`plan_posthoc` found: the scalers on record (loaded), or the fit to make and where it goes."""
+
+    scalers: dict[str, Scaler]
+    fit: PosthocConfig | None = None  # a fit to make now (its ``apply`` are the scalers returned)
+    fit_into: Path | None = None  # the fit is saved in <fit_into>/calibration.json
+
+
+def plan_posthoc(cfg: DictConfig, own_split: dict | None, where: Path, checkpoint: dict,
+                 evaluation_dir: Path | None = None) -> PosthocPlan:
+    """Every check that can refuse the scalers of ``cfg.posthoc.apply``, before anything is written or cleared:
+    ``<where>/calibration.json`` is read (by the checkpoint's sha256) and its scalers loaded (LTS weights
+    included); a fit it lacks needs the checkpoint's own validation split.
 
     A fit on record is never replaced: the run's evaluations were made with it. A new fit of a checkpoint
     that ``<where>/calibration.json`` already holds (``posthoc.refit=true``, a scaler the recorded fit
-    lacks, or a file that cannot be read) is saved with this evaluation, in
-    ``<evaluation_dir>/calibration.json``, and the log says so.
+    lacks, or a file that cannot be read) goes with this evaluation, to ``<evaluation_dir>/calibration.json``,
+    and the log says so.
     """
     posthoc = typed(cfg.posthoc, PosthocConfig, "posthoc")
     if not posthoc.apply:
-        return {}
+        return PosthocPlan({})
     try:
         recorded = load_calibration(where, checkpoint["sha256"])
         on_record = recorded is not None
@@ -230,23 +240,34 @@ def posthoc_scalers(cfg: DictConfig, run_cfg: DictConfig, own_split: dict | None
             raise
         recorded, on_record = None, True
     record = None if posthoc.refit else recorded
-    if record is None or set(posthoc.apply) - set(record.get("scalers", {})):
-        if own_split is None:
-            raise ValueError(f"posthoc.apply={posthoc.apply}: fitting needs the validation split of "
-                             f"{checkpoint['path']}, which neither the checkpoint nor a run directory holds: "
-                             f"pass posthoc.apply=[]")
-        if on_record and evaluation_dir is not None and Path(evaluation_dir) != Path(where):
-            log.warning("%s already holds a post-hoc fit of %s, which the run's evaluations used: the new fit "
-                        "goes to %s and that record is left as it is", Path(where) / CALIBRATION_FILE,
-                        checkpoint["path"], Path(evaluation_dir) / CALIBRATION_FILE)
-            where = Path(evaluation_dir)
-        own = own or build_dataset(run_cfg.dataset)
-        by_id = {r.case_id: r for r in own.case_refs()}
-        refs = [by_id[c] for c in own_split["val"] if c in by_id]
-        own.prepare(refs)
-        fit_cfg = replace(posthoc, fit=sorted(set(posthoc.fit) | set(posthoc.apply)))
-        record = fit_posthoc(predictor, (own.load(r) for r in refs), fit_cfg, where, checkpoint, provenance, protocol)
-    return scalers_to_apply(record, posthoc.apply, where)
+    if record is not None and not set(posthoc.apply) - set(record.get("scalers", {})):
+        return PosthocPlan(scalers_to_apply(record, posthoc.apply, where))
+    if own_split is None:
+        raise ValueError(f"posthoc.apply={posthoc.apply}: fitting needs the validation split of "
+                         f"{checkpoint['path']}, which neither the checkpoint nor a run directory holds: "
+                         f"pass posthoc.apply=[]")
+    if on_record and evaluation_dir is not None and Path(evaluation_dir) != Path(where):
+        log.warning("%s already holds a post-hoc fit of %s, which the run's evaluations used: the new fit "
+                    "goes to %s and that record is left as it is", Path(where) / CALIBRATION_FILE,
+                    checkpoint["path"], Path(evaluation_dir) / CALIBRATION_FILE)
+        where = Path(evaluation_dir)
+    return PosthocPlan({}, replace(posthoc, fit=sorted(set(posthoc.fit) | set(posthoc.apply))), Path(where))
+
+
+def posthoc_scalers(plan: PosthocPlan, run_cfg: DictConfig, own_split: dict | None, own: SegmentationDataset | None,
+                    predictor, checkpoint: dict, provenance: dict,
+                    protocol: EvalProtocol | None = None) -> dict[str, Scaler]:
+    """The scalers :func:`plan_posthoc` planned: those on record, else fitted now on the checkpoint's own
+    validation split (also when evaluating another dataset) and saved where the plan says."""
+    if plan.fit is None:
+        return plan.scalers
+    own = own or build_dataset(run_cfg.dataset)
+    by_id = {r.case_id: r for r in own.case_refs()}
+    refs = [by_id[c] for c in own_split["val"] if c in by_id]
+    own.prepare(refs)
+    record = fit_posthoc(predictor, (own.load(r) for r in refs), plan.fit, plan.fit_into, checkpoint, provenance,
+                         protocol)
+    return scalers_to_apply(record, plan.fit.apply, plan.fit_into)
 
 
 def mirrored_as_asked(cfg: DictConfig, inference: InferenceConfig) -> InferenceConfig:
@@ -334,12 +355,19 @@ def _evaluate_state(cfg: DictConfig, ckpt: Path, state: dict, overrides: list[st
             log.warning("%s was trained on the data at %s; evaluating the same case ids at %s", ckpt,
                         stored["root"], root)
     out_dir = output_dir(cfg, ckpt, sha, run_dir, selected, dataset.name if other else None)
+    # the scalers on record (LTS weights too) or where a new fit goes: refused here, not after clearing
+    plan = plan_posthoc(cfg, split, run_dir or out_dir, checkpoint, evaluation_dir=out_dir)
+    if not other:
+        validate_cases(dataset, splits[cfg.split], "scoring")  # the same header checks as training and mcseg-data
+    if (out_dir / "summary.json").exists():  # overwrite=true, and nothing refused it: the earlier one goes now
+        # without a run directory, out's calibration.json is the checkpoint's fit on record: kept
+        clear_evaluation(out_dir, refits=run_dir is not None)
     if other:  # another dataset's split, made (or reused) beside its evaluation
         splits = resolve_split(dataset, eval_cfg.dataset, out_dir)
         split_source = str(out_dir / "split.json")
+        validate_cases(dataset, splits[cfg.split], "scoring")
     refs = splits[cfg.split]
-    validate_cases(dataset, refs, "scoring")  # the same header checks as training and mcseg-data check
-    seen, changed = scored_content(ckpt, state, dataset, refs, None if other else str(cfg.split))
+    seen, changed, scored = scored_content(ckpt, state, dataset, refs, None if other else str(cfg.split))
     provenance = {
         "checkpoint": checkpoint, "run_dir": str(run_dir) if run_dir is not None else None,
         "split": {"name": str(cfg.split), "source": split_source, "cases": [r.case_id for r in refs]},
@@ -349,12 +377,13 @@ def _evaluate_state(cfg: DictConfig, ckpt: Path, state: dict, overrides: list[st
                      "patch_size": list(predictor.roi_size or [])},
         "overrides": overrides, "output_dir": str(out_dir), "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "environment": environment_record(device, deterministic),
+        "scored_content_sha256": split_content_sha256({str(cfg.split): scored}),
         "seen_in_training": seen, "content_changed": changed,
         "classes_unseen_in_training": list(state.get("classes_unseen_in_training") or []),
     }
     fit_provenance = {"dataset": provenance["trained_on"], "overrides": overrides}
-    scalers = posthoc_scalers(cfg, run_cfg, split, None if other else dataset, run_dir or out_dir, predictor,
-                              checkpoint, fit_provenance, protocol, evaluation_dir=out_dir)
+    scalers = posthoc_scalers(plan, run_cfg, split, None if other else dataset, predictor, checkpoint,
+                              fit_provenance, protocol)
     summary = evaluate_split(predictor, dataset, refs, protocol, out_dir, cfg.save_predictions,
                              cfg.save_probabilities, scalers, provenance)
     print(format_summary(summary, dataset.class_names, title=f"{dataset.name} {cfg.split} split ({ckpt.name}, "

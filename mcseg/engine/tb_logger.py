@@ -1,10 +1,14 @@
 """TensorBoard scalars, figures and image/label/prediction overlays (a no-op when disabled)."""
 from __future__ import annotations
 
+import logging
+import threading
 from pathlib import Path
 
 import numpy as np
 import torch
+
+log = logging.getLogger(__name__)
 
 # Distinct colours for up to 10 classes (background transparent).
 _PALETTE = np.array(
@@ -33,7 +37,10 @@ def busiest_slice(label: np.ndarray) -> int | None:
 
 class TensorBoardLogger:
     """Every value at the trainer's global step. A resumed run calls :meth:`resume_at` before logging:
-    TensorBoard then discards what the interrupted run logged at that step or later."""
+    TensorBoard then discards what the interrupted run logged at that step or later.
+
+    Events that cannot be written (a full disk) stop TensorBoard logging with one warning, not the run:
+    a checkpoint that cannot be written ends it, with one line naming the file."""
 
     def __init__(self, log_dir: Path | None) -> None:
         self.log_dir, self._writer, self._purge_step = log_dir, None, None
@@ -49,35 +56,68 @@ class TensorBoardLogger:
         if self._writer is None and self.log_dir is not None:
             from torch.utils.tensorboard import SummaryWriter
 
+            _quiet_event_writer_threads()
             self._writer = SummaryWriter(str(self.log_dir), purge_step=self._purge_step)
         return self._writer
 
+    def _failed(self, exc: OSError) -> None:
+        log.warning("cannot write TensorBoard events in %s (%s); TensorBoard logging stopped", self.log_dir, exc)
+        self.log_dir, self._writer = None, None
+
     def scalars(self, values: dict[str, float], step: int) -> None:
-        if self.writer is not None:
-            for key, value in values.items():
-                if value is not None and np.isfinite(value):
-                    self.writer.add_scalar(key, value, step)
+        try:
+            if self.writer is not None:
+                for key, value in values.items():
+                    if value is not None and np.isfinite(value):
+                        self.writer.add_scalar(key, value, step)
+        except OSError as exc:
+            self._failed(exc)
 
     def figure(self, tag: str, fig, step: int) -> None:
-        if self.writer is not None:
-            self.writer.add_figure(tag, fig, step, close=True)
+        try:
+            if self.writer is not None:
+                self.writer.add_figure(tag, fig, step, close=True)
+        except OSError as exc:
+            self._failed(exc)
 
     def overlays(self, tag: str, cases: list, step: int) -> None:
         """``cases``: (CaseData, predicted label map tensor) pairs; logs image, label, prediction side by side."""
-        if self.writer is None:
-            return
-        for case, pred in cases:
-            pred = pred.numpy().astype(np.int64)
-            label = case.label
-            if pred.ndim == case.image.ndim:  # multi-label R x *S: show how many regions cover a voxel
-                pred, label = pred.sum(0), label.sum(0)
-            z = busiest_slice(label)
-            image, label, pred = ((a if z is None else a[..., z]) for a in (case.image[0], label, pred))
-            panel = np.concatenate(
-                [overlay(image, np.zeros_like(label)), overlay(image, label), overlay(image, pred)], axis=2
-            )
-            self.writer.add_image(f"{tag}/{case.case_id}", torch.from_numpy(panel), step)
+        try:
+            if self.writer is None:
+                return
+            for case, pred in cases:
+                pred = pred.numpy().astype(np.int64)
+                label = case.label
+                if pred.ndim == case.image.ndim:  # multi-label R x *S: show how many regions cover a voxel
+                    pred, label = pred.sum(0), label.sum(0)
+                z = busiest_slice(label)
+                image, label, pred = ((a if z is None else a[..., z]) for a in (case.image[0], label, pred))
+                panel = np.concatenate(
+                    [overlay(image, np.zeros_like(label)), overlay(image, label), overlay(image, pred)], axis=2
+                )
+                self.writer.add_image(f"{tag}/{case.case_id}", torch.from_numpy(panel), step)
+        except OSError as exc:
+            self._failed(exc)
 
     def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
+        try:
+            if self._writer is not None:
+                self._writer.close()
+        except OSError as exc:
+            self._failed(exc)
+
+
+def _quiet_event_writer_threads() -> None:
+    """TensorBoard's writer thread re-raises a write that failed (a full disk), which Python prints as a
+    traceback; the logger meets the same error at its next call and says it in one warning instead."""
+    previous = threading.excepthook
+    if getattr(previous, "mcseg_quiet", False):
+        return
+
+    def hook(args) -> None:
+        if isinstance(args.exc_value, OSError) and type(args.thread).__module__.startswith("tensorboard."):
+            return
+        previous(args)
+
+    hook.mcseg_quiet = True
+    threading.excepthook = hook

@@ -254,6 +254,13 @@ class Trainer:
         return (f"non-finite {bad.what} at epoch {epoch + 1}, step {bad.step} "
                 f"(batch of training cases {bad.cases}{where})")
 
+    def _last_good(self) -> str:
+        """Where a run stopped by a non-finite step can resume from, or that it cannot (no checkpoint yet)."""
+        last = self.ckpt_dir / "last.pt"
+        if last.is_file():
+            return f"the last good checkpoint is {last}"
+        return f"no checkpoint has been written yet in {self.ckpt_dir}: nothing to resume from"
+
     def train_epoch(self, epoch: int) -> dict:
         self.train_module.train()
         first_step = self.step_in_epoch
@@ -271,8 +278,7 @@ class Trainer:
             self.epoch_loss_sum += report.loss_sum
             stop_agreed = stop_agreed or report.stop
             if report.bad is not None:
-                raise NonFiniteLossError(f"{self._nonfinite_message(report.bad, epoch)}; the last good checkpoint "
-                                         f"is {self.ckpt_dir / 'last.pt'}")
+                raise NonFiniteLossError(f"{self._nonfinite_message(report.bad, epoch)}; {self._last_good()}")
             return report.mean_loss
 
         bar = tqdm(self.loader, desc=f"epoch {epoch + 1}", leave=False, dynamic_ncols=True,
@@ -352,7 +358,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         if self.nonfinite_skips >= self.cfg.max_nonfinite_skips:
             raise NonFiniteLossError(f"{message}; trainer.max_nonfinite_skips={self.cfg.max_nonfinite_skips} "
-                                     f"steps already skipped; the last good checkpoint is {self.ckpt_dir / 'last.pt'}")
+                                     f"steps already skipped; {self._last_good()}")
         self.nonfinite_skips += 1
         log.warning("%s: step skipped (%d of at most %d)", message, self.nonfinite_skips,
                     self.cfg.max_nonfinite_skips)
