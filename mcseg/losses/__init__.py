@@ -6,6 +6,7 @@ logits and 0/1 targets ``B x R x spatial``. ``loss.probabilities(logits)`` gives
 probabilities to evaluate. See ``docs/losses.md`` for formulas, defaults and papers.
 """
 
+from .ace import L1ACELoss
 from .base import SegmentationLoss
 from .brier import BrierLoss
 from .cross_entropy import CELoss, ECPLoss, LabelSmoothingLoss
@@ -26,6 +27,7 @@ __all__ = [
     "FCLLoss",
     "FLSDLoss",
     "FocalLoss",
+    "L1ACELoss",
     "LabelSmoothingLoss",
     "MarginDiceLoss",
     "MarginLoss",
