@@ -6,27 +6,33 @@ logits and 0/1 targets ``B x R x spatial``. ``loss.probabilities(logits)`` gives
 probabilities to evaluate. See ``docs/losses.md`` for formulas, defaults and papers.
 """
 
+from .ace import L1ACELoss
 from .base import SegmentationLoss
 from .brier import BrierLoss
 from .cross_entropy import CELoss, ECPLoss, LabelSmoothingLoss
+from .dca import DCALoss, MDCALoss
 from .dice import CEDiceLoss, SoftDice
 from .focal import DualFocalLoss, FCLLoss, FLSDLoss, FocalLoss
-from .margin import CALSLoss, MarginDiceLoss, MarginLoss
+from .margin import ACLSLoss, CALSLoss, MarginDiceLoss, MarginLoss
 from .multilabel import MultiLabelLoss, SigmoidBCELoss, SPALoss
 from .nacl import NACLLoss
 from .svls import SVLSLoss
 
 __all__ = [
+    "ACLSLoss",
     "BrierLoss",
     "CALSLoss",
     "CEDiceLoss",
     "CELoss",
+    "DCALoss",
     "DualFocalLoss",
     "ECPLoss",
     "FCLLoss",
     "FLSDLoss",
     "FocalLoss",
+    "L1ACELoss",
     "LabelSmoothingLoss",
+    "MDCALoss",
     "MarginDiceLoss",
     "MarginLoss",
     "MultiLabelLoss",

@@ -12,7 +12,8 @@ __all__ = ["CEDiceLoss", "SoftDice"]
 
 
 class SoftDice(nn.Module):
-    """Soft Dice loss ``1 - (2 sum p g + smooth_nr) / (sum p + sum g + smooth_dr)``.
+    """Soft Dice loss ``1 - (2 sum p g + smooth_nr) / (sum p + sum g + smooth_dr)``
+    (``squared_pred=True``: ``sum p^2 + sum g^2`` in the denominator).
 
     Sums run over the spatial dims of each sample (``batch=False``, one Dice per sample and
     class) or over the batch too (``batch=True``); the result is the mean over samples and
@@ -25,6 +26,7 @@ class SoftDice(nn.Module):
             but did not; its margin + Dice does drop it, see :class:`~mcseg.losses.MarginDiceLoss`).
         batch: pool the sums over the batch before the ratio (default False).
         smooth_nr, smooth_dr: numerator / denominator smoothing (default 1e-5).
+        squared_pred: square p and g in the denominator, as MONAI's ``squared_pred`` (default False).
     """
 
     def __init__(
@@ -33,12 +35,14 @@ class SoftDice(nn.Module):
         batch: bool = False,
         smooth_nr: float = 1e-5,
         smooth_dr: float = 1e-5,
+        squared_pred: bool = False,
     ) -> None:
         super().__init__()
         self.include_background = check_bool("include_background", include_background)
         self.batch = check_bool("batch", batch)
         self.smooth_nr = check_float("smooth_nr", smooth_nr, low=0.0)
         self.smooth_dr = check_float("smooth_dr", smooth_dr, low=0.0, low_open=True)
+        self.squared_pred = check_bool("squared_pred", squared_pred)
 
     def forward(self, probs: Tensor, target: Tensor, valid: Tensor | None) -> Tensor:
         """``probs`` ``B x C x spatial``; ``target`` ``B x spatial`` (ignored voxels hold any valid label)."""
@@ -52,13 +56,16 @@ class SoftDice(nn.Module):
         if self.batch:
             dims = (0, *dims)
         intersection = (probs * truth).sum(dims)
-        denominator = probs.sum(dims) + truth.sum(dims)
+        if self.squared_pred:
+            denominator = probs.square().sum(dims) + truth.square().sum(dims)
+        else:
+            denominator = probs.sum(dims) + truth.sum(dims)
         return (1.0 - (2.0 * intersection + self.smooth_nr) / (denominator + self.smooth_dr)).mean()
 
     def extra_repr(self) -> str:
         return (
             f"include_background={self.include_background}, batch={self.batch}, "
-            f"smooth_nr={self.smooth_nr}, smooth_dr={self.smooth_dr}"
+            f"smooth_nr={self.smooth_nr}, smooth_dr={self.smooth_dr}, squared_pred={self.squared_pred}"
         )
 
 

@@ -1,4 +1,4 @@
-"""Logit-margin losses: MbLS (margin), MbLS + Dice, and CALS (class-adaptive margins by augmented Lagrangian)."""
+"""Logit-margin losses: MbLS (margin), MbLS + Dice, CALS (class-adaptive margins by augmented Lagrangian), ACLS."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from .base import (
 from .cross_entropy import nll
 from .dice import SoftDice
 
-__all__ = ["CALSLoss", "MarginDiceLoss", "MarginLoss", "logit_distances", "margin_penalty"]
+__all__ = ["ACLSLoss", "CALSLoss", "MarginDiceLoss", "MarginLoss", "logit_distances", "margin_penalty"]
 
 
 def logit_distances(logits: Tensor) -> Tensor:
@@ -302,4 +302,64 @@ class CALSLoss(SegmentationLoss):
             f"num_classes={self.num_classes}, margin={self.margin}, lambd=[{self.lambd_min}, {self.lambd_max}] "
             f"step {self.lambd_step}, rho=[{self.rho_min}, {self.rho_max}] step {self.rho_step}, "
             f"gamma={self.gamma}, tao={self.tao}, normalize={self.normalize}, {super().extra_repr()}"
+        )
+
+
+class ACLSLoss(SegmentationLoss):
+    """Adaptive and conditional label smoothing, ACLS (Park et al., "ACLS: Adaptive and Conditional
+    Label Smoothing for Network Calibration", ICCV 2023).
+
+    ``CE + alpha * R`` with, per voxel, ``z* = max_k z_k``, the positives ``I_k = 1[z_k = z*]``
+    (the ARG-MAX class, not the label; ties give several positives) and
+
+    ``R_v = lambda_pos sum_k I_k ReLU(z* - m)^2 + lambda_neg / (K - 1) sum_k (1 - I_k) ReLU(sg(z*) - z_k - m)^2``,
+
+    averaged over the non-ignored voxels, as the official code (``calibrate/losses/acls.py``),
+    which flattens the voxels of all images into rows (so its normalisers N and N (K - 1) are
+    these means, whatever the ties). Quirks kept from it: the positive term acts on the RAW max
+    logit (not a gap), with gradient (through ``max(dim=1)``, so to one index at a tie); the
+    negative term detaches z*; the indicator is computed on detached logits; the labels enter
+    only the CE. Differences: the official ``ignore_index`` is stored but unused and its CE has
+    none (here ``ignore_index`` masks both terms, as in every mcseg loss); ``forward`` returns
+    the loss only (the official code returns ``(loss, loss_ce, loss_reg)``).
+
+    Args:
+        margin: m >= 0; default 10.
+        alpha: weight of R >= 0; default 0.1.
+        lambda_pos: weight of the positive term >= 0; default 1.
+        lambda_neg: weight of the negative term >= 0; default 0.1.
+        ignore_index, reduction: see :class:`~mcseg.losses.base.SegmentationLoss`.
+    """
+
+    def __init__(
+        self,
+        margin: float = 10.0,
+        alpha: float = 0.1,
+        lambda_pos: float = 1.0,
+        lambda_neg: float = 0.1,
+        ignore_index: int | None = None,
+        reduction: str = "mean",
+    ) -> None:
+        super().__init__(ignore_index=ignore_index, reduction=reduction)
+        self.margin = check_float("margin", margin, low=0.0)
+        self.alpha = check_float("alpha", alpha, low=0.0)
+        self.lambda_pos = check_float("lambda_pos", lambda_pos, low=0.0)
+        self.lambda_neg = check_float("lambda_neg", lambda_neg, low=0.0)
+
+    def regulariser(self, logits: Tensor) -> Tensor:
+        """Per-voxel ``R_v`` (``B x spatial``) of ``B x C x spatial`` logits."""
+        top = logits.max(dim=1, keepdim=True).values
+        positive = (logits.detach() == top.detach()).to(logits.dtype)
+        pos = (positive * torch.relu(top - self.margin).square()).sum(dim=1)
+        neg = ((1.0 - positive) * torch.relu(top.detach() - logits - self.margin).square()).sum(dim=1)
+        return self.lambda_pos * pos + self.lambda_neg / (logits.shape[1] - 1) * neg
+
+    def compute(self, logits: Tensor, target: Tensor, valid: Tensor | None) -> Tensor:
+        ce = nll(torch.log_softmax(logits, dim=1), target)
+        return self.reduce(ce + self.alpha * self.regulariser(logits), valid)
+
+    def extra_repr(self) -> str:
+        return (
+            f"margin={self.margin}, alpha={self.alpha}, lambda_pos={self.lambda_pos}, "
+            f"lambda_neg={self.lambda_neg}, {super().extra_repr()}"
         )

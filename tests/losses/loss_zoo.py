@@ -42,6 +42,20 @@ SOFTMAX_CASES: dict[str, Case] = {
     "fcl": Case(L.FCLLoss),
     "fcl_adaptive": Case(L.FCLLoss, {"self_adaptive": True}),
     "brier": Case(L.BrierLoss),
+    "hardl1ace_ce": Case(L.L1ACELoss, per_voxel=False),
+    "softl1ace_dice_ce": Case(
+        L.L1ACELoss,
+        {"binning": "soft", "lambda_dice": 0.33, "squared_pred": True, "smooth_nr": 0.0},
+        per_voxel=False,
+    ),
+    "l1ace_exclude_nobg": Case(
+        L.L1ACELoss, {"empty_classes": "exclude", "include_background": False}, per_voxel=False
+    ),
+    "mdca": Case(L.MDCALoss, per_voxel=False),
+    "mdca_focal": Case(L.MDCALoss, {"classification": "focal", "gamma": 2.0}, per_voxel=False),
+    "mdca_ls": Case(L.MDCALoss, {"classification": "ls"}, per_voxel=False),
+    "dca": Case(L.DCALoss, per_voxel=False),
+    "acls": Case(L.ACLSLoss, {"margin": 1.0}),
 }
 
 MULTILABEL_CASES: dict[str, Case] = {
@@ -65,8 +79,28 @@ CONFIG_CLASSES = {
     "cals": L.CALSLoss,
     "fcl": L.FCLLoss,
     "brier": L.BrierLoss,
+    "hardl1ace_ce": L.L1ACELoss,
+    "hardl1ace_dice": L.L1ACELoss,
+    "hardl1ace_dice_ce": L.L1ACELoss,
+    "softl1ace_ce": L.L1ACELoss,
+    "softl1ace_dice": L.L1ACELoss,
+    "softl1ace_dice_ce": L.L1ACELoss,
+    "mdca": L.MDCALoss,
+    "dca": L.DCALoss,
+    "acls": L.ACLSLoss,
     "bce": L.SigmoidBCELoss,
     "spa": L.SPALoss,
+}
+
+# presets: configs that extend another (a Hydra defaults list) and differ from the class defaults by these
+# values (the mL1-ACE authors' combinations; hardl1ace_ce is at the class defaults)
+_DICE_CE = {"lambda_ace": 0.33, "lambda_ce": 0.33, "lambda_dice": 0.33, "squared_pred": True, "smooth_nr": 0.0}
+PRESETS = {
+    "hardl1ace_dice": {"lambda_ce": 0.0, "lambda_dice": 0.5},
+    "hardl1ace_dice_ce": _DICE_CE,
+    "softl1ace_ce": {"binning": "soft"},
+    "softl1ace_dice": {"binning": "soft", "lambda_ce": 0.0, "lambda_dice": 0.5},
+    "softl1ace_dice_ce": {"binning": "soft", **_DICE_CE},
 }
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from .loss_zoo import CONFIG_CLASSES, MULTILABEL_CASES, NUM_CLASSES, SOFTMAX_CASES, random_inputs
+from .loss_zoo import CONFIG_CLASSES, MULTILABEL_CASES, NUM_CLASSES, PRESETS, SOFTMAX_CASES, random_inputs
 from mcseg import losses as L
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -118,8 +118,9 @@ def test_bf16_autocast_gives_float32_value(name):
 
 
 # ------------------------------------------------------------------ gradients
-# the self-adaptive FCL weight is detached on purpose: its gradient is checked in test_loss_focal
-@pytest.mark.parametrize("name", [n for n in SOFTMAX_CASES if n != "fcl_adaptive"])
+# the self-adaptive FCL weight and ACLS's max logit in its negative term are detached on purpose: their
+# gradients are checked in test_loss_focal and test_loss_acls
+@pytest.mark.parametrize("name", [n for n in SOFTMAX_CASES if n not in ("fcl_adaptive", "acls")])
 @pytest.mark.parametrize("dims", ["2d", "3d"])
 def test_gradcheck_float64(name, dims):
     shape = {"2d": (2, NUM_CLASSES, 3, 4), "3d": (1, NUM_CLASSES, 3, 2, 3)}[dims]
@@ -231,9 +232,20 @@ def test_every_exported_loss_has_a_config():
     assert files == set(CONFIG_CLASSES)
 
 
+def load_loss_config(name):
+    """configs/loss/<name>.yaml with its defaults list (sibling loss configs, then ``_self_``) merged, as Hydra does."""
+    cfg = OmegaConf.load(ROOT / "configs" / "loss" / f"{name}.yaml")
+    if "defaults" not in cfg:
+        return cfg
+    own = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "defaults"])
+    parts = [own if entry == "_self_" else load_loss_config(entry) for entry in cfg.defaults]
+    return OmegaConf.merge(*parts)
+
+
 @pytest.mark.parametrize("name", CONFIG_CLASSES)
 def test_config_instantiates_at_the_class_defaults(name):
-    cfg = OmegaConf.load(ROOT / "configs" / "loss" / f"{name}.yaml")
+    """...or, for a preset (tests/losses/loss_zoo.py PRESETS), at the class defaults but for its stated values."""
+    cfg = load_loss_config(name)
     tree = OmegaConf.create({"dataset": {"num_classes": 4}, "loss": cfg})
     loss = hydra.utils.instantiate(tree.loss)
     assert type(loss) is CONFIG_CLASSES[name]
@@ -241,8 +253,9 @@ def test_config_instantiates_at_the_class_defaults(name):
     keys = set(cfg) - {"_target_"}
     # every constructor argument except reduction is spelled out, at the class default
     assert keys == set(params) - {"reduction"}
+    expected = {key: params[key].default for key in keys - {"num_classes"}} | PRESETS.get(name, {})
     for key in keys - {"num_classes"}:
-        assert cfg[key] == params[key].default, key
+        assert cfg[key] == expected[key], key
     if name == "cals":
         assert loss.num_classes == 4
 
