@@ -94,6 +94,8 @@ class EvalProtocol:
     hd_definition: str = "max_directed"  # or "pooled"
     bootstrap_samples: int = 1000
     save_uncertainty: bool = False
+    # AUROC, UEO, AURC/E-AURC/AUGRC of the uncertainty maps (mcseg.metrics.failure) in every summary
+    failure_detection: bool = True
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -119,6 +121,11 @@ class InferenceConfig:
     blend_mode: str = "gaussian"
     roi_size: list[int] | None = None  # 3D window; defaults to the training patch size
     mirror_axes: list[int] = field(default_factory=list)  # test-time mirroring (not in training's validation)
+    # members pooled as probabilities (mcseg.engine.members): MC-dropout samples and TTA views
+    mc_samples: int = 0
+    tta: list[str] = field(default_factory=list)  # [] | [flips] | [flips, noise] | [noise]
+    tta_noise_std: float = 0.1
+    member_seed: int = 0
     save_predictions: bool = True
     save_probabilities: bool = False
 

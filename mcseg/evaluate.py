@@ -9,10 +9,11 @@ import logging
 import shutil
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, ListConfig
 
 from mcseg.data.io import write_json
 from mcseg.engine.checkpoint_eval import evaluate_checkpoint
+from mcseg.engine.ensemble import evaluate_ensemble
 from mcseg.engine.evaluation import evaluate_split, format_summary  # noqa: F401  (re-exported for scripts)
 from mcseg.errors import ConfigError
 from mcseg.engine.provenance import hydra_overrides
@@ -26,6 +27,8 @@ def evaluate(cfg: DictConfig) -> dict:
     if bool(cfg.get("ckpt")) == bool(cfg.get("runs")):
         raise ConfigError("evaluate: set exactly one of ckpt=<run>/checkpoints/best.pt (one checkpoint) "
                           "or runs=<run or sweep directory> (every run under it)")
+    if isinstance(cfg.get("ckpt"), (list, ListConfig)):  # ckpt=[<a>,<b>,...]: a deep ensemble
+        return evaluate_ensemble(cfg, list(cfg.ckpt), hydra_overrides())
     if cfg.get("ckpt"):
         return evaluate_checkpoint(cfg, Path(cfg.ckpt).expanduser().resolve(), hydra_overrides())
     return evaluate_runs(cfg, Path(cfg.runs).expanduser().resolve())

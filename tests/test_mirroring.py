@@ -90,13 +90,13 @@ def test_validation_runs_unmirrored_and_the_posthoc_fit_and_test_mirrored(mirror
     assert summary["provenance"]["inference"]["mirror_axes"] == [0, 1]
 
 
-def test_unmirrored_is_the_same_predictor_without_flips():
+def test_plain_is_the_same_predictor_without_flips():
     cfg = InferenceConfig(mirror_axes=[0, 2])
     predictor = SegmentationPredictor(torch.nn.Identity(), 3, 1, lambda z: z.softmax(1), False, cfg, None, "32",
                                       torch.device("cpu"))
-    plain = predictor.unmirrored()
+    plain = predictor.plain()
     assert plain.cfg.mirror_axes == [] and plain.model is predictor.model and predictor.cfg.mirror_axes == [0, 2]
-    assert plain.unmirrored() is plain
+    assert plain.plain() is plain
 
 
 def test_evaluate_mirrors_a_saved_checkpoint_as_asked(mirrored_run, make_cfg, tmp_path):

@@ -172,7 +172,7 @@ def collect_validation(predictor, cases: Iterable[CaseData], cfg: PosthocConfig,
     if cfg.voxels == "region" and protocol is None:
         raise ValueError("posthoc.voxels=region needs the evaluation protocol (its region)")
     generator = torch.Generator().manual_seed(cfg.seed)
-    predictor.model.eval()
+    predictor.eval()
     logits_parts, target_parts, ids, kept = [], [], [], []
     for case in cases:
         if case.label is None:

@@ -303,6 +303,12 @@ class SegmentationDataset(ABC):
         probs = invert(probs, geometry, self.multilabel)
         return probs, self.original_label(case), geometry.original_spacing, np.asarray(geometry.original_affine)
 
+    def restore_maps(self, case: CaseData, maps):
+        """Voxel maps (``M x *S``, e.g. uncertainty) back to the original grid as :meth:`restore` maps
+        probabilities: linear interpolation, and 0 (certain background) outside the network's field."""
+        geometry = case.meta.get("geometry") if case.meta else None
+        return maps if geometry is None else invert(maps, geometry, multilabel=True)
+
 
 def _foreground_points(label: np.ndarray) -> np.ndarray:
     """``N x (1 + ndim)`` int32 rows ``(class, *coords)``: up to ``_FG_POINTS`` voxels per class."""

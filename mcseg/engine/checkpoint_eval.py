@@ -172,8 +172,9 @@ def check_compatible(ckpt: Path, run_cfg: DictConfig, dataset: SegmentationDatas
 
 
 def output_dir(cfg: DictConfig, ckpt: Path, sha256: str, run_dir: Path | None, selected: bool,
-               other_dataset: str | None) -> Path:
+               other_dataset: str | None, variant: str | None = None) -> Path:
     """Where this evaluation goes (module docstring); refuses to replace an earlier one unless ``overwrite``.
+    ``variant`` (other members than the run's, :func:`member_tag`) is added to the split's folder name.
 
     Clears nothing: the caller removes an earlier evaluation (:func:`clear_evaluation`) once every other
     check that can refuse this one has passed."""
@@ -188,7 +189,8 @@ def output_dir(cfg: DictConfig, ckpt: Path, sha256: str, run_dir: Path | None, s
                           f"its <run>/split.json): pass eval_dir=<folder> to say where its evaluation goes")
     else:
         base = run_dir / "eval" if selected else run_dir / "eval" / f"{ckpt.stem}-{sha256[:8]}"
-        out = base / (f"{other_dataset}-{cfg.split}" if other_dataset else str(cfg.split))
+        out = base / ((f"{other_dataset}-{cfg.split}" if other_dataset else str(cfg.split))
+                      + (f"-{variant}" if variant else ""))
     if (out / "summary.json").exists() and not cfg.get("overwrite"):
         raise FileExistsError(f"{out / 'summary.json'} exists (an earlier evaluation; {PROVENANCE_FILE} says of "
                               f"what): pass overwrite=true to replace it, or eval_dir=<another folder>")
@@ -287,6 +289,33 @@ def mirrored_as_asked(cfg: DictConfig, inference: InferenceConfig) -> InferenceC
     return replace(inference, mirror_axes=[int(a) for a in axes])
 
 
+MEMBER_KEYS = ("mc_samples", "tta", "tta_noise_std", "member_seed")
+
+
+def member_settings(inference: InferenceConfig) -> tuple:
+    return tuple(tuple(v) if isinstance(v, list) else v for v in (getattr(inference, k) for k in MEMBER_KEYS))
+
+
+def member_tag(inference: InferenceConfig) -> str:
+    """A folder-name tag of the members: ``tta-flips+noise``, ``mc8``, ``tta-flips-mc8``; ``single``."""
+    parts = ([f"tta-{'+'.join(inference.tta)}"] if inference.tta else []) \
+        + ([f"mc{inference.mc_samples}"] if inference.mc_samples else [])
+    if inference.tta and "noise" in inference.tta and inference.tta_noise_std != 0.1:
+        parts.append(f"sd{inference.tta_noise_std:g}")
+    if inference.member_seed:
+        parts.append(f"seed{inference.member_seed}")
+    return "-".join(parts) or "single"
+
+
+def members_as_asked(cfg: DictConfig, inference: InferenceConfig) -> InferenceConfig:
+    """The run's inference settings with evaluate.py's ``mc_samples``, ``tta``, ``tta_noise_std`` and
+    ``member_seed`` where given (null: the run's)."""
+    asked = {k: cfg.get(k) for k in MEMBER_KEYS if cfg.get(k) is not None}
+    if "tta" in asked:
+        asked["tta"] = [str(t) for t in asked["tta"]]
+    return replace(inference, **asked) if asked else inference
+
+
 def own_splits(ckpt: Path, dataset: SegmentationDataset, split: dict) -> Splits:
     """The checkpoint's split as case references of ``dataset``; one line if a case is missing."""
     by_id = {r.case_id: r for r in dataset.case_refs()}
@@ -345,7 +374,9 @@ def _evaluate_state(cfg: DictConfig, ckpt: Path, state: dict, overrides: list[st
     # everything that can be refused is, before the first file is written or replaced
     device = resolve_device(cfg.device)
     model, loss_fn = restore_model(run_cfg, state, ckpt, device)
-    inference = mirrored_as_asked(cfg, typed(run_cfg.inference, InferenceConfig, "inference"))
+    trained_inference = typed(run_cfg.inference, InferenceConfig, "inference")
+    inference = members_as_asked(cfg, mirrored_as_asked(cfg, trained_inference))
+    variant = member_tag(inference) if member_settings(inference) != member_settings(trained_inference) else None
     protocol = typed(cfg.evaluation, EvalProtocol, "evaluation")
     predictor = build_predictor(eval_cfg, model, loss_fn, device, inference, run_cfg.trainer.precision)
     if not other:
@@ -354,9 +385,13 @@ def _evaluate_state(cfg: DictConfig, ckpt: Path, state: dict, overrides: list[st
         if stored.get("root") and stored["root"] != str(root):
             log.warning("%s was trained on the data at %s; evaluating the same case ids at %s", ckpt,
                         stored["root"], root)
-    out_dir = output_dir(cfg, ckpt, sha, run_dir, selected, dataset.name if other else None)
+    out_dir = output_dir(cfg, ckpt, sha, run_dir, selected, dataset.name if other else None, variant)
+    # other members than the run's: a post-hoc fit of its own, on the pooled prediction (posthoc.pool=before),
+    # kept with this evaluation under the checkpoint's hash and the members
+    fit_identity = checkpoint if variant is None else {**checkpoint, "sha256": f"{sha}+{variant}"}
     # the scalers on record (LTS weights too) or where a new fit goes: refused here, not after clearing
-    plan = plan_posthoc(cfg, split, run_dir or out_dir, checkpoint, evaluation_dir=out_dir)
+    plan = plan_posthoc(cfg, split, (run_dir or out_dir) if variant is None else out_dir, fit_identity,
+                        evaluation_dir=out_dir)
     if not other:
         validate_cases(dataset, splits[cfg.split], "scoring")  # the same header checks as training and mcseg-data
     if (out_dir / "summary.json").exists():  # overwrite=true, and nothing refused it: the earlier one goes now
@@ -382,7 +417,7 @@ def _evaluate_state(cfg: DictConfig, ckpt: Path, state: dict, overrides: list[st
         "classes_unseen_in_training": list(state.get("classes_unseen_in_training") or []),
     }
     fit_provenance = {"dataset": provenance["trained_on"], "overrides": overrides}
-    scalers = posthoc_scalers(plan, run_cfg, split, None if other else dataset, predictor, checkpoint,
+    scalers = posthoc_scalers(plan, run_cfg, split, None if other else dataset, predictor, fit_identity,
                               fit_provenance, protocol)
     summary = evaluate_split(predictor, dataset, refs, protocol, out_dir, cfg.save_predictions,
                              cfg.save_probabilities, scalers, provenance)

@@ -10,6 +10,7 @@ import math
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from mcseg.calibration import Scaler
 from mcseg.data.cases import CaseData
@@ -18,6 +19,8 @@ from mcseg.data.cases import CaseRef
 from mcseg.data.io import write_json
 from mcseg.engine.evaluator import EvalProtocol, Evaluator
 from mcseg.engine.predict import SegmentationPredictor, evaluate_cases
+from mcseg.metrics.failure import FailureDetection
+from mcseg.metrics.uncertainty import MAPS
 
 from mcseg.text import plural
 
@@ -31,7 +34,7 @@ PROVENANCE_FILE = "provenance.json"
 def evaluate_split(
     predictor: SegmentationPredictor, dataset: SegmentationDataset, refs: list[CaseRef], protocol: EvalProtocol,
     out_dir: Path, save_predictions: bool, save_probabilities: bool, scalers: dict[str, Scaler] | None = None,
-    provenance: dict | None = None,
+    provenance: dict | None = None, progress: bool = True,
 ) -> dict:
     """Segment ``refs`` one case at a time and write per_case.csv, summary.json and diagrams to ``out_dir``.
 
@@ -51,14 +54,19 @@ def evaluate_split(
     if provenance is not None:  # how the logits were made: windows, blending, test-time mirroring
         cfg = predictor.cfg
         provenance = {**provenance, "inference": {"overlap": cfg.overlap, "blend_mode": cfg.blend_mode,
-                                                  "mirror_axes": list(cfg.mirror_axes)}}
+                                                  "mirror_axes": list(cfg.mirror_axes),
+                                                  "mc_samples": cfg.mc_samples, "tta": list(cfg.tta),
+                                                  "tta_noise_std": cfg.tta_noise_std,
+                                                  "member_seed": cfg.member_seed, "members": predictor.n_members}}
     origin = {"provenance": provenance} if provenance is not None else {}
     posthoc = {name: (_transform(scaler.to(predictor.device)), new_evaluator(), scaler.preserves_argmax)
                for name, scaler in (scalers or {}).items()}
     dataset.prepare(refs)
-    cases = (dataset.load(ref) for ref in refs)  # one case in memory at a time
+    failure = FailureDetection(MAPS) if protocol.failure_detection else None
+    cases = (dataset.load(ref) for ref in tqdm(refs, desc=f"evaluating {len(refs)} cases", leave=False,
+                                                dynamic_ncols=True, disable=not progress))  # one in memory at a time
     evaluate_cases(predictor, cases, evaluator, dataset.restore, out_dir, save_predictions, save_probabilities,
-                   protocol.save_uncertainty, posthoc=posthoc)
+                   protocol.save_uncertainty, posthoc=posthoc, failure=failure, restore_maps=dataset.restore_maps)
     after = {}
     for name, (_, scaled_evaluator, _) in posthoc.items():
         fitted = {"label": scalers[name].label(), "description": scalers[name].describe(),
@@ -66,7 +74,10 @@ def evaluate_split(
         scaled = scaled_evaluator.write(out_dir / name, extra={"posthoc": {"scaler": name, **fitted}, **origin})
         after[name] = {**fitted, **{k: scaled.get(k) for k in POSTHOC_KEYS},
                        "pooled": {k: scaled["pooled"].get(k) for k in ("ece", "classwise_ece", "nll", "brier")}}
-    summary = evaluator.write(out_dir, extra={**({"posthoc": after} if after else {}), **origin})
+    members = {"members": predictor.n_members, "pooled": "probabilities"} if predictor.pooled else {}
+    detection = {"failure_detection": failure.summary()} if failure is not None else {}
+    summary = evaluator.write(out_dir, extra={**({"posthoc": after} if after else {}), **origin, **detection,
+                                              **({"predictor": members} if members else {})})
     if provenance is not None:
         write_json(out_dir / PROVENANCE_FILE, provenance)
     log.info("evaluation of %s written to %s", plural(len(refs), "case"), out_dir)

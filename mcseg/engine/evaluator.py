@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from mcseg.metrics.uncertainty import entropy
 from matplotlib.figure import Figure
 
 from mcseg.config import EvalProtocol  # the schema of the ``evaluation`` node; importable here too
@@ -50,11 +52,7 @@ def entropy_map(probs: torch.Tensor, multilabel: bool = False) -> torch.Tensor:
     sigmoids): the entropy of the joint distribution, sum_r H_b(p_r) with the binary entropy
     H_b(p) = -p log p - (1-p) log(1-p), at most R log 2.
     """
-    p = probs.float()
-    h = torch.special.entr(p)
-    if multilabel:
-        h = h + torch.special.entr(1.0 - p)
-    return h.sum(0)
+    return entropy(probs.float(), multilabel)
 
 
 
@@ -174,6 +172,16 @@ class Evaluator:
             raise ValueError(f"case {case_id}: probabilities must be finite and in [0, 1] (logits given?)")
         if not self.multilabel and bool((sample.sum(0) - 1).abs().max() > 1e-3):
             raise ValueError(f"case {case_id}: softmax probabilities do not sum to 1 over the channels")
+
+    def region_of(self, label: torch.Tensor, prediction: torch.Tensor, spacing) -> torch.Tensor | None:
+        """The protocol's voxel region of one case (None: every voxel); multi-label: the union of the
+        regions' own (failure detection scores a voxel once)."""
+        def one(y, p):
+            return region_mask(self.protocol.region, y, p, spacing, self.protocol.boundary_width_mm)
+        if not self.multilabel:
+            return one(label, prediction)
+        masks = [one(label[r].long(), prediction[r].long()) for r in range(label.shape[0])]
+        return None if any(m is None for m in masks) else torch.stack(masks).any(0)
 
     def _calibration(self, probs, label, prediction, spacing, top) -> tuple[dict, list[CalibrationStats]]:
         """The case's calibration values and its statistics (one per region when multilabel)."""

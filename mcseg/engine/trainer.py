@@ -376,8 +376,8 @@ class Trainer:
             call_hook(self.loss_fn, "on_validation_start")
         hook = None if full else getattr(self.loss_fn, "on_validation_batch", None)
         images = 0 if full else self.images
-        # unmirrored, as nnU-Net validates: test-time mirroring would multiply each validation's cost
-        kept = evaluate_cases(self.predictor.unmirrored(), self._until_stopped(cases), evaluator, self.restore,
+        # one plain pass, as nnU-Net validates: test-time mirroring or members would multiply each validation's cost
+        kept = evaluate_cases(self.predictor.plain(), self._until_stopped(cases), evaluator, self.restore,
                               on_logits=hook, keep=images)
         if self._stop_requested:
             return {}  # cut short: the caller checkpoints and stops, and a resumed run validates again

@@ -63,18 +63,21 @@ class MemberAccumulator:
         return self.sum_probs / self.members
 
     def maps(self, normalised: bool = False) -> dict[str, torch.Tensor]:
-        """The four maps (``*S`` each); ``normalised``: entropies and MI divided by their maximum (``ln C``,
-        or ``C ln 2`` for multi-label), 1 - max probability by ``1 - 1/C`` (softmax), so all lie in [0, 1]."""
+        """The four maps (``*S`` each; :func:`normalise` with ``normalised``)."""
         mean = self.mean()
-        classes = mean.shape[0]
         predictive = entropy(mean, self.multilabel)
         expected = self.sum_entropy / self.members
         # MI >= 0 by Jensen's inequality; float rounding can leave -1e-7 where the members agree
         mutual = (predictive - expected).clamp_min(0.0)
         # multi-label: one minus the confidence of the least confident region, min(p, 1 - p) at its largest
         top = torch.minimum(mean, 1 - mean).max(0).values if self.multilabel else 1.0 - mean.max(0).values
-        if normalised:
-            scale = classes * math.log(2.0) if self.multilabel else math.log(classes)
-            predictive, expected, mutual = predictive / scale, expected / scale, mutual / scale
-            top = top / (0.5 if self.multilabel else 1.0 - 1.0 / classes)
-        return dict(zip(MAPS, (predictive, expected, mutual, top)))
+        maps = dict(zip(MAPS, (predictive, expected, mutual, top)))
+        return normalise(maps, mean.shape[0], self.multilabel) if normalised else maps
+
+
+def normalise(maps: dict[str, torch.Tensor], classes: int, multilabel: bool) -> dict[str, torch.Tensor]:
+    """The maps divided by their largest possible value, into [0, 1]: entropies and MI by ``ln C`` (``C ln 2``
+    for multi-label), 1 - max probability by ``1 - 1/C`` (0.5 for multi-label)."""
+    scale = classes * math.log(2.0) if multilabel else math.log(classes)
+    top = 0.5 if multilabel else 1.0 - 1.0 / classes
+    return {name: m / (top if name == "one_minus_max_prob" else scale) for name, m in maps.items()}

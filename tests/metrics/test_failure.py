@@ -162,3 +162,14 @@ def test_case_scores_aggregate_as_values_does_and_bad_input_is_named():
         aggregate_uncertainty(u, "threshold")
     with pytest.raises(ValueError, match="equal-length"):
         risk_coverage([0.1, 0.2], [0.3])
+
+
+def test_window_sums_equal_average_pooling_times_the_window():
+    from mcseg.metrics.failure import window_sums
+
+    g = torch.Generator().manual_seed(4)
+    u = torch.rand(13, 11, 7, generator=g, dtype=torch.float64)
+    pooled = torch.nn.functional.avg_pool3d(u[None, None], (5, 5, 5), stride=1)[0, 0] * 125
+    assert torch.allclose(window_sums(u, 5), pooled)
+    assert torch.allclose(window_sums(u, 10)[..., :], torch.nn.functional.avg_pool3d(
+        u[None, None], (10, 10, 7), stride=1)[0, 0] * 700)

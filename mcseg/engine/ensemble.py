@@ -1,0 +1,191 @@
+"""``evaluate.py ckpt=[<a>,<b>,...]``: a deep ensemble of trained checkpoints, evaluated as one predictor.
+
+* Members are checkpoints or run directories (their ``best.pt``); a directory that is not a run stands for
+  every run under it with a ``best.pt`` (e.g. the seeds of one configuration of a sweep), which must then
+  be runs of one configuration (``configuration_sha256`` of their ``result.json``).
+* Members must agree on what they predict and from what: input channels, classes and their names,
+  multi-label or not, the patch geometry (dimensionality, slice axis, patch size) and their split; when
+  they recorded it, also the content of their data. Otherwise one line names the member and the difference.
+* Their softmax (sigmoid) **probabilities** are averaged (:class:`mcseg.engine.predict.EnsemblePredictor`),
+  with each member's own TTA views and MC samples, one case and one member at a time: memory does not grow
+  with the number of members.
+* Post-hoc scalers (``posthoc.apply``) are fitted on the pooled prediction of the members' shared validation
+  split (``posthoc.pool=before``, Rahaman & Thiery 2021) and kept with the ensemble's evaluation.
+* Results go to ``<the members' common folder>/ensembles/ensemble<K>-<sha8 of the members' hashes>/<split>/``
+  (or ``eval_dir=``), never into a member's ``eval/``; the provenance lists every member.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from mcseg.config import typed
+from mcseg.data.fingerprint import split_content_sha256
+from mcseg.engine.build import build_predictor, restore_model
+from mcseg.engine.checkpoint import load_checkpoint
+from mcseg.engine.checkpoint_eval import (SELECTED, check_compatible, checkpoint_split, clear_evaluation,
+                                          members_as_asked, mirrored_as_asked, own_splits, plan_posthoc,
+                                          posthoc_scalers, refuse_fixed_overrides, resolve_checkpoint_path,
+                                          scored_content)
+from mcseg.engine.data import build_dataset, record_dataset_facts
+from mcseg.engine.evaluation import PROVENANCE_FILE, evaluate_split, format_summary
+from mcseg.engine.evaluator import EvalProtocol
+from mcseg.engine.inference import InferenceConfig
+from mcseg.engine.predict import EnsemblePredictor
+from mcseg.engine.provenance import checkpoint_identity, dataset_identity, file_sha256
+from mcseg.environment import environment_record
+from mcseg.errors import ConfigError
+from mcseg.runtime import resolve_device
+
+log = logging.getLogger(__name__)
+
+# What members must share: (what, how it is read from a checkpoint)
+AGREEMENT = {
+    "input channels": lambda s: s["config"]["dataset"].get("in_channels"),
+    "classes": lambda s: s["config"]["dataset"].get("num_classes"),
+    "class names": lambda s: list(s["config"]["dataset"].get("class_names") or []),
+    "multi-label outputs": lambda s: bool(s["config"]["dataset"].get("multilabel", False)),
+    "geometry (dims, slice axis, patch size)": lambda s: (
+        s["config"]["dataset"]["sampling"].get("dims"), s["config"]["dataset"]["sampling"].get("slice_axis", -1),
+        list(s["config"]["dataset"]["sampling"].get("patch_size") or [])),
+    "split": lambda s: {k: sorted(v) for k, v in (s.get("split") or {}).items()},
+    "data content": lambda s: (s.get("dataset") or {}).get("content_sha256"),
+}
+
+
+def member_paths(entries) -> list[Path]:
+    """Checkpoint files of ``ckpt=[...]``: files, run directories (their best.pt), or folders of runs."""
+    from mcseg.sweep import find_run_dirs
+
+    paths: list[Path] = []
+    for entry in entries:
+        path = Path(str(entry)).expanduser().resolve()
+        if path.is_dir() and not (path / "checkpoints" / SELECTED).is_file() and not (path / SELECTED).is_file():
+            runs = [d for d in find_run_dirs([path]) if (d / "checkpoints" / SELECTED).is_file()]
+            if not runs:
+                raise FileNotFoundError(f"ckpt: {path} holds neither checkpoints/{SELECTED} nor runs with one")
+            configurations = {}
+            for run in runs:
+                result = run / "result.json"
+                key = json.loads(result.read_text()).get("run", {}).get("configuration_sha256") \
+                    if result.is_file() else None
+                configurations.setdefault(key, []).append(run)
+            if len(configurations) > 1:
+                listed = "; ".join(f"{len(r)} run(s) like {r[0].name}" for r in configurations.values())
+                raise ConfigError(f"ckpt: {path} holds runs of {len(configurations)} configurations ({listed}): "
+                                  "an ensemble is of one configuration's runs; list the runs to pool")
+            paths += [run / "checkpoints" / SELECTED for run in runs]
+        else:
+            paths.append(resolve_checkpoint_path(path))
+    unique = list(dict.fromkeys(paths))
+    if len(unique) != len(paths):
+        raise ConfigError("ckpt: a member is listed twice: " + ", ".join(
+            str(p) for p in dict.fromkeys(p for p in paths if paths.count(p) > 1)))
+    return unique
+
+
+def _disagreement(first: dict, other: dict) -> str | None:
+    for what, read in AGREEMENT.items():
+        a, b = read(first), read(other)
+        if what == "data content" and (a is None or b is None):
+            continue  # a member of a version that recorded no content
+        if a != b:
+            return f"{what}: {b!r}, the first member {a!r}"
+    return None
+
+
+def ensemble_dir(cfg: DictConfig, members: list[dict]) -> Path:
+    """``eval_dir``, else ``<common folder of the members' runs>/ensembles/ensemble<K>-<sha8>/<split>``."""
+    key = hashlib.sha256("\n".join(sorted(m["sha256"] for m in members)).encode()).hexdigest()[:8]
+    if cfg.get("eval_dir"):
+        out = Path(cfg.eval_dir).expanduser().resolve()
+    else:
+        runs = [Path(m["path"]).parent.parent if Path(m["path"]).parent.name == "checkpoints"
+                else Path(m["path"]).parent for m in members]
+        common = Path(os.path.commonpath([str(r) for r in runs]))
+        if common in runs:  # one run's checkpoints: the ensemble goes beside the run, not into it
+            common = common.parent
+        out = common / "ensembles" / f"ensemble{len(members)}-{key}" / str(cfg.split)
+    if (out / "summary.json").exists() and not cfg.get("overwrite"):
+        raise FileExistsError(f"{out / 'summary.json'} exists (an earlier evaluation of these members): pass "
+                              "overwrite=true to replace it, or eval_dir=<another folder>")
+    return out
+
+
+def evaluate_ensemble(cfg: DictConfig, entries, overrides: list[str] | None = None) -> dict:
+    """Evaluate the ensemble of ``entries`` (module docstring); a single member is evaluated as itself."""
+    from mcseg.engine.checkpoint_eval import evaluate_checkpoint
+
+    overrides = list(overrides or [])
+    paths = member_paths(entries)
+    if len(paths) == 1:
+        log.warning("ckpt: an ensemble of one member is that checkpoint: evaluating %s alone", paths[0])
+        return evaluate_checkpoint(cfg, paths[0], overrides)
+    if cfg.get("dataset") is not None:
+        raise ConfigError("evaluate: an ensemble is evaluated on its members' own split; dataset= is not supported")
+    device = resolve_device(cfg.device)
+    predictors, identities, first_state, first_cfg, split = [], [], None, None, None
+    for path in paths:
+        state = load_checkpoint(path)
+        run_cfg = OmegaConf.create(state["config"])
+        if first_state is None:
+            first_state, first_cfg = state, run_cfg
+            refuse_fixed_overrides(cfg, run_cfg, overrides)
+            split = checkpoint_split(path, state, True)[0]
+            if split is None:
+                raise ValueError(f"{path} holds no split (written before checkpoints stored theirs): it cannot be "
+                                 "an ensemble member")
+        else:
+            differs = _disagreement(first_state, state)
+            if differs:
+                raise ValueError(f"{path}: cannot join an ensemble with {paths[0]}: {differs}")
+        model, loss_fn = restore_model(run_cfg, state, path, device)
+        inference = members_as_asked(cfg, mirrored_as_asked(cfg, typed(run_cfg.inference, InferenceConfig,
+                                                                         "inference")))
+        predictors.append(build_predictor(run_cfg, model, loss_fn, device, inference, run_cfg.trainer.precision))
+        identities.append({**checkpoint_identity(path, state, file_sha256(path)),
+                           "run_dir": str(path.parent.parent) if path.parent.name == "checkpoints" else None,
+                           "seed": state["config"].get("seed")})
+        state.pop("optimizer", None), state.pop("model", None)  # the ensemble keeps a member's model, not these
+    dataset = build_dataset(first_cfg.dataset)
+    record_dataset_facts(first_cfg, dataset)
+    check_compatible(paths[0], first_cfg, dataset)
+    splits = own_splits(paths[0], dataset, split)
+    ensemble = EnsemblePredictor(predictors)
+    protocol = typed(cfg.evaluation, EvalProtocol, "evaluation")
+    out_dir = ensemble_dir(cfg, identities)
+    key = out_dir.parent.name
+    identity = {"path": str(out_dir.parent), "sha256": hashlib.sha256(
+        "\n".join(sorted(m["sha256"] for m in identities)).encode()).hexdigest(), "members": len(identities)}
+    plan = plan_posthoc(cfg, split, out_dir.parent, identity, evaluation_dir=out_dir.parent)
+    if (out_dir / "summary.json").exists():  # overwrite=true, and nothing refused it
+        clear_evaluation(out_dir)
+    refs = splits[cfg.split]
+    seen, changed, scored = scored_content(paths[0], first_state, dataset, refs, str(cfg.split))
+    provenance = {
+        "ensemble": key, "members": identities, "pool": "probabilities (posthoc.pool=before)",
+        "split": {"name": str(cfg.split), "source": "checkpoint", "cases": [r.case_id for r in refs]},
+        "dataset": dataset_identity(dataset, [r.case_id for r in splits["all"]]),
+        "trained_on": first_state.get("dataset") or {"name": first_cfg.dataset.get("name")},
+        "geometry": {"dims": ensemble.model_dims, "slice_axis": ensemble.slice_axis,
+                     "patch_size": list(ensemble.roi_size or [])},
+        "overrides": overrides, "output_dir": str(out_dir), "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "environment": environment_record(device, bool(first_cfg.trainer.get("deterministic", False))),
+        "scored_content_sha256": split_content_sha256({str(cfg.split): scored}),
+        "seen_in_training": seen, "content_changed": changed,
+        "classes_unseen_in_training": list(first_state.get("classes_unseen_in_training") or []),
+    }
+    scalers = posthoc_scalers(plan, first_cfg, split, dataset, ensemble, identity,
+                              {"dataset": provenance["trained_on"], "overrides": overrides,
+                               "members": [m["sha256"] for m in identities]}, protocol)
+    summary = evaluate_split(ensemble, dataset, refs, protocol, out_dir, cfg.save_predictions,
+                             cfg.save_probabilities, scalers, provenance)
+    print(format_summary(summary, dataset.class_names,
+                         title=f"{dataset.name} {cfg.split} split (ensemble of {len(identities)}) -> {out_dir}"))
+    return summary

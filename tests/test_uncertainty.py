@@ -1,0 +1,206 @@
+"""Predictors with several members (issue #23): deep ensembles, MC dropout and TTA in the one inference path,
+their uncertainty maps and the failure-detection figures of every evaluation.
+
+Three tiny 2D runs are trained once for the module (seeds 0 and 1, and one with dropout); tests that write
+evaluate into their own folders.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from mcseg.data.cases import CaseData
+from mcseg.engine.checkpoint import load_checkpoint, save_checkpoint
+from mcseg.engine.inference import InferenceConfig
+from mcseg.engine.members import case_seed, flip_views
+from mcseg.engine.predict import EnsemblePredictor, SegmentationPredictor
+from mcseg.errors import ConfigError
+from mcseg.evaluate import evaluate
+from mcseg.train import train
+
+from .conftest import TINY_2D, TINY_3D, compose_config
+
+RUN = TINY_2D + ["trainer.deterministic=true", "evaluation.bootstrap_samples=10"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("members")
+    for name, extra in {"s0": ["seed=0"], "s1": ["seed=1"], "dropout": ["seed=0", "model.dropout=0.3"]}.items():
+        train(compose_config("train", RUN + extra, root / "sweep" / name))
+    return SimpleNamespace(root=root, s0=root / "sweep/s0", s1=root / "sweep/s1", dropout=root / "sweep/dropout")
+
+
+def _evaluate(make_cfg, out: Path, *overrides):
+    return evaluate(make_cfg(["evaluation.bootstrap_samples=10", "save_predictions=false", *overrides],
+                             config_name="evaluate", output_dir=out))
+
+
+def _read(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+# ------------------------------------------------------------------------------------------- the members
+class Tilt(torch.nn.Module):
+    """A 2D 'network' whose logits depend on position (so flips matter) and that has a dropout."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(1, 3, 3, padding=1)
+        self.drop = torch.nn.Dropout(0.5)
+        self.norm = torch.nn.InstanceNorm2d(3)
+
+    def forward(self, x):
+        return self.norm(self.drop(self.conv(x)))
+
+
+def _predictor(model, **inference) -> SegmentationPredictor:
+    return SegmentationPredictor(model, 2, 1, lambda z: torch.softmax(z, 1), False, InferenceConfig(**inference),
+                                 [8, 8], "32", torch.device("cpu"))
+
+
+def _case(seed=0) -> CaseData:
+    g = torch.Generator().manual_seed(seed)
+    return CaseData("c1", torch.randn(1, 8, 8, generator=g).numpy(), np.zeros((8, 8), np.int64), (1.0, 1.0),
+                    np.eye(4))
+
+
+def test_tta_flips_pool_the_flipped_back_probabilities_of_every_view():
+    torch.manual_seed(0)
+    model = Tilt().eval()
+    case = _case()
+    predictor = _predictor(model, tta=["flips"])
+    logits, members = predictor.predict(case)
+    assert predictor.n_members == 4 and members.members == 4 and flip_views(2, True)[0] == ()
+    x = torch.from_numpy(case.image)
+    with torch.no_grad():
+        views = [torch.softmax(model(x[None].flip([d + 2 for d in axes]))[0].flip([d + 1 for d in axes])
+                               if axes else model(x[None])[0], 0) for axes in [(), (0,), (1,), (0, 1)]]
+    want = sum(views) / 4
+    torch.testing.assert_close(members.mean(), want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(torch.softmax(logits, 0), want, rtol=1e-5, atol=1e-6)  # logits: ln of the mean
+
+
+def test_mc_dropout_samples_differ_are_seeded_per_case_and_keep_normalisation_in_eval():
+    torch.manual_seed(0)
+    model = Tilt().eval()
+    seen_modes = []
+    model.norm.register_forward_hook(lambda m, i, o: seen_modes.append(m.training))
+    predictor = _predictor(model, mc_samples=4)
+    members = list(predictor.member_probabilities(_case()))
+    assert len(members) == 4 and not torch.allclose(members[0], members[1])  # dropout acts
+    assert seen_modes == [False] * 4 and not model.drop.training  # only dropout was in train mode, and back
+    torch.manual_seed(123)  # the caller's random state does not matter ...
+    again = list(predictor.member_probabilities(_case()))
+    assert all(torch.equal(a, b) for a, b in zip(members, again))
+    state = torch.get_rng_state()
+    list(predictor.member_probabilities(_case()))
+    assert torch.equal(state, torch.get_rng_state())  # ... and is not disturbed
+    assert case_seed(0, "c1", 1) != case_seed(0, "c2", 1) != case_seed(1, "c2", 1)
+
+
+def test_member_settings_that_cannot_work_are_one_line():
+    plain = torch.nn.Conv2d(1, 3, 3, padding=1)
+    with pytest.raises(ValueError, match="inference.mc_samples=4: Conv2d has no dropout module"):
+        _predictor(plain, mc_samples=4)
+    with pytest.raises(ValueError, match=r"inference.tta=\['mirror'\]: unknown"):
+        _predictor(plain, tta=["mirror"])
+    with pytest.raises(ValueError, match="tta_noise_std=0.0"):
+        _predictor(plain, tta=["noise"], tta_noise_std=0.0)
+
+
+def test_noise_views_are_reproducible_and_differ_from_the_clean_ones():
+    torch.manual_seed(0)
+    model = Tilt().eval()
+    predictor = _predictor(model, tta=["flips", "noise"])
+    a = list(predictor.member_probabilities(_case()))
+    b = list(predictor.member_probabilities(_case()))
+    assert len(a) == 8 and all(torch.equal(x, y) for x, y in zip(a, b))
+    assert not torch.allclose(a[0], a[4])  # the noisy identity view is not the clean one
+
+
+def test_an_ensemble_pools_its_members_probabilities():
+    torch.manual_seed(0)
+    nets = [torch.nn.Conv2d(1, 3, 3, padding=1).eval() for _ in range(3)]
+    ensemble = EnsemblePredictor([_predictor(n) for n in nets])
+    case = _case()
+    logits, members = ensemble.predict(case)
+    x = torch.from_numpy(case.image)[None]
+    with torch.no_grad():
+        want = sum(torch.softmax(n(x)[0], 0) for n in nets) / 3
+    torch.testing.assert_close(members.mean(), want)
+    maps = members.maps()
+    assert float(maps["mutual_information"].min()) >= 0 and float(maps["mutual_information"].max()) > 0
+
+
+# -------------------------------------------------------------------------------------------- evaluations
+def test_every_evaluation_reports_failure_detection_and_a_single_network_has_no_epistemic_part(runs):
+    summary = _read(runs.s0 / "eval/test/summary.json")
+    fd = summary["failure_detection"]
+    assert set(fd) == {"protocol", "predictive_entropy", "expected_entropy", "mutual_information",
+                       "one_minus_max_prob"}
+    entry = fd["predictive_entropy"]
+    assert 0 <= entry["voxel_auroc_pooled"] <= 1 and entry["ueo_threshold"] in (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6,
+                                                                                 0.7, 0.8, 0.9, 0.95)
+    assert entry["image"]["aurc"] >= 0 and entry["image"]["eaurc"] >= -1e-12 and entry["image"]["augrc"] >= 0
+    assert fd["mutual_information"]["ueo"] <= fd["predictive_entropy"]["ueo"] + 1e-9  # MI is 0 everywhere
+    assert "predictor" not in summary  # one network: no members
+
+
+def test_ckpt_list_evaluates_a_deep_ensemble_in_a_folder_of_its_own(runs, make_cfg, tmp_path):
+    members_before = {p: p.read_bytes() for r in (runs.s0, runs.s1) for p in (r / "eval/test").rglob("*.json")}
+    summary = _evaluate(make_cfg, tmp_path / "job", f"ckpt=[{runs.s0},{runs.s1}]", "evaluation.save_uncertainty=true",
+                        "save_predictions=true")
+    assert summary["predictor"] == {"members": 2, "pooled": "probabilities"}
+    out = Path(summary["provenance"]["output_dir"])
+    assert out.parent.parent == runs.root / "sweep" / "ensembles" and out.name == "test"
+    assert [m["seed"] for m in summary["provenance"]["members"]] == [0, 1]
+    assert (out.parent / "calibration.json").is_file() and "temperature" in summary["posthoc"]  # fitted pooled
+    assert {p: p.read_bytes() for p in members_before} == members_before  # no member's eval/ touched
+    case = summary["provenance"]["split"]["cases"][0]
+    for suffix in ("entropy", "expected_entropy", "mutual_information"):
+        assert (out / "predictions" / f"{case}_{suffix}.nii.gz").is_file()
+    assert summary["failure_detection"]["mutual_information"]["voxel_auroc_cases"] >= 1
+    with pytest.raises(FileExistsError, match="an earlier evaluation of these members"):
+        _evaluate(make_cfg, tmp_path / "job2", f"ckpt=[{runs.s1},{runs.s0}]")  # the same set, in another order
+
+
+def test_ensemble_members_that_disagree_or_repeat_are_refused_naming_them(runs, make_cfg, tmp_path):
+    odd = tmp_path / "odd.pt"
+    state = load_checkpoint(runs.s1 / "checkpoints/best.pt")
+    state["split"] = {**state["split"], "test": state["split"]["test"][:-1]}
+    save_checkpoint(odd, state)
+    with pytest.raises(ValueError, match=f"{odd}: cannot join an ensemble .*split"):
+        _evaluate(make_cfg, tmp_path / "job", f"ckpt=[{runs.s0},{odd}]", f"eval_dir={tmp_path / 'x'}")
+    with pytest.raises(ConfigError, match="listed twice"):
+        _evaluate(make_cfg, tmp_path / "job", f"ckpt=[{runs.s0},{runs.s0}/checkpoints/best.pt]")
+    with pytest.raises(ConfigError, match="runs of 2 configurations"):  # the dropout run is another configuration
+        _evaluate(make_cfg, tmp_path / "job", f"ckpt=[{runs.root / 'sweep'}]")
+
+
+def test_evaluate_mc_dropout_and_tta_of_a_checkpoint_beside_its_own_evaluation(runs, make_cfg, tmp_path):
+    with pytest.raises(ValueError, match="has no dropout module"):
+        _evaluate(make_cfg, tmp_path / "j0", f"ckpt={runs.s0}", "mc_samples=3")
+    official = (runs.dropout / "eval/test/summary.json").read_bytes()
+    mc = _evaluate(make_cfg, tmp_path / "j1", f"ckpt={runs.dropout}", "mc_samples=3", "tta=[flips]")
+    out = Path(mc["provenance"]["output_dir"])
+    assert out == runs.dropout / "eval" / "test-tta-flips-mc3"
+    assert mc["predictor"]["members"] == 12 and mc["provenance"]["inference"]["mc_samples"] == 3
+    assert (out / "calibration.json").is_file()  # the pooled prediction's own fit, not the run's
+    assert (runs.dropout / "eval/test/summary.json").read_bytes() == official
+    again = _evaluate(make_cfg, tmp_path / "j2", f"ckpt={runs.dropout}", "mc_samples=3", "tta=[flips]",
+                      f"eval_dir={tmp_path / 'again'}")
+    assert again["mean_foreground_dice"] == mc["mean_foreground_dice"] and again["mean_ece"] == mc["mean_ece"]
+
+
+def test_tta_in_3d_pools_eight_views(make_cfg, tmp_path):
+    summary = train(make_cfg(TINY_3D + ["trainer.max_epochs=1", "inference.tta=[flips]", "posthoc.fit=[]",
+                                        "posthoc.apply=[]", "evaluation.bootstrap_samples=10"]))
+    result = _read(tmp_path / "run/eval/test/summary.json")
+    assert result["predictor"]["members"] == 8 and result["provenance"]["inference"]["tta"] == ["flips"]
+    assert summary["test/mean_foreground_dice"] is not None
