@@ -182,7 +182,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        protocol = EvalProtocol(**{f.name: getattr(args, f.name) for f in fields(EvalProtocol)})
+        # the protocol's keys this command has options for (failure detection needs a predictor's members: not here)
+        protocol = EvalProtocol(**{f.name: getattr(args, f.name) for f in fields(EvalProtocol) if hasattr(args, f.name)})
         summary = evaluate_folder(args.pred_dir, args.label_dir, args.probs_dir, args.num_classes, args.class_names,
                                   protocol, args.output_dir, args.allow_missing)
     except (FolderError, VolumeError, ValueError) as exc:

@@ -41,8 +41,8 @@ def fake_cases(n: int, t: float, seed: int = 0) -> tuple[list[CaseData], dict[st
 def fake_predictor(logits: dict[str, torch.Tensor]) -> SimpleNamespace:
     """The parts of a SegmentationPredictor the fit uses: logits of a case, link, label map."""
     return SimpleNamespace(
-        model=torch.nn.Identity(), multilabel=False, link=softmax_link, model_dims=2, roi_size=list(SHAPE),
-        slice_axis=-1, logits=lambda case: logits[case.case_id],
+        model=torch.nn.Identity(), eval=lambda: None, multilabel=False, link=softmax_link, model_dims=2,
+        roi_size=list(SHAPE), slice_axis=-1, logits=lambda case: logits[case.case_id],
         probabilities=lambda z: torch.softmax(z, 0), label_map=lambda p: p.argmax(0).to(torch.uint8))
 
 

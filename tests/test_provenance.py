@@ -257,8 +257,8 @@ def test_an_absurd_temperature_is_warned_about(tmp_path, caplog):
     label[2:6, 2:6] = 1
     logits = torch.zeros(2, 8, 8)
     logits[1] = 20.0 * (torch.rand(8, 8, generator=torch.Generator().manual_seed(0)) - 0.5)  # confident, random
-    predictor = SimpleNamespace(model=torch.nn.Identity(), multilabel=False, link=lambda z: z.softmax(1),
-                                logits=lambda case: logits)
+    predictor = SimpleNamespace(model=torch.nn.Identity(), eval=lambda: None, multilabel=False,
+                                link=lambda z: z.softmax(1), logits=lambda case: logits)
     case = CaseData(case_id="c0", image=logits.numpy(), label=label.numpy(), spacing=(1.0, 1.0), affine=np.eye(4))
     with caplog.at_level(logging.WARNING):
         # balanced voxels: this fake predictor has no label map to pick the region with

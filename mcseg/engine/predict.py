@@ -86,13 +86,15 @@ class SegmentationPredictor:
     def predict(self, case: CaseData) -> tuple[torch.Tensor, MemberAccumulator | None]:
         """The case's logits and, with members, their accumulator (the pooled mean and the uncertainty maps)."""
         if not self.pooled and self.member_transform is None:
-            return self._raw_logits(torch.from_numpy(case.image).to(self.device)), None
+            return self.logits(case), None
         members = MemberAccumulator(self.multilabel)
         for probs in self.member_probabilities(case):
             members.add(probs)
         return inverse_link(members.mean(), self.multilabel), members
 
     def logits(self, case: CaseData) -> torch.Tensor:
+        if not self.pooled and self.member_transform is None:
+            return self._raw_logits(torch.from_numpy(case.image).to(self.device))
         return self.predict(case)[0]
 
     def plain(self) -> SegmentationPredictor:
