@@ -91,7 +91,8 @@ def test_sigterm_writes_a_checkpoint_and_resume_finishes(tmp_path, uninterrupted
     _assert_same_run(uninterrupted, run)
 
 
-@pytest.mark.parametrize("sig, code", [("TERM", 143), ("INT", 130)])
+# Ctrl-C takes the same path as SIGTERM (one handler); its group-wide variant runs with the slow tests (-m slow)
+@pytest.mark.parametrize("sig, code", [("TERM", 143), pytest.param("INT", 130, marks=pytest.mark.slow)])
 def test_signal_to_the_process_group_with_loader_workers_checkpoints_and_resumes(tmp_path, uninterrupted, sig, code):
     """SLURM and torchrun signal every process of the job (loader workers too); Ctrl-C does the same to the
     terminal's foreground group. The workers must survive it so that the main process checkpoints."""

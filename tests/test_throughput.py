@@ -226,6 +226,7 @@ def test_channels_last_training_runs_and_checkpoints_plain_weights(make_cfg, tmp
     assert all(torch.isfinite(v).all() for v in state["model"].values() if v.is_floating_point())
 
 
+@pytest.mark.slow  # 38 s of compiling on 2 cores; CI runs it with the other slow tests (.ci/run)
 @pytest.mark.skipif(not any(shutil.which(c) for c in ("g++", "clang++", "c++")),
                     reason="torch.compile on the CPU needs a C++ compiler")
 def test_compiled_training_checkpoints_the_plain_model(make_cfg, tmp_path, one_thread):
