@@ -129,6 +129,10 @@ def train(cfg: DictConfig) -> dict:
             predictor, dataset, splits["test"], protocol, run_dir / "eval" / "test",
             inference.save_predictions, inference.save_probabilities, scalers, provenance,
         )
+        tb.hparams(hparams_of(cfg), {f"final/test_{k}": summary.get(k) for k in HEADLINE}
+                   | {"final/best_val_score": validation_score(next((h for h in trainer.history
+                                                                      if h["epoch"] == trainer.best_epoch), {}),
+                                                                cfg.get("score"))})
     except BaseException as exc:
         dist.report_failure(exc)  # torchrun/submitit: the ranks waiting at a barrier stop now
         raise
@@ -153,6 +157,21 @@ def train(cfg: DictConfig) -> dict:
                 "dataset_content": trained_on.get("content_sha256")}
     write_json(run_dir / "result.json", {**result, "run": identity})
     return result
+
+
+def hparams_of(cfg: DictConfig) -> dict:
+    """What TensorBoard's HParams view lists of a run: its loss, dataset and seed, and every override
+    (numbers as numbers, lists as text)."""
+    identity = run_identity(cfg)
+    values = {"loss": identity["loss_name"], "dataset": identity["dataset"], "seed": identity["seed"]}
+    for override in identity["overrides"]:
+        key, _, text = override.lstrip("+~").partition("=")
+        try:
+            value = float(text) if any(c in text for c in ".e") else int(text)
+        except ValueError:
+            value = text
+        values.setdefault(key, value)
+    return values
 
 
 def validation_score(metrics: dict, weights) -> float | None:

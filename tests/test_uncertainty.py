@@ -204,3 +204,35 @@ def test_tta_in_3d_pools_eight_views(make_cfg, tmp_path):
     result = _read(tmp_path / "run/eval/test/summary.json")
     assert result["predictor"]["members"] == 8 and result["provenance"]["inference"]["tta"] == ["flips"]
     assert summary["test/mean_foreground_dice"] is not None
+
+
+def test_tensorboard_shows_the_uncertainty_beside_the_prediction_and_the_run_in_its_hparams_view(runs):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(runs.s0 / "tensorboard"), size_guidance={"images": 0})
+    events.Reload()
+    tag = next(t for t in events.Tags()["images"] if t.startswith("val/"))
+    image = events.Images(tag)[-1]
+    assert image.width == 4 * image.height  # image, label, prediction, uncertainty (square 32 x 32 slices)
+    hparams = list((runs.s0 / "tensorboard" / "hparams").glob("events.out.tfevents.*"))
+    assert hparams, "no HParams record"
+    plugin = EventAccumulator(str(runs.s0 / "tensorboard" / "hparams"))
+    plugin.Reload()
+    assert "final/test_mean_foreground_dice" in plugin.Tags()["scalars"]
+
+
+def test_the_report_compares_predictors_and_draws_risk_coverage(runs, make_cfg, tmp_path):
+    from mcseg.report import cli
+
+    _evaluate(make_cfg, tmp_path / "job", f"ckpt=[{runs.s0},{runs.s1}]", "overwrite=true")
+    _evaluate(make_cfg, tmp_path / "job2", f"ckpt={runs.s0}", "tta=[flips]", "overwrite=true")
+    out = tmp_path / "report"
+    assert cli.main([str(runs.root / "sweep"), "--no-eval", "--out", str(out), "--baseline", "none"]) == 0
+    text = (out / "report.md").read_text()
+    table = text.split("## Predictors of the configurations")[1]
+    rows = {line.split(" | ")[2]: line for line in table.splitlines() if line.startswith("| ce |")}
+    assert {"single", "single + T", "ensemble of 2", "ensemble of 2 + T (pooled)", "tta-flips",
+            "tta-flips + T (pooled)"} <= set(rows)
+    ensemble = _read(next((runs.root / "sweep/ensembles").glob("ensemble2-*/test/summary.json")))
+    assert f"{ensemble['mean_foreground_dice']:.3f}" in rows["ensemble of 2"]
+    assert (out / "risk_coverage_selected.png").is_file()

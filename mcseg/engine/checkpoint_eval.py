@@ -35,7 +35,7 @@ from mcseg.data.split import SPLITS
 from mcseg.engine.build import build_predictor, restore_model
 from mcseg.engine.checkpoint import load_checkpoint
 from mcseg.engine.data import Splits, build_dataset, record_dataset_facts, resolve_split
-from mcseg.engine.evaluation import PROVENANCE_FILE, evaluate_split, format_summary
+from mcseg.engine.evaluation import FAILURE_FILE, PROVENANCE_FILE, evaluate_split, format_summary
 from mcseg.engine.evaluator import EvalProtocol
 from mcseg.engine.inference import InferenceConfig
 from mcseg.engine.relaunch import resume_mismatch
@@ -200,7 +200,8 @@ def output_dir(cfg: DictConfig, ckpt: Path, sha256: str, run_dir: Path | None, s
 def clear_evaluation(out: Path, refits: bool = True) -> None:
     """Remove an earlier evaluation's files from ``out`` (only the files an evaluation writes); ``refits``:
     also a post-hoc refit saved with it (:func:`plan_posthoc`)."""
-    for name in ("summary.json", "per_case.csv", "reliability.csv", "reliability.png", PROVENANCE_FILE, "split.json"):
+    for name in ("summary.json", "per_case.csv", "reliability.csv", "reliability.png", PROVENANCE_FILE, "split.json",
+                 FAILURE_FILE):
         (out / name).unlink(missing_ok=True)
     if refits:
         (out / CALIBRATION_FILE).unlink(missing_ok=True)

@@ -16,7 +16,7 @@ from mcseg.calibration import Scaler
 from mcseg.data.cases import CaseData
 from mcseg.data.base import SegmentationDataset
 from mcseg.data.cases import CaseRef
-from mcseg.data.io import write_json
+from mcseg.data.io import atomic_write, write_json
 from mcseg.engine.evaluator import EvalProtocol, Evaluator
 from mcseg.engine.predict import SegmentationPredictor, evaluate_cases
 from mcseg.metrics.failure import FailureDetection
@@ -29,6 +29,19 @@ log = logging.getLogger(__name__)
 POSTHOC_KEYS = ("mean_foreground_dice", "mean_foreground_hd95_mm", "mean_ece", "mean_classwise_ece", "mean_nll",
                 "mean_brier")
 PROVENANCE_FILE = "provenance.json"
+FAILURE_FILE = "failure_per_case.csv"
+
+
+def write_rows(path: Path, rows: list[dict]) -> None:
+    """Rows of dicts as CSV (columns of the first row), written atomically."""
+    import csv
+    import io
+
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write(path, lambda tmp: tmp.write_text(buffer.getvalue()))
 
 
 def evaluate_split(
@@ -78,6 +91,8 @@ def evaluate_split(
     detection = {"failure_detection": failure.summary()} if failure is not None else {}
     summary = evaluator.write(out_dir, extra={**({"posthoc": after} if after else {}), **origin, **detection,
                                               **({"predictor": members} if members else {})})
+    if failure is not None and failure.rows:  # the cases behind the risk-coverage curves (mcseg-report draws them)
+        write_rows(out_dir / FAILURE_FILE, failure.rows)
     if provenance is not None:
         write_json(out_dir / PROVENANCE_FILE, provenance)
     log.info("evaluation of %s written to %s", plural(len(refs), "case"), out_dir)

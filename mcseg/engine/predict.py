@@ -16,7 +16,7 @@ from mcseg.engine.evaluator import Evaluator
 from mcseg.engine.inference import InferenceConfig, predict_logits
 from mcseg.engine.members import case_seed, check_members, flip_views, mc_dropout, noisy_inputs, seeded
 from mcseg.metrics.failure import FailureDetection
-from mcseg.metrics.uncertainty import MemberAccumulator, normalise
+from mcseg.metrics.uncertainty import MemberAccumulator, entropy, normalise
 from mcseg.runtime import share_cpu
 
 
@@ -179,7 +179,7 @@ def evaluate_cases(
     the case's logits, transformed (``transform(logits, case)``, e.g. divided by a temperature), also go to
     that evaluator, one probability tensor at a time; with ``keeps_argmax`` it scores the raw prediction
     (with a large T, float32 probabilities of nearly equal classes can round to a tie and move the arg-max). Returns the first ``keep`` cases with their predicted label
-    maps (for image logging).
+    maps and normalised predictive entropy (for image logging).
 
     ``failure`` receives each case's normalised uncertainty maps (:func:`uncertainty_maps` on the label's grid:
     ``restore_maps`` maps several members' back, as ``restore`` does probabilities), its error voxels inside
@@ -196,8 +196,11 @@ def evaluate_cases(
         probs = predictor.probabilities(logits)
         if not posthoc:  # never more than two volume-sized K x *S tensors: logits and probabilities, briefly
             del logits  # (post-hoc scalers need the logits again, once these probabilities are freed)
-        if len(kept) < keep:  # for image logging, in the network's space
-            kept.append((case, predictor.label_map(probs).cpu()))
+        if len(kept) < keep:  # for image logging, in the network's space: prediction and normalised entropy
+            entropy_map = (members.maps(normalised=True)["predictive_entropy"] if members is not None else
+                           normalise({"predictive_entropy": entropy(probs, predictor.multilabel)}, probs.shape[0],
+                                     predictor.multilabel)["predictive_entropy"])
+            kept.append((case, predictor.label_map(probs).cpu(), entropy_map.cpu()))
         probs, label, spacing, affine = restore(case, probs)
         label = torch.as_tensor(label, device=probs.device)
         row = evaluator.add_case(case.case_id, probs, label, spacing)

@@ -28,6 +28,17 @@ def overlay(image: np.ndarray, label: np.ndarray, alpha: float = 0.45) -> np.nda
     return np.moveaxis(rgb, -1, 0)
 
 
+def heat(image: np.ndarray, uncertainty: np.ndarray) -> np.ndarray:
+    """RGB ``3 x H x W``: the grey image under a red-yellow heat map of an uncertainty in [0, 1] (its opacity
+    grows with the uncertainty, so certain voxels show the image)."""
+    lo, hi = np.percentile(image, (1, 99))
+    grey = np.clip((image - lo) / max(hi - lo, 1e-6), 0, 1)
+    u = np.clip(uncertainty, 0, 1)
+    colour = np.stack([np.ones_like(u), u, np.zeros_like(u)], axis=-1)  # red (low) to yellow (high)
+    rgb = (1 - u[..., None]) * grey[..., None] + u[..., None] * colour
+    return np.moveaxis(rgb, -1, 0)
+
+
 def busiest_slice(label: np.ndarray) -> int | None:
     """Index (last axis) of the 3D label's slice with the most foreground; None for 2D."""
     if label.ndim == 2:
@@ -81,21 +92,34 @@ class TensorBoardLogger:
             self._failed(exc)
 
     def overlays(self, tag: str, cases: list, step: int) -> None:
-        """``cases``: (CaseData, predicted label map tensor) pairs; logs image, label, prediction side by side."""
+        """``cases``: (CaseData, predicted label map tensor, normalised uncertainty map or None) triples; logs
+        image, label, prediction and (when given) the uncertainty as a heat map, side by side."""
         try:
             if self.writer is None:
                 return
-            for case, pred in cases:
+            for case, pred, uncertainty in cases:
                 pred = pred.numpy().astype(np.int64)
                 label = case.label
                 if pred.ndim == case.image.ndim:  # multi-label R x *S: show how many regions cover a voxel
                     pred, label = pred.sum(0), label.sum(0)
                 z = busiest_slice(label)
-                image, label, pred = ((a if z is None else a[..., z]) for a in (case.image[0], label, pred))
-                panel = np.concatenate(
-                    [overlay(image, np.zeros_like(label)), overlay(image, label), overlay(image, pred)], axis=2
-                )
-                self.writer.add_image(f"{tag}/{case.case_id}", torch.from_numpy(panel), step)
+                unc = None if uncertainty is None else uncertainty.float().numpy()
+                image, label, pred, unc = ((a if z is None or a is None else a[..., z])
+                                           for a in (case.image[0], label, pred, unc))
+                panels = [overlay(image, np.zeros_like(label)), overlay(image, label), overlay(image, pred)]
+                if unc is not None:
+                    panels.append(heat(image, unc))
+                self.writer.add_image(f"{tag}/{case.case_id}", torch.from_numpy(np.concatenate(panels, axis=2)), step)
+        except OSError as exc:
+            self._failed(exc)
+
+    def hparams(self, hparams: dict, metrics: dict[str, float | None]) -> None:
+        """The run's configuration and final figures in TensorBoard's HParams view (a sweep's runs side by side)."""
+        try:
+            if self.writer is None:
+                return
+            values = {k: v for k, v in metrics.items() if v is not None and np.isfinite(v)}
+            self.writer.add_hparams(hparams, values, run_name="hparams")
         except OSError as exc:
             self._failed(exc)
 

@@ -215,6 +215,7 @@ class FailureDetection:
         self.scores: dict[str, dict[str, list[float]]] = {m: {a: [] for a in self.AGGREGATIONS} for m in self.maps}
         self.risks: list[float] = []
         self.case_ids: list[str] = []
+        self.rows: list[dict] = []  # per case: risk, voxel AUROC and aggregated uncertainty of each map
 
     def add_case(self, case_id: str, maps: dict[str, torch.Tensor], errors: torch.Tensor,
                  region: torch.Tensor | None, risk: float) -> dict:
@@ -234,6 +235,7 @@ class FailureDetection:
                 row[f"{method}_uncertainty/{name}"] = score
         self.risks.append(float(risk))
         self.case_ids.append(case_id)
+        self.rows.append(row)
         return row
 
     def summary(self) -> dict:

@@ -13,10 +13,10 @@ import sys
 from pathlib import Path
 
 from mcseg.data.io import atomic_write
-from mcseg.report.collect import RunRecord, collect_runs, read_run
-from mcseg.report.figures import margin_heatmap, reliability_overlay
+from mcseg.report.collect import RunRecord, collect_ensembles, collect_runs, read_run
+from mcseg.report.figures import margin_heatmap, reliability_overlay, risk_coverage_overlay
 from mcseg.report.render import ENVIRONMENT_MARK, SEEN_MARK, latex, markdown, write_csv
-from mcseg.report.table import build_rows, common_overrides, mark_environments, mark_seen_in_training
+from mcseg.report.table import add_predictors, build_rows, common_overrides, mark_environments, mark_seen_in_training
 
 log = logging.getLogger("mcseg.report")
 
@@ -116,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_eval:
         runs = evaluate_missing(runs, args.split, ["temperature"], args.device)
     rows = build_rows(runs, args.select, args.select_mode, args.baseline, args.bootstrap)
+    add_predictors(rows, collect_ensembles(args.dirs, args.split))
     differences, seen = mark_environments(rows), mark_seen_in_training(rows)
     for warning in differences:
         log.warning("warning: %s (rows marked%s)", warning, ENVIRONMENT_MARK)
@@ -138,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         tag = f"_{dataset}" if len(datasets) > 1 else ""
         figures[f"reliability_selected{tag}.png"] = reliability_overlay(own, args.split)
         figures[f"margin_heatmap{tag}.png"] = margin_heatmap(own)
+        figures[f"risk_coverage_selected{tag}.png"] = risk_coverage_overlay(own, args.split)
     for name, fig in figures.items():
         if fig is not None:
             atomic_write(out / name, lambda tmp, fig=fig: fig.savefig(tmp, format="png", dpi=120))

@@ -43,6 +43,8 @@ class RunRecord:
     # (mcseg.engine.provenance); runs of versions that recorded neither fall back to overrides and name.
     configuration_key: str = ""
     dataset_key: str = ""
+    # other predictors of the run's checkpoint: eval/<split>-<members>/ (TTA, MC dropout) -> summary.json
+    variants: dict[str, dict] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.configuration_key = self.configuration_key or self.configuration
@@ -136,7 +138,32 @@ def read_run(run_dir: Path, split: str = "test") -> RunRecord | None:
             if scaled is not None:
                 record.summaries[name] = scaled
                 record.per_case[name] = read_per_case(eval_dir / name / "per_case.csv")
+    for folder in sorted(run_dir.glob(f"eval/{split}-*/summary.json")):
+        variant = _read_json(folder)
+        if variant is not None and variant.get("predictor"):
+            record.variants[folder.parent.name.removeprefix(f"{split}-")] = variant
     return record
+
+
+@dataclass
+class EnsembleRecord:
+    """An ensemble's evaluation (``<dir>/ensembles/<name>/<split>/``) and the run directories of its members."""
+
+    path: Path
+    members: list[Path]
+    summary: dict
+
+
+def collect_ensembles(roots: list[Path], split: str = "test") -> list[EnsembleRecord]:
+    found = []
+    for root in roots:
+        for path in sorted(Path(root).glob(f"**/ensembles/*/{split}/summary.json")):
+            summary = _read_json(path)
+            members = (summary or {}).get("provenance", {}).get("members") or []
+            if summary is not None and members:
+                found.append(EnsembleRecord(path.parent, [Path(m["run_dir"]) for m in members if m.get("run_dir")],
+                                            summary))
+    return found
 
 
 def collect_runs(roots: list[Path], split: str = "test") -> list[RunRecord]:

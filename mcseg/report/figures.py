@@ -90,3 +90,43 @@ def margin_heatmap(rows: list[ConfigRow], loss_name: str = "margin") -> Figure |
         ax.set_title(f"{loss_name}: {title} (mean over seeds)", fontsize=9)
         fig.colorbar(image, ax=ax, fraction=0.046)
     return fig
+
+
+def risk_coverage_overlay(rows: list[ConfigRow], split: str, key: str = "image_uncertainty/predictive_entropy"):
+    """Selective risk (1 - Dice) against coverage of the selected configurations' single networks, the cases
+    of every seed pooled and ranked by their summed predictive entropy (``failure_per_case.csv``; the curve of
+    :func:`mcseg.metrics.failure.risk_coverage`); None when no evaluation wrote one."""
+    from mcseg.metrics.failure import aurc, risk_coverage
+
+    fig = Figure(figsize=(5.5, 4.5))
+    ax = fig.subplots()
+    drawn = False
+    for row in rows:
+        if not row.selected:
+            continue
+        confidence, risk = [], []
+        for run in row.runs:
+            path = run.path / "eval" / split / "failure_per_case.csv"
+            if not path.is_file():
+                continue
+            with open(path, newline="") as f:
+                for r in csv.DictReader(f):
+                    if r.get(key) not in (None, "") and r["risk"] not in ("", "nan"):
+                        confidence.append(-float(r[key]))
+                        risk.append(float(r["risk"]))
+        if not risk:
+            continue
+        curve = risk_coverage(confidence, risk)
+        setting = "" if row.hyperparameters == "defaults" else f" {row.hyperparameters}"
+        ax.plot(curve["coverage"], curve["selective_risk"], drawstyle="steps-post",
+                label=f"{row.loss_name}{setting} (AURC {aurc(confidence, risk):.3f})")
+        drawn = True
+    if not drawn:
+        return None
+    ax.set_xlabel("coverage (least certain cases left out first)")
+    ax.set_ylabel("selective risk (1 - foreground Dice)")
+    ax.set_xlim(0, 1)
+    ax.legend(fontsize=7)
+    ax.set_title(f"Risk-coverage on the {split} split (single networks, summed predictive entropy)", fontsize=9)
+    fig.tight_layout()
+    return fig

@@ -67,7 +67,8 @@ def markdown(rows: list[ConfigRow], title: str, protocol_lines: list[str]) -> st
     lines = [f"# {title}", "", *protocol_lines, "",
              "## Selected configuration of each loss (by validation)"
              + (" on each dataset" if first[0] else ""), "", *table(True), "",
-             "## All configurations (* = selected)", "", *table(False), "", *posthoc_table(rows)]
+             "## All configurations (* = selected)", "", *table(False), "", *posthoc_table(rows),
+             *predictor_table(rows)]
     return "\n".join(lines)
 
 
@@ -89,6 +90,36 @@ def posthoc_table(rows: list[ConfigRow]) -> list[str]:
         for scaler, label in row.posthoc_labels.items():
             out.append(head + f"{label} | " + " | ".join(cell_text(row.posthoc[scaler].get(n), n) for n in names)
                        + " |")
+    return [*out, ""]
+
+
+PREDICTOR_HEADERS = {"dice": "Dice", "hd95_mm": "HD95 (mm)", "ece": "ECE", "classwise_ece": "CECE", "nll": "NLL",
+                     "brier": "Brier", "aurc": "AURC", "eaurc": "E-AURC", "ueo": "UEO", "auroc": "AUROC"}
+
+
+def predictor_table(rows: list[ConfigRow]) -> list[str]:
+    """Per configuration evaluated with more than its single networks: one row per predictor (mean ± std over
+    its evaluations, n of them); AURC and E-AURC of the cases ranked by summed predictive entropy, UEO and
+    the pooled voxel AUROC of the predictive entropy (docs/protocol.md); '–' where not measured."""
+    selected = [r for r in rows if len(r.predictors) > 2]
+    if not selected:
+        return []
+    several = several_datasets(rows)
+    out = ["## Predictors of the configurations (single network, temperature, ensembles, TTA, MC dropout)",
+           "", ("| dataset " if several else "") + "| loss | hyperparameters | predictor | n | "
+           + " | ".join(PREDICTOR_HEADERS.values()) + " |",
+           ("|---" if several else "") + "|---|---|---|---|" + "---|" * len(PREDICTOR_HEADERS)]
+    for row in selected:
+        for name, cells in row.predictors.items():
+            n = max((c[2] for c in cells.values() if c), default=0)
+            text = []
+            for column in PREDICTOR_HEADERS:
+                cell = cells.get(column)
+                d = DIGITS.get(column, 3)
+                text.append("–" if cell is None else _num(cell[0], d) if cell[2] == 1
+                            else f"{_num(cell[0], d)} ± {_num(cell[1], d)}")
+            out.append((f"| {row.dataset} " if several else "") + f"| {row.loss_name} | {row.hyperparameters} | "
+                       f"{name} | {n} | " + " | ".join(text) + " |")
     return [*out, ""]
 
 

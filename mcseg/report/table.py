@@ -38,6 +38,17 @@ METRICS = (
     ("classwise_ece_post_T", "mean_classwise_ece", "classwise_ece", "temperature", -1),
 )
 
+# The columns of the predictor table (single network, + T, ensembles, TTA, MC dropout): summary values,
+# mean ± std over the predictor's evaluations (a split-level figure has no per-case values to resample).
+PREDICTOR_COLUMNS = {
+    "dice": ("mean_foreground_dice",), "hd95_mm": ("mean_foreground_hd95_mm",), "ece": ("mean_ece",),
+    "classwise_ece": ("mean_classwise_ece",), "nll": ("mean_nll",), "brier": ("mean_brier",),
+    "aurc": ("failure_detection", "predictive_entropy", "image", "aurc"),
+    "eaurc": ("failure_detection", "predictive_entropy", "image", "eaurc"),
+    "ueo": ("failure_detection", "predictive_entropy", "ueo"),
+    "auroc": ("failure_detection", "predictive_entropy", "voxel_auroc_pooled"),
+}
+
 # The columns of a post-hoc scaler's post_T row: (column, summary key, per-case key)
 POSTHOC_METRICS = tuple((name, key, case_key) for name, key, case_key, scaler, _ in METRICS if scaler == "")
 
@@ -66,6 +77,7 @@ class ConfigRow:
     temperature: float | None = None
     posthoc: dict[str, dict[str, MetricCell | None]] = field(default_factory=dict)  # scaler -> column -> cell
     posthoc_labels: dict[str, str] = field(default_factory=dict)  # scaler -> how it was fitted
+    predictors: dict[str, dict[str, tuple[float, float, int] | None]] = field(default_factory=dict)
     environment_differs: list[str] = field(default_factory=list)  # e.g. ["code"]: some run differs from the most common
     seen_in_training: list[str] = field(default_factory=list)  # runs whose scored cases include trained-on content
 
@@ -204,6 +216,54 @@ def mark_environments(rows: list[ConfigRow]) -> list[str]:
     for row in rows:
         row.environment_differs = sorted({m for run in row.runs for m in marks[str(run.path)]})
     return warnings
+
+
+def _value(summary: dict, path: tuple[str, ...]):
+    node = summary
+    for key in path:
+        node = node.get(key) if isinstance(node, dict) else None
+    return node
+
+
+def _scaled(summary: dict) -> dict | None:
+    """The temperature-scaled headline values of an evaluation, shaped as a summary (no failure figures)."""
+    after = (summary.get("posthoc") or {}).get("temperature")
+    return None if after is None else {k: after.get(k) for k in ("mean_foreground_dice", "mean_foreground_hd95_mm",
+                                                                  "mean_ece", "mean_classwise_ece", "mean_nll",
+                                                                  "mean_brier")}
+
+
+def predictor_cells(summaries: list[dict]) -> dict[str, tuple[float, float, int] | None]:
+    """Per column: (mean, std, n) over the evaluations that have it, or None."""
+    cells = {}
+    for column, path in PREDICTOR_COLUMNS.items():
+        values = [v for v in (_value(s, path) for s in summaries) if v is not None and not math.isnan(v)]
+        cells[column] = (*_mean_std(values), len(values)) if values else None
+    return cells
+
+
+def add_predictors(rows: list[ConfigRow], ensembles: list) -> None:
+    """Each row's predictors: its networks alone (and after their temperature), the variants evaluated on
+    all or some of its checkpoints (TTA, MC dropout; ``eval/<split>-<members>/``) and the ensembles whose
+    members are all runs of the row (:func:`mcseg.report.collect.collect_ensembles`)."""
+    for row in rows:
+        found: dict[str, list[dict]] = {"single": [r.summaries[""] for r in row.runs]}
+        found["single + T"] = [s for s in (_scaled(r.summaries[""]) for r in row.runs) if s]
+        for run in row.runs:
+            for tag, summary in run.variants.items():
+                found.setdefault(tag, []).append(summary)
+                scaled = _scaled(summary)
+                if scaled:
+                    found.setdefault(f"{tag} + T (pooled)", []).append(scaled)
+        paths = {r.path.resolve() for r in row.runs}
+        for ensemble in ensembles:
+            if ensemble.members and {m.resolve() for m in ensemble.members} <= paths:
+                name = f"ensemble of {len(ensemble.members)}"
+                found.setdefault(name, []).append(ensemble.summary)
+                scaled = _scaled(ensemble.summary)
+                if scaled:
+                    found.setdefault(f"{name} + T (pooled)", []).append(scaled)
+        row.predictors = {name: predictor_cells(s) for name, s in found.items() if s}
 
 
 def mark_seen_in_training(rows: list[ConfigRow]) -> list[str]:
