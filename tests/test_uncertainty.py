@@ -75,7 +75,7 @@ def test_tta_flips_pool_the_flipped_back_probabilities_of_every_view():
     model = Tilt().eval()
     case = _case()
     predictor = _predictor(model, tta=["flips"])
-    logits, members = predictor.predict(case)
+    logits, members, _ = predictor.predict(case)
     assert predictor.n_members == 4 and members.members == 4 and flip_views(2, True)[0] == ()
     x = torch.from_numpy(case.image)
     with torch.no_grad():
@@ -129,7 +129,7 @@ def test_an_ensemble_pools_its_members_probabilities():
     nets = [torch.nn.Conv2d(1, 3, 3, padding=1).eval() for _ in range(3)]
     ensemble = EnsemblePredictor([_predictor(n) for n in nets])
     case = _case()
-    logits, members = ensemble.predict(case)
+    logits, members, _ = ensemble.predict(case)
     x = torch.from_numpy(case.image)[None]
     with torch.no_grad():
         want = sum(torch.softmax(n(x)[0], 0) for n in nets) / 3
@@ -236,3 +236,27 @@ def test_the_report_compares_predictors_and_draws_risk_coverage(runs, make_cfg, 
     ensemble = _read(next((runs.root / "sweep/ensembles").glob("ensemble2-*/test/summary.json")))
     assert f"{ensemble['mean_foreground_dice']:.3f}" in rows["ensemble of 2"]
     assert (out / "risk_coverage_selected.png").is_file()
+
+
+def test_pooled_after_each_network_is_scaled_by_its_own_fit_before_pooling(runs, make_cfg, tmp_path):
+    torch.manual_seed(0)
+    nets = [torch.nn.Conv2d(1, 3, 3, padding=1).eval() for _ in range(2)]
+    ensemble = EnsemblePredictor([_predictor(n, tta=["flips"]) for n in nets])
+    case = _case()
+    temperatures = [0.5, 3.0]
+    after = {"temperature": [lambda z, c, t=t: z / t for t in temperatures]}
+    _, _, pooled_after = ensemble.predict(case, after)
+    x = torch.from_numpy(case.image)[None]
+    views = [(), (0,), (1,), (0, 1)]
+    with torch.no_grad():
+        want = sum(torch.softmax(n(x.flip([a + 2 for a in v]))[0].flip([a + 1 for a in v]) / t, 0)
+                   for n, t in zip(nets, temperatures) for v in views) / 8
+    torch.testing.assert_close(torch.softmax(pooled_after["temperature"], 0), want, rtol=1e-5, atol=1e-6)
+
+    summary = _evaluate(make_cfg, tmp_path / "job", f"ckpt=[{runs.s0},{runs.s1}]", "posthoc.pool=after",
+                        f"eval_dir={tmp_path / 'after'}")
+    after_t = summary["posthoc"]["temperature"]
+    recorded = [json.loads((r / "calibration.json").read_text()) for r in (runs.s0, runs.s1)]
+    own = [next(iter(c["fits"].values()))["scalers"]["temperature"]["temperature"] for c in recorded]
+    assert [p["temperature"] for p in after_t["params"]] == own and "pooled after" in after_t["label"]
+    assert not (tmp_path / "calibration.json").exists() and not (tmp_path / "after/calibration.json").exists()

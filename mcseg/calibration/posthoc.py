@@ -66,8 +66,13 @@ class PosthocConfig:
     voxels: str = "region"    # region (evaluation.region of the model's own prediction) | balanced | all
     objective: str = "nll"    # nll | ece (temperature only)
     lts: dict[str, Any] = field(default_factory=dict)  # LTSConfig fields; dims, patch_size, slice_axis: the model's
+    # predictors of several members (ensembles, TTA, MC dropout): fit the scaler on the pooled prediction
+    # (before) or apply each network's own fit to its members before pooling (after); Rahaman & Thiery 2021
+    pool: str = "before"
 
     def __post_init__(self) -> None:
+        if self.pool not in ("before", "after"):
+            raise ConfigError(f"config key 'posthoc.pool': expected before or after, got {self.pool!r}")
         for key in ("fit", "apply"):
             bad = [s for s in getattr(self, key) if s not in SCALER_TYPES]
             if bad:

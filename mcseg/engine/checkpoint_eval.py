@@ -389,10 +389,12 @@ def _evaluate_state(cfg: DictConfig, ckpt: Path, state: dict, overrides: list[st
     out_dir = output_dir(cfg, ckpt, sha, run_dir, selected, dataset.name if other else None, variant)
     # other members than the run's: a post-hoc fit of its own, on the pooled prediction (posthoc.pool=before),
     # kept with this evaluation under the checkpoint's hash and the members
-    fit_identity = checkpoint if variant is None else {**checkpoint, "sha256": f"{sha}+{variant}"}
-    # the scalers on record (LTS weights too) or where a new fit goes: refused here, not after clearing
-    plan = plan_posthoc(cfg, split, (run_dir or out_dir) if variant is None else out_dir, fit_identity,
-                        evaluation_dir=out_dir)
+    pool_after = variant is not None and typed(cfg.posthoc, PosthocConfig, "posthoc").pool == "after"
+    fit_identity = checkpoint if variant is None or pool_after else {**checkpoint, "sha256": f"{sha}+{variant}"}
+    # the scalers on record (LTS weights too) or where a new fit goes: refused here, not after clearing;
+    # pooled after, they are the network's own fit, on record with the run, applied to each member
+    plan = plan_posthoc(cfg, split, (run_dir or out_dir) if variant is None or pool_after else out_dir,
+                        fit_identity, evaluation_dir=out_dir)
     if not other:
         validate_cases(dataset, splits[cfg.split], "scoring")  # the same header checks as training and mcseg-data
     if (out_dir / "summary.json").exists():  # overwrite=true, and nothing refused it: the earlier one goes now
@@ -418,10 +420,12 @@ def _evaluate_state(cfg: DictConfig, ckpt: Path, state: dict, overrides: list[st
         "classes_unseen_in_training": list(state.get("classes_unseen_in_training") or []),
     }
     fit_provenance = {"dataset": provenance["trained_on"], "overrides": overrides}
-    scalers = posthoc_scalers(plan, run_cfg, split, None if other else dataset, predictor, fit_identity,
-                              fit_provenance, protocol)
+    scalers = posthoc_scalers(plan, run_cfg, split, None if other else dataset, predictor.plain() if pool_after
+                              else predictor, fit_identity, fit_provenance, protocol)
+    per_network = {name: [scaler] for name, scaler in scalers.items()} if pool_after else None
     summary = evaluate_split(predictor, dataset, refs, protocol, out_dir, cfg.save_predictions,
-                             cfg.save_probabilities, scalers, provenance)
+                             cfg.save_probabilities, None if pool_after else scalers, provenance,
+                             per_network=per_network)
     print(format_summary(summary, dataset.class_names, title=f"{dataset.name} {cfg.split} split ({ckpt.name}, "
                                                              f"sha256 {sha[:8]}) -> {out_dir}"))
     return summary

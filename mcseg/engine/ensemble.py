@@ -10,7 +10,9 @@
   with each member's own TTA views and MC samples, one case and one member at a time: memory does not grow
   with the number of members.
 * Post-hoc scalers (``posthoc.apply``) are fitted on the pooled prediction of the members' shared validation
-  split (``posthoc.pool=before``, Rahaman & Thiery 2021) and kept with the ensemble's evaluation.
+  split and kept with the ensemble's evaluation (``posthoc.pool=before``), or each member's own fit (its
+  run's ``calibration.json``) scales its logits before pooling (``posthoc.pool=after``; Rahaman & Thiery 2021
+  compare both).
 * Results go to ``<the members' common folder>/ensembles/ensemble<K>-<sha8 of the members' hashes>/<split>/``
   (or ``eval_dir=``), never into a member's ``eval/``; the provenance lists every member.
 """
@@ -25,6 +27,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from mcseg.calibration import PosthocConfig
 from mcseg.config import typed
 from mcseg.data.fingerprint import split_content_sha256
 from mcseg.engine.build import build_predictor, restore_model
@@ -163,7 +166,13 @@ def evaluate_ensemble(cfg: DictConfig, entries, overrides: list[str] | None = No
     key = out_dir.parent.name
     identity = {"path": str(out_dir.parent), "sha256": hashlib.sha256(
         "\n".join(sorted(m["sha256"] for m in identities)).encode()).hexdigest(), "members": len(identities)}
-    plan = plan_posthoc(cfg, split, out_dir.parent, identity, evaluation_dir=out_dir.parent)
+    pool_after = typed(cfg.posthoc, PosthocConfig, "posthoc").pool == "after"
+    # pooled before: one fit of the pooled validation prediction, kept with the ensemble; pooled after: each
+    # member's own fit, as its run holds it (fitted there now if it has none), applied before pooling
+    plans = [plan_posthoc(cfg, split, Path(m["run_dir"]) if m["run_dir"] else out_dir.parent,
+                          {k: m[k] for k in ("path", "sha256", "epoch", "best_epoch")}, evaluation_dir=out_dir.parent)
+             for m in identities] if pool_after else []
+    plan = None if pool_after else plan_posthoc(cfg, split, out_dir.parent, identity, evaluation_dir=out_dir.parent)
     if (out_dir / "summary.json").exists():  # overwrite=true, and nothing refused it
         clear_evaluation(out_dir)
     refs = splits[cfg.split]
@@ -181,11 +190,20 @@ def evaluate_ensemble(cfg: DictConfig, entries, overrides: list[str] | None = No
         "seen_in_training": seen, "content_changed": changed,
         "classes_unseen_in_training": list(first_state.get("classes_unseen_in_training") or []),
     }
-    scalers = posthoc_scalers(plan, first_cfg, split, dataset, ensemble, identity,
-                              {"dataset": provenance["trained_on"], "overrides": overrides,
-                               "members": [m["sha256"] for m in identities]}, protocol)
+    fit_provenance = {"dataset": provenance["trained_on"], "overrides": overrides}
+    per_network = None
+    if pool_after:
+        fits = [posthoc_scalers(p, first_cfg, split, dataset, member.plain(), {k: m[k] for k in
+                                ("path", "sha256", "epoch", "best_epoch")}, fit_provenance, protocol)
+                for p, member, m in zip(plans, predictors, identities)]
+        per_network = {name: [f[name] for f in fits] for name in fits[0]}
+        scalers = {}
+        provenance["pool"] = "probabilities; post-hoc scalers: each member's own, applied before pooling"
+    else:
+        scalers = posthoc_scalers(plan, first_cfg, split, dataset, ensemble, identity,
+                                  {**fit_provenance, "members": [m["sha256"] for m in identities]}, protocol)
     summary = evaluate_split(ensemble, dataset, refs, protocol, out_dir, cfg.save_predictions,
-                             cfg.save_probabilities, scalers, provenance)
+                             cfg.save_probabilities, scalers, provenance, per_network=per_network)
     print(format_summary(summary, dataset.class_names,
                          title=f"{dataset.name} {cfg.split} split (ensemble of {len(identities)}) -> {out_dir}"))
     return summary

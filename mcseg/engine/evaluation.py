@@ -18,7 +18,7 @@ from mcseg.data.base import SegmentationDataset
 from mcseg.data.cases import CaseRef
 from mcseg.data.io import atomic_write, write_json
 from mcseg.engine.evaluator import EvalProtocol, Evaluator
-from mcseg.engine.predict import SegmentationPredictor, evaluate_cases
+from mcseg.engine.predict import PerNetwork, SegmentationPredictor, evaluate_cases
 from mcseg.metrics.failure import FailureDetection
 from mcseg.metrics.uncertainty import MAPS
 
@@ -47,13 +47,14 @@ def write_rows(path: Path, rows: list[dict]) -> None:
 def evaluate_split(
     predictor: SegmentationPredictor, dataset: SegmentationDataset, refs: list[CaseRef], protocol: EvalProtocol,
     out_dir: Path, save_predictions: bool, save_probabilities: bool, scalers: dict[str, Scaler] | None = None,
-    provenance: dict | None = None, progress: bool = True,
+    provenance: dict | None = None, progress: bool = True, per_network: dict[str, list[Scaler]] | None = None,
 ) -> dict:
     """Segment ``refs`` one case at a time and write per_case.csv, summary.json and diagrams to ``out_dir``.
 
     Each post-hoc scaler in ``scalers`` (name -> fitted :class:`~mcseg.calibration.Scaler`, moved to the
     predictor's device) is evaluated in the same pass; its files go to ``out_dir/<name>/`` and its
-    headline values, with how it was fitted, to ``summary["posthoc"]``.
+    headline values, with how it was fitted, to ``summary["posthoc"]``. ``per_network`` (``posthoc.pool=after``):
+    per scaler name, each network's own fitted scaler, applied to its members before they are pooled.
     ``provenance`` (what produced these numbers: :mod:`mcseg.engine.provenance`) goes into every
     summary.json and into ``out_dir/provenance.json``, the sidecar of per_case.csv and the predictions.
     """
@@ -74,6 +75,10 @@ def evaluate_split(
     origin = {"provenance": provenance} if provenance is not None else {}
     posthoc = {name: (_transform(scaler.to(predictor.device)), new_evaluator(), scaler.preserves_argmax)
                for name, scaler in (scalers or {}).items()}
+    # each network scaled before pooling: the pooled arg-max can move, so it is scored as it comes out
+    posthoc.update({name: (PerNetwork([_transform(s.to(predictor.device)) for s in fits]), new_evaluator(), False)
+                    for name, fits in (per_network or {}).items()})
+    described = {name: fits[0] for name, fits in (per_network or {}).items()}
     dataset.prepare(refs)
     failure = FailureDetection(MAPS) if protocol.failure_detection else None
     cases = (dataset.load(ref) for ref in tqdm(refs, desc=f"evaluating {len(refs)} cases", leave=False,
@@ -82,8 +87,14 @@ def evaluate_split(
                    protocol.save_uncertainty, posthoc=posthoc, failure=failure, restore_maps=dataset.restore_maps)
     after = {}
     for name, (_, scaled_evaluator, _) in posthoc.items():
-        fitted = {"label": scalers[name].label(), "description": scalers[name].describe(),
-                  "params": scalers[name].record}
+        if name in described:  # pooled after: each network's own fit
+            fits = per_network[name]
+            fitted = {"label": f"{described[name].label()}, each network's own, pooled after",
+                      "description": f"{described[name].describe()} (each network's own fit, applied before pooling)",
+                      "params": [f.record for f in fits], "pool": "after"}
+        else:
+            fitted = {"label": scalers[name].label(), "description": scalers[name].describe(),
+                      "params": scalers[name].record, **({"pool": "before"} if predictor.pooled else {})}
         scaled = scaled_evaluator.write(out_dir / name, extra={"posthoc": {"scaler": name, **fitted}, **origin})
         after[name] = {**fitted, **{k: scaled.get(k) for k in POSTHOC_KEYS},
                        "pooled": {k: scaled["pooled"].get(k) for k in ("ece", "classwise_ece", "nll", "brier")}}

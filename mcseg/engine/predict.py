@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -26,8 +26,8 @@ class SegmentationPredictor:
     With members (``cfg.tta``, ``cfg.mc_samples``: :mod:`mcseg.engine.members`) it predicts each case once per
     member and pools their probabilities; :meth:`logits` then returns the pooled prediction's logits (the
     inverse link of the mean probability, so that post-hoc scalers, fitted or applied, act on the pooled
-    prediction: ``posthoc.pool=before``). ``member_transform`` (``posthoc.pool=after``) is applied to each
-    member's logits before its link.
+    prediction: ``posthoc.pool=before``); :meth:`predict` also pools members scaled each by its network's
+    own scaler (``posthoc.pool=after``).
     """
 
     def __init__(self, model: torch.nn.Module, model_dims: int, divisor: int, link: Callable, multilabel: bool,
@@ -36,7 +36,6 @@ class SegmentationPredictor:
         self.model, self.model_dims, self.divisor, self.link = model, model_dims, divisor, link
         self.slice_axis, self.input_size = slice_axis, input_size
         self.multilabel, self.cfg, self.roi_size, self.precision, self.device = multilabel, cfg, roi_size, precision, device
-        self.member_transform: Callable[[torch.Tensor, CaseData], torch.Tensor] | None = None
         check_members(cfg.mc_samples, cfg.tta, cfg.tta_noise_std, model)
 
     @property
@@ -63,8 +62,9 @@ class SegmentationPredictor:
             return [a + 1 for a in range(3) if a != cut]
         return [a + 1 for a in range(spatial)]
 
-    def member_probabilities(self, case: CaseData) -> Iterator[torch.Tensor]:
-        """Each member's ``C x *S`` probabilities (network space), one at a time."""
+    def member_logits(self, case: CaseData) -> Iterator[tuple[int, torch.Tensor]]:
+        """``(network, logits)`` of each member (network space), one at a time: every view and sample of this
+        network is network 0."""
         image = torch.from_numpy(case.image).to(self.device)
         dims = self._image_dims(image)
         views = flip_views(self.model_dims, "flips" in self.cfg.tta)
@@ -78,22 +78,31 @@ class SegmentationPredictor:
                     for axes in views:
                         flip = [dims[a] for a in axes]
                         logits = self._raw_logits(x.flip(flip) if flip else x)
-                        logits = logits.flip(flip) if flip else logits
-                        if self.member_transform is not None:
-                            logits = self.member_transform(logits, case)
-                        yield self.probabilities(logits)
+                        yield 0, logits.flip(flip) if flip else logits
 
-    def predict(self, case: CaseData) -> tuple[torch.Tensor, MemberAccumulator | None]:
-        """The case's logits and, with members, their accumulator (the pooled mean and the uncertainty maps)."""
-        if not self.pooled and self.member_transform is None:
-            return self.logits(case), None
+    def member_probabilities(self, case: CaseData) -> Iterator[torch.Tensor]:
+        """Each member's ``C x *S`` probabilities (network space), one at a time."""
+        for _, logits in self.member_logits(case):
+            yield self.probabilities(logits)
+
+    def predict(self, case: CaseData, after: Mapping[str, Sequence[Callable]] | None = None
+                ) -> tuple[torch.Tensor, MemberAccumulator | None, dict[str, torch.Tensor]]:
+        """The case's logits, with members their accumulator (the pooled mean and the uncertainty maps), and
+        per entry of ``after`` (``posthoc.pool=after``: a scaler's logit transform ``(logits, case)`` per
+        network, applied to each member before pooling) the logits of that pooled prediction."""
+        if not self.pooled and not after:
+            return self.logits(case), None, {}
         members = MemberAccumulator(self.multilabel)
-        for probs in self.member_probabilities(case):
-            members.add(probs)
-        return inverse_link(members.mean(), self.multilabel), members
+        scaled = {name: MemberAccumulator(self.multilabel) for name in after or {}}
+        for network, logits in self.member_logits(case):
+            members.add(self.probabilities(logits))
+            for name, transforms in (after or {}).items():
+                scaled[name].add(self.probabilities(transforms[network](logits, case)))
+        return (inverse_link(members.mean(), self.multilabel), members,
+                {name: inverse_link(acc.mean(), self.multilabel) for name, acc in scaled.items()})
 
     def logits(self, case: CaseData) -> torch.Tensor:
-        if not self.pooled and self.member_transform is None:
+        if not self.pooled:
             return self._raw_logits(torch.from_numpy(case.image).to(self.device))
         return self.predict(case)[0]
 
@@ -124,7 +133,6 @@ class EnsemblePredictor(SegmentationPredictor):
         self.model, self.model_dims, self.divisor, self.link = first.model, first.model_dims, first.divisor, first.link
         self.slice_axis, self.input_size, self.multilabel = first.slice_axis, first.input_size, first.multilabel
         self.cfg, self.roi_size, self.precision, self.device = first.cfg, first.roi_size, first.precision, first.device
-        self.member_transform = None
 
     @property
     def n_members(self) -> int:
@@ -134,19 +142,10 @@ class EnsemblePredictor(SegmentationPredictor):
         for member in self.members:
             member.eval()
 
-    def member_probabilities(self, case: CaseData) -> Iterator[torch.Tensor]:
-        for member in self.members:
-            if member.pooled or member.member_transform is not None:
-                yield from member.member_probabilities(case)
-            else:
-                logits = member._raw_logits(torch.from_numpy(case.image).to(member.device))
-                yield member.probabilities(logits)
-
-    def predict(self, case: CaseData) -> tuple[torch.Tensor, MemberAccumulator | None]:
-        members = MemberAccumulator(self.multilabel)
-        for probs in self.member_probabilities(case):
-            members.add(probs)
-        return inverse_link(members.mean(), self.multilabel), members
+    def member_logits(self, case: CaseData) -> Iterator[tuple[int, torch.Tensor]]:
+        for network, member in enumerate(self.members):
+            for _, logits in member.member_logits(case):
+                yield network, logits
 
     def plain(self) -> EnsemblePredictor:
         return EnsemblePredictor([m.plain() for m in self.members])
@@ -186,11 +185,12 @@ def evaluate_cases(
     the protocol's region and its risk; ``save_uncertainty`` writes the maps (in nats) as NIfTI.
     """
     predictor.eval()
+    after = {name: t.transforms for name, (t, _, _) in (posthoc or {}).items() if isinstance(t, PerNetwork)}
     kept = []
     pred_dir = (out_dir / "predictions") if out_dir is not None else None
     for case in cases:
         share_cpu(predictor.device)  # a busy machine: fewer torch threads (mcseg.runtime.AdaptiveThreads)
-        logits, members = predictor.predict(case)
+        logits, members, pooled_after = predictor.predict(case, after)
         if on_logits is not None:
             on_logits(logits[None], torch.from_numpy(case.label).to(logits.device)[None])
         probs = predictor.probabilities(logits)
@@ -227,13 +227,22 @@ def evaluate_cases(
                     write_nifti(pred_dir / f"{case.case_id}_{suffix}.nii.gz", maps[name].float().cpu().numpy(),
                                 affine, source)
         del probs, maps
-        for transform, extra_evaluator, keeps_argmax in (posthoc or {}).values():
-            scaled, label, spacing, _ = restore(case, predictor.probabilities(transform(logits, case)))
+        for name, (transform, extra_evaluator, keeps_argmax) in (posthoc or {}).items():
+            z = pooled_after[name] if name in pooled_after else transform(logits, case)
+            scaled, label, spacing, _ = restore(case, predictor.probabilities(z))
             extra_evaluator.add_case(case.case_id, scaled, torch.as_tensor(label, device=scaled.device), spacing,
                                      prediction=pred if keeps_argmax else None)
             del scaled
         del pred
     return kept
+
+
+@dataclasses.dataclass
+class PerNetwork:
+    """A post-hoc entry of :func:`evaluate_cases` applied before pooling (``posthoc.pool=after``): one logit
+    transform ``(logits, case)`` per network of the predictor (an ensemble's members, in order)."""
+
+    transforms: list[Callable[[torch.Tensor, CaseData], torch.Tensor]]
 
 
 # uncertainty map -> file name suffix (``<case>_<suffix>.nii.gz``); a single network writes the first only

@@ -178,8 +178,8 @@ def build_rows(runs: list[RunRecord], select: str = "score", select_mode: str = 
                         members, [r.seed for r in members], None if math.isnan(selection) else selection)
         row.cells = {name: _cell(members, key, case_key, scaler, n_boot, seed)
                      for name, key, case_key, scaler, _ in METRICS}
-        temps = [r.summaries[""].get("posthoc", {}).get("temperature", {}).get("params", {}).get("temperature")
-                 for r in members]
+        params = [r.summaries[""].get("posthoc", {}).get("temperature", {}).get("params", {}) for r in members]
+        temps = [p.get("temperature") if isinstance(p, dict) else None for p in params]  # a list: pooled after
         row.temperature = _mean_std([t for t in temps if t is not None])[0] if any(t is not None for t in temps) else None
         labels: dict[str, list[str]] = {}
         for run in members:
