@@ -12,7 +12,9 @@ import torch
 from mcseg.engine import inference
 from mcseg.engine.checkpoint import load_checkpoint
 from mcseg.losses.deep_supervision import deep_supervision_loss
-from mcseg.models import final_output, supervision_outputs
+from mcseg.engine.build import build_predictor
+from mcseg.engine.inference import InferenceConfig
+from mcseg.models import MbLSUNet2D, final_output, size_divisor, supervision_outputs
 from mcseg.train import train
 
 from .test_configs import options
@@ -23,7 +25,8 @@ BACKBONES = {
     "unet": (["model.channels=[4,8,16]", "model.strides=[2,2]", "model.num_res_units=1"], 16),
     "dynunet": (["model.kernel_size=[3,3,3]", "model.strides=[1,2,2]", "model.upsample_kernel_size=[2,2]",
                  "model.filters=[4,8,16]"], 16),
-    "mbls_unet": (["model.channels=[4,8,16]"], 16),
+    "mbls_unet": (["model.channels=[4,8,16,32,64]"], 32),  # the default depth: divisor 32 (pools 2, 2, 2, 4)
+    "upconv_unet": (["model.channels=[4,8,16]"], 16),
     "attention_unet": (["model.channels=[4,8,16]", "model.strides=[2,2]"], 16),
     "unetpp": (["model.features=[4,4,8,8,16,4]"], 32),
     "segresnet": (["model.init_filters=8", "model.blocks_down=[1,1,1]", "model.blocks_up=[1,1]"], 16),
@@ -31,7 +34,7 @@ BACKBONES = {
     "swin_unetr": (["model.feature_size=12", "model.depths=[1,1,1,1]", "model.num_heads=[3,3,3,3]",
                     "model.window_size=4", "model.norm_name=batch"], 32),  # batch: a 1-voxel bottleneck trains
 }
-TWO_D_ONLY = {"mbls_unet"}
+TWO_D_ONLY = {"mbls_unet", "upconv_unet"}
 SHAPE = (36, 40, 20)  # no axis a multiple of 16: 2D slices are padded (or windowed), 3D volumes windowed
 
 
@@ -167,7 +170,8 @@ def test_2d_slices_are_padded_at_least_to_the_training_patch():
      r"dataset\.sampling\.patch_size=\[32, 32\] must equal model\.img_size"),
     ("unetr", 3, ["inference.roi_size=[64,64,64]"], None, r"inference\.roi_size=\[64, 64, 64\]: UNETR takes windows"),
     ("swin_unetr", 2, [], 48, r"dataset\.sampling\.patch_size=\[48, 48\]: .*multiple of 32"),
-], ids=["unetr-img_size", "unetr-roi_size", "swin_unetr-divisor"])
+    ("mbls_unet", 3, [], None, r"MbLSUNet2D is a 2D network: set dataset\.sampling\.dims=2"),
+], ids=["unetr-img_size", "unetr-roi_size", "swin_unetr-divisor", "mbls_unet-3d"])
 def test_a_patch_the_network_cannot_take_is_refused_at_start_naming_the_key(make_cfg, option, dims, extra, patch,
                                                                              message):
     with pytest.raises(ValueError, match=message):
@@ -190,3 +194,61 @@ def test_unetpp_without_deep_supervision_trains_under_ddp(tmp_path):
             final_output(model(torch.randn(2, 1, 32, 32))).sum().backward()
     finally:
         dist.destroy_process_group()
+
+
+def _conv(cin: int, cout: int, k: int = 3) -> int:
+    return k * k * cin * cout + cout  # weights and bias
+
+
+def test_mbls_unet_is_the_margin_loss_authors_unet_at_their_defaults():
+    """calibrate/net/unet.py UNet of github.com/Bala93/MarginLoss (filters 32 x (1, 2, 4, 8, 16),
+    bottom_s=4), 1 channel, 3 classes: the issue measured 7.85 M parameters on their code;
+    scripts/check_mbls_unet.py compares weights and outputs with it where a checkout is at hand."""
+    model = MbLSUNet2D(1, 3).eval()
+    widths = [32, 64, 128, 256, 512]
+    encoder = sum(_conv(cin, c) + _conv(c, c) for cin, c in zip([1, *widths[:-1]], widths))
+    decoder = sum(_conv(widths[i] + widths[i + 1], widths[i]) + _conv(widths[i], widths[i]) for i in range(4))
+    head = _conv(32, 3, k=1)
+    assert (encoder, decoder, head) == (4_711_648, 3_134_400, 99)
+    assert sum(p.numel() for p in model.parameters()) == encoder + decoder + head == 7_846_147
+    # no normalisation, no convolution in the upsampling: two convolutions per level and the head
+    kinds = {type(m).__name__ for m in model.modules()}
+    assert not any("Norm" in k for k in kinds)
+    assert sum(isinstance(m, torch.nn.Conv2d) for m in model.modules()) == 2 * 5 + 2 * 4 + 1
+    levels = []
+    for block in model.down:
+        block.register_forward_hook(lambda _m, _i, out: levels.append(tuple(out.shape)))
+    with torch.no_grad():
+        out = model(torch.randn(8, 1, 64, 64))
+    assert out.shape == (8, 3, 64, 64)
+    assert levels == [(8, 32, 64, 64), (8, 64, 32, 32), (8, 128, 16, 16), (8, 256, 8, 8), (8, 512, 2, 2)]  # by 4 last
+    assert size_divisor(model) == 32
+    with torch.no_grad():
+        assert model(torch.randn(1, 1, 96, 160)).shape == (1, 3, 96, 160)
+    assert size_divisor(MbLSUNet2D(1, 3, channels=[4, 8, 16])) == 8 and size_divisor(
+        MbLSUNet2D(1, 3, channels=[4, 8, 16], bottom_pool=2)) == 4
+
+
+@pytest.mark.parametrize("bad,message", [
+    ({"channels": [8]}, r"model\.channels=\[8\]"),
+    ({"up_channels": [8, 8, 32, 32, 256]}, r"model\.up_channels=\[8, 8, 32, 32, 256\]"),
+    ({"bottom_pool": 0}, r"model\.bottom_pool=0"),
+])
+def test_mbls_unet_refuses_bad_arguments_naming_them(bad, message):
+    with pytest.raises(ValueError, match=message):
+        MbLSUNet2D(1, 3, **bad)
+
+
+@pytest.mark.parametrize("patch,ok", [(32, True), (64, True), (96, True), (16, False), (48, False), (80, False)])
+def test_mbls_unet_takes_patches_that_are_multiples_of_32_only(make_cfg, patch, ok):
+    from hydra.utils import instantiate
+
+    cfg = make_cfg(["model=mbls_unet", "dataset.sampling.dims=2", f"dataset.sampling.patch_size=[{patch},{patch}]"])
+    build = lambda: build_predictor(cfg, instantiate(cfg.model), instantiate(cfg.loss), torch.device("cpu"),  # noqa: E731
+                                    InferenceConfig(), "fp32")
+    if ok:
+        assert build().divisor == 32
+    else:
+        with pytest.raises(ValueError, match=rf"dataset\.sampling\.patch_size=\[{patch}, {patch}\]: each size must "
+                                             r"be a multiple of 32 \(the network downsamples by 32\)"):
+            build()

@@ -37,8 +37,8 @@ def test_every_option_composes_and_validates(make_cfg, hippocampus_root, group, 
 @pytest.mark.parametrize("option", options("model"))
 @pytest.mark.parametrize("dims", [2, 3])
 def test_every_model_builds_and_runs(make_cfg, option, dims):
-    if option == "mbls_unet" and dims == 3:
-        pytest.skip("the margin-loss study's U-Net is 2D only")
+    if option in ("mbls_unet", "upconv_unet") and dims == 3:
+        pytest.skip("mcseg's own U-Nets are 2D only")
     # a multiple of every preset's size divisor (UNETR's img_size follows it); SwinUNETR's bottleneck,
     # 1/32 of the input and instance-normalised, needs two voxels
     size = [32] * (dims - 1) + [64 if option == "swin_unetr" else 32]

@@ -14,10 +14,10 @@ TINY = ["debug=fast", "trainer.max_epochs=1", "trainer.val_max_cases=1", "postho
         "logger.images=0", "evaluation.bootstrap_samples=0", "inference.save_predictions=false"]
 # The presets' datasets at fixture size: (fake download or the shared hippocampus copy, tiny overrides)
 DATA = {
-    "mbls_acdc": ("acdc", ["model.channels=[8,16,32,64,128]", "dataset.sampling.patch_size=[48,48]"]),
+    "mbls_acdc": ("acdc", ["model.channels=[8,16,32,64,128]", "dataset.sampling.patch_size=[64,64]"]),
     "mbls_flare": ("flare", ["model.channels=[8,16,32,64,128]", "dataset.sampling.patch_size=[32,32]"]),
     "mbls_brats": ("brats", ["model.channels=[8,16,32,64,128]", "dataset.sampling.patch_size=[32,32]"]),
-    "mbls_study": ("acdc", ["dataset=acdc", "model.channels=[8,16,32,64,128]", "dataset.sampling.patch_size=[48,48]"]),
+    "mbls_study": ("acdc", ["dataset=acdc", "model.channels=[8,16,32,64,128]", "dataset.sampling.patch_size=[64,64]"]),
     "hippocampus_study": (None, ["model.channels=[8,16,32]", "model.strides=[2,2]", "model.num_res_units=1"]),
     "hippocampus_cpu": (None, ["model.channels=[8,16,32]", "model.strides=[2,2]", "model.num_res_units=1",
                                "dataset.sampling.patch_size=[16,16,16]"]),

@@ -9,15 +9,15 @@ from mcseg.engine.checkpoint import load_model_weights
 from mcseg.engine.data import sampling_config
 from mcseg.engine.inference import InferenceConfig
 from mcseg.engine.predict import SegmentationPredictor
-from mcseg.models import MbLSUNet2D, fixed_input_size, size_divisor
+from mcseg.models import TWO_D_ONLY, fixed_input_size, size_divisor
 from mcseg.targets import instantiate_checked
 
 
 def build_predictor(cfg: DictConfig, model, loss_fn, device, inference: InferenceConfig, precision: str) -> SegmentationPredictor:
     """The predictor of ``model`` with the geometry of ``cfg.dataset.sampling`` (dims, slice axis, patch size)."""
     sampling = sampling_config(cfg.dataset)
-    if isinstance(model, MbLSUNet2D) and sampling.dims != 2:
-        raise ValueError("model=mbls_unet is a 2D network: set dataset.sampling.dims=2")
+    if isinstance(model, TWO_D_ONLY) and sampling.dims != 2:
+        raise ValueError(f"model: {type(model).__name__} is a 2D network: set dataset.sampling.dims=2")
     divisor, input_size = size_divisor(model), fixed_input_size(model)
     if input_size is not None and tuple(sampling.patch_size) != input_size:
         raise ValueError(

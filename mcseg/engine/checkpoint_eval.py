@@ -200,8 +200,8 @@ def output_dir(cfg: DictConfig, ckpt: Path, sha256: str, run_dir: Path | None, s
 def clear_evaluation(out: Path, refits: bool = True) -> None:
     """Remove an earlier evaluation's files from ``out`` (only the files an evaluation writes); ``refits``:
     also a post-hoc refit saved with it (:func:`plan_posthoc`)."""
-    for name in ("summary.json", "per_case.csv", "reliability.csv", "reliability.png", PROVENANCE_FILE, "split.json",
-                 FAILURE_FILE):
+    for name in ("summary.json", "per_case.csv", "reliability.csv", "reliability.png", "reliability_histogram.csv",
+                 "reliability_histogram.png", PROVENANCE_FILE, "split.json", FAILURE_FILE):
         (out / name).unlink(missing_ok=True)
     if refits:
         (out / CALIBRATION_FILE).unlink(missing_ok=True)

@@ -31,7 +31,8 @@ from mcseg.metrics.calibration import NLL_FLOOR, CalibrationStats, case_calibrat
 from mcseg.metrics.empty import StructureStatus, status_counts
 from mcseg.metrics.overlap import dice_score, overlap_counts
 from mcseg.metrics.regions import region_mask
-from mcseg.metrics.reliability import TABLE_COLUMNS, reliability_table
+from mcseg.metrics.reliability import HISTOGRAM_COLUMNS, TABLE_COLUMNS, case_histogram, histogram_figure, histogram_table
+from mcseg.metrics.reliability import reliability_table
 from mcseg.metrics.reliability import reliability_figure as _figure
 from mcseg.metrics.statistics import describe, nanmean
 from mcseg.metrics.surface import surface_distances
@@ -100,6 +101,8 @@ class Evaluator:
         self._ids: set[str] = set()
         self._pooled: list[CalibrationStats | None] = [None] * (self.num_classes if self.multilabel else 1)
         self._empty_regions = 0
+        n_bins = self.protocol.n_bins
+        self._histogram = np.zeros((len(self.foreground), n_bins, n_bins), dtype=np.int64)
 
     @property
     def n_cases(self) -> int:
@@ -143,7 +146,9 @@ class Evaluator:
             calib, stats = self._calibration(probs, label, prediction, spacing, top)
         except ValueError as exc:
             raise ValueError(f"case {case_id}: {exc}") from None
+        histogram = case_histogram(self._histogram_sums(stats)) if stats else 0
         # commit only a fully evaluated case
+        self._histogram = self._histogram + histogram
         self._pooled = [s if p is None else p + s for p, s in zip(self._pooled, stats)] + self._pooled[len(stats):]
         self._empty_regions += bool(stats) and any(s.n_voxels == 0 for s in stats)
         if int(counts.n_label.sum() if self.multilabel else counts.n_label[1:].sum()) == 0:
@@ -323,6 +328,21 @@ class Evaluator:
         stacked = BinSums.stack(rows).to("cpu")
         return stacked, names
 
+    def _histogram_sums(self, stats: list[CalibrationStats]) -> BinSums:
+        """A case's classwise bin sums of the histogram's panels: the foreground classes (the
+        authors' ``include_background=False``), or p_r against y_r per region when multilabel."""
+        if self.multilabel:
+            return BinSums.stack([s.classwise[1] for s in stats])
+        return stats[0].classwise[self.foreground]
+
+    def histogram_panels(self) -> tuple[np.ndarray, list[str], np.ndarray]:
+        """The dataset reliability histogram (P, M, M) [panel, frequency bin, confidence bin] summed
+        over the cases, its panel names, and the pooled voxel counts (P, M) per confidence bin."""
+        stats = [s if s is not None else CalibrationStats.zeros(2 if self.multilabel else self.num_classes,
+                                                                 self.protocol.n_bins) for s in self._pooled]
+        voxels = self._histogram_sums(stats).count.cpu().numpy()
+        return self._histogram.copy(), [self.class_names[k] for k in self.foreground], voxels
+
     def per_case_rows(self) -> list[dict]:
         rows = []
         for case in self._cases:
@@ -335,7 +355,8 @@ class Evaluator:
         return rows
 
     def write(self, out_dir: Path, extra: dict | None = None) -> dict:
-        """Write per_case.csv, summary.json (plus ``extra`` keys), reliability.png and reliability.csv (atomically)."""
+        """Write per_case.csv, summary.json (plus ``extra`` keys), reliability.png and reliability.csv, and the
+        dataset reliability histogram reliability_histogram.png and .csv (atomically)."""
         out_dir = Path(out_dir)
         summary = {**self.summary(), **_json_safe(extra or {})}
         _write_csv(out_dir / "per_case.csv", self.per_case_rows(), (*ROW_COLUMNS, *CASE_COLUMNS))
@@ -345,6 +366,12 @@ class Evaluator:
         _write_csv(out_dir / "reliability.csv", reliability_table(sums, names), TABLE_COLUMNS)
         fig = reliability_figure(self, title=f"{out_dir.name}: {plural(self.n_cases, 'case')} pooled")
         atomic_write(out_dir / "reliability.png", lambda tmp: fig.savefig(tmp, format="png", dpi=100))
+        hist, names, voxels = self.histogram_panels()
+        _write_csv(out_dir / "reliability_histogram.csv", histogram_table(hist, names), HISTOGRAM_COLUMNS)
+        fig = histogram_figure(hist, names, voxels=voxels, total="all regions" if self.multilabel else "all foreground",
+                               title=f"{out_dir.name}: dataset reliability histogram, "
+                                     f"{plural(self.n_cases, 'case')}; region {self.protocol.region}")
+        atomic_write(out_dir / "reliability_histogram.png", lambda tmp: fig.savefig(tmp, format="png", dpi=100))
         return summary
 
 

@@ -13,9 +13,12 @@ import torch
 from torch import nn
 
 from mcseg.models.mbls_unet import MbLSUNet2D
+from mcseg.models.upconv_unet import UpConvUNet2D
 
-__all__ = ["MbLSUNet2D", "computes_unused_outputs", "final_output", "fixed_input_size", "size_divisor",
-           "supervision_outputs"]
+__all__ = ["MbLSUNet2D", "TWO_D_ONLY", "UpConvUNet2D", "computes_unused_outputs", "final_output", "fixed_input_size",
+           "size_divisor", "supervision_outputs"]
+
+TWO_D_ONLY = (MbLSUNet2D, UpConvUNet2D)  # mcseg's own 2D-only networks
 
 
 def _largest_stride_product(strides) -> int:

@@ -2,8 +2,9 @@
 
 Runs whose evaluation (or post-hoc temperature scaling) is missing are evaluated first with
 ``evaluate.py``'s code and default protocol, or listed with ``--no-eval``. Writes
-``report.md``, ``report.csv``, ``report.tex``, ``reliability_selected.png`` and, for margin
-sweeps, ``margin_heatmap.png`` into ``--out`` (default: ``<first DIR>/report``).
+``report.md``, ``report.csv``, ``report.tex``, ``reliability_selected.png``,
+``reliability_histogram_selected.png`` (the dataset reliability histograms) and, for margin sweeps,
+``margin_heatmap.png`` into ``--out`` (default: ``<first DIR>/report``).
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 
 from mcseg.data.io import atomic_write
 from mcseg.report.collect import RunRecord, collect_ensembles, collect_runs, read_run
-from mcseg.report.figures import margin_heatmap, reliability_overlay, risk_coverage_overlay
+from mcseg.report.figures import margin_heatmap, reliability_histograms, reliability_overlay, risk_coverage_overlay
 from mcseg.report.render import ENVIRONMENT_MARK, SEEN_MARK, latex, markdown, write_csv
 from mcseg.report.table import add_predictors, build_rows, common_overrides, mark_environments, mark_seen_in_training
 
@@ -138,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         own = [r for r in rows if r.dataset == dataset]
         tag = f"_{dataset}" if len(datasets) > 1 else ""
         figures[f"reliability_selected{tag}.png"] = reliability_overlay(own, args.split)
+        figures[f"reliability_histogram_selected{tag}.png"] = reliability_histograms(own, args.split)
         figures[f"margin_heatmap{tag}.png"] = margin_heatmap(own)
         figures[f"risk_coverage_selected{tag}.png"] = risk_coverage_overlay(own, args.split)
     for name, fig in figures.items():

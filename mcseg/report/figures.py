@@ -1,4 +1,5 @@
-"""Report figures: reliability diagrams of the selected configurations overlaid, margin x lambda heatmaps."""
+"""Report figures: reliability diagrams of the selected configurations overlaid, their dataset reliability
+histograms, margin x lambda heatmaps, risk-coverage curves."""
 from __future__ import annotations
 
 import csv
@@ -130,3 +131,54 @@ def risk_coverage_overlay(rows: list[ConfigRow], split: str, key: str = "image_u
     ax.set_title(f"Risk-coverage on the {split} split (single networks, summed predictive entropy)", fontsize=9)
     fig.tight_layout()
     return fig
+
+
+def pooled_histogram(run_dirs: list[Path], split: str) -> tuple[np.ndarray, list[str]] | None:
+    """The dataset reliability histogram (P, M, M) summed over the runs' reliability_histogram.csv files
+    (its cells count cases, so the cases of every run add up), with its panel names; None when none has one
+    or they disagree on panels or bins (then none is drawn rather than a wrong sum)."""
+    from mcseg.metrics.reliability import read_histogram_table
+
+    total, names = None, None
+    for run_dir in run_dirs:
+        path = Path(run_dir) / "eval" / split / "reliability_histogram.csv"
+        if not path.is_file():
+            continue
+        with open(path, newline="") as f:
+            hist, panels = read_histogram_table(csv.DictReader(f))
+        if total is None:
+            total, names = hist, panels
+        elif panels != names or hist.shape != total.shape:
+            return None
+        else:
+            total = total + hist
+    return None if total is None else (total, names)
+
+
+def reliability_histograms(rows: list[ConfigRow], split: str) -> Figure | None:
+    """The dataset reliability histogram (Barfoot et al., MICCAI 2024) of each selected configuration, one
+    row of panels per configuration (its classes, then their sum), the cases of every seed pooled; None
+    when no selected run wrote one."""
+    from mcseg.metrics.reliability import histogram_figure
+
+    hists, names = [], []
+    for row in rows:
+        if not row.selected:
+            continue
+        pooled = pooled_histogram([r.path for r in row.runs], split)
+        if pooled is None:
+            continue
+        hist, panels = pooled
+        setting = "" if row.hyperparameters == "defaults" else f" {row.hyperparameters}"
+        if len(panels) > 1:
+            hist, panels = np.concatenate([hist, hist.sum(0, keepdims=True)]), [*panels, "all classes"]
+        hists.append(hist)
+        names += [f"{row.loss_name}{setting}: {p}" for p in panels]
+    if not hists:
+        return None
+    width = len(hists[0])
+    if any(len(h) != width or h.shape[1:] != hists[0].shape[1:] for h in hists):
+        return None  # configurations of different classes or bins: no common grid
+    return histogram_figure(np.concatenate(hists), names, total=None, max_columns=width,
+                            title=f"Dataset reliability histograms on the {split} split (selected configurations, "
+                                  "cases of every seed)")

@@ -53,7 +53,8 @@ def test_cli_matches_the_evaluator(folders, tmp_path, capsys):
         ev.add_case(case, probs, label, spacing)
     assert summary == json.loads(json.dumps(ev.summary()))
     assert "foreground mean" in capsys.readouterr().out
-    assert {p.name for p in out.iterdir()} == {"per_case.csv", "summary.json", "reliability.csv", "reliability.png"}
+    assert {p.name for p in out.iterdir()} == {"per_case.csv", "summary.json", "reliability.csv", "reliability.png",
+                                               "reliability_histogram.csv", "reliability_histogram.png"}
 
 
 def test_labels_only_and_classes_from_dataset_json(folders, tmp_path):

@@ -53,6 +53,7 @@ def test_summary_and_rows_follow_the_contract(tmp_path):
     assert summary["mean_ece"] == pytest.approx(np.mean([f["ece"] for f in flats]))
     # files
     assert sorted(p.name for p in tmp_path.iterdir()) == ["per_case.csv", "reliability.csv", "reliability.png",
+                                                          "reliability_histogram.csv", "reliability_histogram.png",
                                                           "summary.json"]
     assert json.loads((tmp_path / "summary.json").read_text()) == summary
     with open(tmp_path / "per_case.csv") as f:
@@ -199,3 +200,65 @@ def test_an_empty_label_map_is_evaluated_with_a_warning():
     with pytest.warns(UserWarning, match="no foreground"):
         flat = _evaluator().add_case("empty", probs, torch.zeros_like(label), (1.0, 1.0, 1.0))
     assert flat["status/liver"] == "false_alarm" and flat["dice/liver"] == 0.0
+
+
+# Two cases of 4 voxels, 3 classes, 4 bins (lo, hi]: the dataset reliability histogram counted by hand.
+HIST_CASES = [
+    (torch.tensor([[0.8, 0.1, 0.1], [0.1, 0.8, 0.1], [0.1, 0.7, 0.2], [0.2, 0.2, 0.6]]), [0, 1, 2, 2]),
+    (torch.tensor([[0.4, 0.6, 0.0], [0.3, 0.6, 0.1], [0.9, 0.05, 0.05], [0.0, 0.0, 1.0]]), [1, 0, 0, 2]),
+]
+
+
+def _hist_evaluator(cases) -> Evaluator:
+    ev = Evaluator(3, ["background", "a", "b"], EvalProtocol(region="all", n_bins=4, bootstrap_samples=0))
+    for i, (p, y) in enumerate(cases):
+        ev.add_case(f"c{i}", p.T.reshape(3, 2, 2), torch.tensor(y).reshape(2, 2), (1.0, 1.0))
+    return ev
+
+
+def test_dataset_reliability_histogram_counts_cases_per_cell_by_hand(tmp_path):
+    """Class a, case 0: p_a = .1 .8 .7 .2 (y = a only at voxel 1): bin 0 holds 2 voxels, frequency 0 ->
+    cell (f0, k0); bin 2: 1 voxel, 0 -> (f0, k2); bin 3: 1 voxel, 1 -> (f3, k3). Case 1: p_a = .6 .6 .05 0,
+    y = a at voxel 0: bin 2, frequency 1/2 -> (f1, k2) (0.5 lies in (1/4, 2/4]); bin 0: 0 -> (f0, k0).
+    Class b, case 0: p_b = .1 .1 .2 .6, y = b at voxels 2, 3: bin 0, 1/3 -> (f1, k0); bin 2, 1 -> (f3, k2).
+    Case 1: p_b = 0 .1 .05 1, y = b at voxel 3: bin 0, 0 -> (f0, k0); bin 3, 1 -> (f3, k3)."""
+    ev = _hist_evaluator(HIST_CASES)
+    hist, names, voxels = ev.histogram_panels()
+    assert names == ["a", "b"] and hist.shape == (2, 4, 4)  # background left out, as in the authors' plots
+    want = np.zeros((2, 4, 4), dtype=np.int64)  # [class, frequency bin, confidence bin]
+    for (c, f, k), n in {(0, 0, 0): 2, (0, 0, 2): 1, (0, 3, 3): 1, (0, 1, 2): 1,
+                         (1, 1, 0): 1, (1, 3, 2): 1, (1, 0, 0): 1, (1, 3, 3): 1}.items():
+        want[c, f, k] = n
+    np.testing.assert_array_equal(hist, want)
+    np.testing.assert_array_equal(voxels, [[4, 0, 3, 1], [6, 0, 1, 1]])  # pooled voxels per confidence bin
+    # cells are sums over cases: two evaluators of one case each add up to the evaluator of both
+    parts = [_hist_evaluator([case]).histogram_panels()[0] for case in HIST_CASES]
+    np.testing.assert_array_equal(parts[0] + parts[1], hist)
+    assert parts[0].sum() == 3 + 2  # one point per non-empty bin of the case's diagram, empty bins none
+
+    ev.write(tmp_path)
+    with open(tmp_path / "reliability_histogram.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 2 * 4 * 4
+    from mcseg.metrics.reliability import read_histogram_table
+    table, table_names = read_histogram_table(rows)
+    assert table_names == ["a", "b"]
+    np.testing.assert_array_equal(table, want)
+    cell = next(r for r in rows if r["panel"] == "b" and r["confidence_bin"] == "0" and r["frequency_bin"] == "1")
+    assert (cell["cases"], float(cell["frequency_lo"]), float(cell["frequency_hi"])) == ("1", 0.25, 0.5)
+    assert (tmp_path / "reliability_histogram.png").stat().st_size > 1000
+
+
+def test_dataset_reliability_histogram_of_a_multilabel_task_is_per_region(tmp_path):
+    ev = Evaluator(2, ["WT", "TC"], EvalProtocol(region="all", n_bins=4, bootstrap_samples=0), multilabel=True)
+    probs = torch.tensor([[0.9, 0.2, 0.6, 0.1], [0.3, 0.3, 0.8, 0.0]]).reshape(2, 2, 2)
+    label = torch.tensor([[1, 0, 0, 0], [0, 1, 1, 0]]).reshape(2, 2, 2)
+    ev.add_case("c0", probs, label, (1.0, 1.0))
+    hist, names, _ = ev.histogram_panels()
+    assert names == ["WT", "TC"]
+    # WT: p .9 .2 .6 .1 -> bins 3 (y 1), 0 (0, 0), 2 (0); TC: .3 .3 -> bin 1 (1/2), .8 -> 3 (1), 0 -> 0 (0)
+    assert {(int(c), int(f), int(k)) for c, f, k in zip(*hist.nonzero())} == {
+        (0, 3, 3), (0, 0, 0), (0, 0, 2), (1, 1, 1), (1, 3, 3), (1, 0, 0)}
+    assert hist.sum() == 6
+    ev.write(tmp_path)
+    assert (tmp_path / "reliability_histogram.png").is_file()
