@@ -12,7 +12,7 @@ from .brier import BrierLoss
 from .cross_entropy import CELoss, ECPLoss, LabelSmoothingLoss
 from .dca import DCALoss, MDCALoss
 from .dice import CEDiceLoss, SoftDice
-from .focal import DualFocalLoss, FCLLoss, FLSDLoss, FocalLoss
+from .focal import AdaFocalLoss, DualFocalLoss, FCLLoss, FLSDLoss, FocalLoss
 from .margin import ACLSLoss, CALSLoss, MarginDiceLoss, MarginLoss
 from .multilabel import MultiLabelLoss, SigmoidBCELoss, SPALoss
 from .nacl import NACLLoss
@@ -20,6 +20,7 @@ from .svls import SVLSLoss
 
 __all__ = [
     "ACLSLoss",
+    "AdaFocalLoss",
     "BrierLoss",
     "CALSLoss",
     "CEDiceLoss",

@@ -56,6 +56,7 @@ SOFTMAX_CASES: dict[str, Case] = {
     "mdca_ls": Case(L.MDCALoss, {"classification": "ls"}, per_voxel=False),
     "dca": Case(L.DCALoss, per_voxel=False),
     "acls": Case(L.ACLSLoss, {"margin": 1.0}),
+    "adafocal": Case(L.AdaFocalLoss),
 }
 
 MULTILABEL_CASES: dict[str, Case] = {
@@ -88,6 +89,7 @@ CONFIG_CLASSES = {
     "mdca": L.MDCALoss,
     "dca": L.DCALoss,
     "acls": L.ACLSLoss,
+    "adafocal": L.AdaFocalLoss,
     "bce": L.SigmoidBCELoss,
     "spa": L.SPALoss,
 }
