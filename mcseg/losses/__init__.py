@@ -11,7 +11,7 @@ from .base import SegmentationLoss
 from .brier import BrierLoss
 from .cross_entropy import CELoss, ECPLoss, LabelSmoothingLoss
 from .dca import DCALoss, MDCALoss
-from .dice import CEDiceLoss, SoftDice
+from .dice import CEDiceLoss, DiceSemimetricLoss, SoftDice
 from .focal import AdaFocalLoss, DualFocalLoss, FCLLoss, FLSDLoss, FocalLoss
 from .margin import ACLSLoss, CALSLoss, MarginDiceLoss, MarginLoss
 from .multilabel import MultiLabelLoss, SigmoidBCELoss, SPALoss
@@ -26,6 +26,7 @@ __all__ = [
     "CEDiceLoss",
     "CELoss",
     "DCALoss",
+    "DiceSemimetricLoss",
     "DualFocalLoss",
     "ECPLoss",
     "FCLLoss",
