@@ -49,6 +49,10 @@ def test_every_loss_trains_and_evaluates(make_cfg, tmp_path, loss, one_thread):
         assert bool(state["loss"]["has_prev_constraint"])
         assert torch.all(state["loss"]["prev_constraint"] != 0)
         assert state["loss"]["lambd"].shape == (4,)
+    if loss == "adafocal":  # every validation updated the gammas and bins, and they are checkpointed
+        assert int(state["loss"]["updates"]) >= 1
+        assert state["loss"]["gamma"].shape == (15,) and state["loss"]["edges"].shape == (16,)
+        assert not torch.equal(state["loss"]["gamma"], torch.ones(15, dtype=torch.float64))
 
 
 @pytest.mark.parametrize("loss", LOSSES_3D)

@@ -11,8 +11,8 @@ from .base import SegmentationLoss
 from .brier import BrierLoss
 from .cross_entropy import CELoss, ECPLoss, LabelSmoothingLoss
 from .dca import DCALoss, MDCALoss
-from .dice import CEDiceLoss, SoftDice
-from .focal import DualFocalLoss, FCLLoss, FLSDLoss, FocalLoss
+from .dice import CEDiceLoss, DiceSemimetricLoss, SoftDice
+from .focal import AdaFocalLoss, DualFocalLoss, FCLLoss, FLSDLoss, FocalLoss
 from .margin import ACLSLoss, CALSLoss, MarginDiceLoss, MarginLoss
 from .multilabel import MultiLabelLoss, SigmoidBCELoss, SPALoss
 from .nacl import NACLLoss
@@ -20,11 +20,13 @@ from .svls import SVLSLoss
 
 __all__ = [
     "ACLSLoss",
+    "AdaFocalLoss",
     "BrierLoss",
     "CALSLoss",
     "CEDiceLoss",
     "CELoss",
     "DCALoss",
+    "DiceSemimetricLoss",
     "DualFocalLoss",
     "ECPLoss",
     "FCLLoss",

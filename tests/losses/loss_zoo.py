@@ -56,6 +56,11 @@ SOFTMAX_CASES: dict[str, Case] = {
     "mdca_ls": Case(L.MDCALoss, {"classification": "ls"}, per_voxel=False),
     "dca": Case(L.DCALoss, per_voxel=False),
     "acls": Case(L.ACLSLoss, {"margin": 1.0}),
+    "adafocal": Case(L.AdaFocalLoss),
+    "dml": Case(L.DiceSemimetricLoss, per_voxel=False),
+    "ce_dml_boundary": Case(
+        L.DiceSemimetricLoss, {"lambda_ce": 0.25, "lambda_dml": 0.75, "boundary_epsilon": 0.5}, per_voxel=False, spatial=True
+    ),
 }
 
 MULTILABEL_CASES: dict[str, Case] = {
@@ -88,6 +93,9 @@ CONFIG_CLASSES = {
     "mdca": L.MDCALoss,
     "dca": L.DCALoss,
     "acls": L.ACLSLoss,
+    "adafocal": L.AdaFocalLoss,
+    "dml": L.DiceSemimetricLoss,
+    "ce_dml": L.DiceSemimetricLoss,
     "bce": L.SigmoidBCELoss,
     "spa": L.SPALoss,
 }
@@ -101,6 +109,7 @@ PRESETS = {
     "softl1ace_ce": {"binning": "soft"},
     "softl1ace_dice": {"binning": "soft", "lambda_ce": 0.0, "lambda_dice": 0.5},
     "softl1ace_dice_ce": {"binning": "soft", **_DICE_CE},
+    "ce_dml": {"lambda_ce": 0.25, "lambda_dml": 0.75},  # the Dice-semimetric authors' combination
 }
 
 
