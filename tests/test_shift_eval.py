@@ -17,9 +17,10 @@ def tiny_run(tmp_path_factory):
     from mcseg.train import train
 
     root = tmp_path_factory.mktemp("shift")
-    train(compose_config("train", TINY_3D + ["trainer.max_epochs=1", "evaluation.bootstrap_samples=10"],
-                         root / "run"))
-    return root / "run"
+    for seed in (0, 1):
+        train(compose_config("train", TINY_3D + ["trainer.max_epochs=1", "evaluation.bootstrap_samples=10",
+                                                 f"seed={seed}"], root / "sweep" / f"s{seed}"))
+    return root / "sweep" / "s0"
 
 
 def _evaluate(out: Path, *overrides):
@@ -72,3 +73,16 @@ def test_a_shift_suite_writes_one_evaluation_per_condition_and_a_summary(tiny_ru
     assert (tmp_path / "fresh/shift/affine/1/per_case.csv").read_bytes() == first
     assert again["shift"]["predictors"]["raw"]["dice"]["values"]["affine"] == \
         summary["predictors"]["raw"]["dice"]["values"]["affine"]
+
+
+def test_an_ensemble_is_evaluated_under_shift_in_its_own_folder(tiny_run, tmp_path):
+    other = tiny_run.parent / "s1"
+    result = _evaluate(tmp_path / "job", f"ckpt=[{tiny_run},{other}]", "shift=ct", "shift.corruptions=[noise]",
+                       "shift.levels=[2]")
+    out = Path(result["provenance"]["output_dir"])
+    assert out.parent.parent.name == "ensembles" and out.name == "test"
+    cond = json.loads((out / "shift/noise/2/summary.json").read_text())
+    assert cond["predictor"]["members"] == 2 and cond["provenance"]["shift"]["params"] == {"std": 26}
+    summary = json.loads((out / "shift_summary.json").read_text())
+    assert summary["predictors"]["raw"]["ece"]["values"]["noise"]["0"] == result["mean_ece"]
+    assert not (tiny_run / "eval/test/shift/noise").exists()  # never into a member's evaluation
