@@ -1,7 +1,6 @@
 """Evaluation under shift (issue #24): the corruptions at each level, their seeds, the label, the scores, the suite."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
