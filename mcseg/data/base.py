@@ -86,6 +86,7 @@ class SegmentationDataset(ABC):
         self.layout_warnings: list[str] = []  # odd but usable things found by scan()
         self.geometry = GeometryRule(str(geometry_check), geometry_tolerance)
         self._cache: CaseCache | None = None
+        self.corruption = None  # (raw case) -> corrupted raw case: evaluation under shift (:meth:`corrupted`)
 
     # ------------------------------------------------------------------ classes
     def _finalise_classes(self) -> None:
@@ -166,10 +167,23 @@ class SegmentationDataset(ABC):
             return label
         return to_regions(label, list(self.regions.values()))
 
+    def corrupted(self, corruption) -> SegmentationDataset:
+        """This dataset with ``corruption`` (``raw case -> raw case``, :mod:`mcseg.data.shift`) applied to every
+        case as read, before preprocessing and normalisation, as a scanner would. Nothing of it is cached."""
+        import copy
+
+        view = copy.copy(self)
+        view.corruption, view._cache = corruption, None
+        return view
+
+    def _read_raw(self, ref: CaseRef) -> CaseData:
+        case = self.read(ref)
+        return case if self.corruption is None else self.corruption(case)
+
     def load(self, ref: CaseRef) -> CaseData:
         """Read, check, preprocess (or fetch from the cache) and normalise one case."""
         if self.preprocess.identity:
-            case = self.read(ref)
+            case = self._read_raw(ref)
             case.image = normalize_image(case.image, self.normalization)
             case.label = self._view(case.label)
             case.meta["ref"] = ref
@@ -188,7 +202,7 @@ class SegmentationDataset(ABC):
     @property
     def cache(self) -> CaseCache | None:
         """The preprocessing cache of this dataset's settings (``None`` when off or not needed)."""
-        if self.preprocess.identity or not self.preprocess.cache:
+        if self.preprocess.identity or not self.preprocess.cache or self.corruption is not None:
             return None
         if self._cache is None:
             root = getattr(self, "root", None)
@@ -209,8 +223,9 @@ class SegmentationDataset(ABC):
         return np.uint8 if (self.label_classes or 0) <= 256 else np.int32
 
     def _preprocess(self, ref: CaseRef) -> tuple[dict[str, np.ndarray], dict]:
-        """Raw case to the arrays the cache keeps: image, label, original label, foreground points."""
-        raw = self.read(ref)
+        """Raw case to the arrays the cache keeps: image, label, original label, foreground points (with a
+        corruption: of the corrupted raw case, whose label is the one scored)."""
+        raw = self._read_raw(ref)
         image, label, geometry = forward(raw.image, raw.label, raw.spacing, raw.affine, self.preprocess,
                                          self.normalization)
         arrays = {"image": image}

@@ -17,7 +17,6 @@ from scipy.ndimage import gaussian_filter
 from mcseg.data.base import SegmentationDataset
 from mcseg.data.cases import CaseData, CaseRef
 from mcseg.data.fingerprint import combine
-from mcseg.data.normalize import normalize_image
 
 CLASS_NAMES = ("background", "crescent", "ring", "pool")
 # Mean intensity per class: ring and background overlap strongly, crescent and pool less.
@@ -105,8 +104,10 @@ class SyntheticDataset(SegmentationDataset):
         return combine(["phantom", *map(str, self.shape), str(self.seed), str(index), repr(float(self.noise)),
                         *map(repr, self.spacing)])
 
-    def load(self, ref: CaseRef) -> CaseData:
+    def read(self, ref: CaseRef) -> CaseData:
+        """The phantom as a scanner would give it (raw intensities); :meth:`load` normalises it, after a
+        corruption when one is set (evaluation under shift)."""
         index = int(ref.case_id.rsplit("_", 1)[1])
         image, label = phantom(self.shape, self.seed, index, self.noise)
         affine = np.diag(list(self.spacing) + [1.0] * (4 - len(self.spacing)))
-        return CaseData(ref.case_id, normalize_image(image[None], self.normalization), label, self.spacing, affine)
+        return CaseData(ref.case_id, image[None], label, self.spacing, affine)

@@ -39,6 +39,9 @@ from mcseg.engine.evaluation import FAILURE_FILE, PROVENANCE_FILE, evaluate_spli
 from mcseg.engine.evaluator import EvalProtocol
 from mcseg.engine.inference import InferenceConfig
 from mcseg.engine.relaunch import resume_mismatch
+from mcseg.engine.shift_eval import SUMMARY_FILE as SHIFT_SUMMARY, clean_to_reuse, evaluate_shift, format_shift, \
+    inference_record
+from mcseg.data.shift import shift_config
 from mcseg.engine.provenance import checkpoint_identity, dataset_identity, file_sha256
 from mcseg.data.validate import validate_cases
 from mcseg.errors import ConfigError
@@ -173,7 +176,8 @@ def check_compatible(ckpt: Path, run_cfg: DictConfig, dataset: SegmentationDatas
 
 def output_dir(cfg: DictConfig, ckpt: Path, sha256: str, run_dir: Path | None, selected: bool,
                other_dataset: str | None, variant: str | None = None) -> Path:
-    """Where this evaluation goes (module docstring); refuses to replace an earlier one unless ``overwrite``.
+    """Where this evaluation goes (module docstring); refuses to replace an earlier one unless ``overwrite``,
+    or, with a shift suite (``shift=``), reuses it as the clean level (:mod:`mcseg.engine.shift_eval`).
     ``variant`` (other members than the run's, :func:`member_tag`) is added to the split's folder name.
 
     Clears nothing: the caller removes an earlier evaluation (:func:`clear_evaluation`) once every other
@@ -191,10 +195,15 @@ def output_dir(cfg: DictConfig, ckpt: Path, sha256: str, run_dir: Path | None, s
         base = run_dir / "eval" if selected else run_dir / "eval" / f"{ckpt.stem}-{sha256[:8]}"
         out = base / ((f"{other_dataset}-{cfg.split}" if other_dataset else str(cfg.split))
                       + (f"-{variant}" if variant else ""))
-    if (out / "summary.json").exists() and not cfg.get("overwrite"):
+    if (out / "summary.json").exists() and not cfg.get("overwrite") and cfg.get("shift") is None:
         raise FileExistsError(f"{out / 'summary.json'} exists (an earlier evaluation; {PROVENANCE_FILE} says of "
                               f"what): pass overwrite=true to replace it, or eval_dir=<another folder>")
     return out
+
+
+def reuses_clean(cfg: DictConfig, out: Path) -> bool:
+    """A shift suite on an existing evaluation without overwrite=true: that evaluation is its level 0."""
+    return cfg.get("shift") is not None and (out / "summary.json").exists() and not cfg.get("overwrite")
 
 
 def clear_evaluation(out: Path, refits: bool = True) -> None:
@@ -397,9 +406,13 @@ def _evaluate_state(cfg: DictConfig, ckpt: Path, state: dict, overrides: list[st
                         fit_identity, evaluation_dir=out_dir)
     if not other:
         validate_cases(dataset, splits[cfg.split], "scoring")  # the same header checks as training and mcseg-data
-    if (out_dir / "summary.json").exists():  # overwrite=true, and nothing refused it: the earlier one goes now
+    shift = shift_config(cfg.get("shift"))
+    reuse = reuses_clean(cfg, out_dir)
+    if (out_dir / "summary.json").exists() and not reuse:  # overwrite=true, nothing refused it: the earlier one goes
         # without a run directory, out's calibration.json is the checkpoint's fit on record: kept
         clear_evaluation(out_dir, refits=run_dir is not None)
+        if shift is not None and (out_dir / SHIFT_SUMMARY).exists():
+            (out_dir / SHIFT_SUMMARY).unlink()
     if other:  # another dataset's split, made (or reused) beside its evaluation
         splits = resolve_split(dataset, eval_cfg.dataset, out_dir)
         split_source = str(out_dir / "split.json")
@@ -423,9 +436,18 @@ def _evaluate_state(cfg: DictConfig, ckpt: Path, state: dict, overrides: list[st
     scalers = posthoc_scalers(plan, run_cfg, split, None if other else dataset, predictor.plain() if pool_after
                               else predictor, fit_identity, fit_provenance, protocol)
     per_network = {name: [scaler] for name, scaler in scalers.items()} if pool_after else None
-    summary = evaluate_split(predictor, dataset, refs, protocol, out_dir, cfg.save_predictions,
-                             cfg.save_probabilities, None if pool_after else scalers, provenance,
-                             per_network=per_network)
-    print(format_summary(summary, dataset.class_names, title=f"{dataset.name} {cfg.split} split ({ckpt.name}, "
-                                                             f"sha256 {sha[:8]}) -> {out_dir}"))
+    if reuse:
+        summary = clean_to_reuse(out_dir, dataset, protocol, predictor.multilabel, sha,
+                                 inference_record(predictor), scalers)
+    else:
+        summary = evaluate_split(predictor, dataset, refs, protocol, out_dir, cfg.save_predictions,
+                                 cfg.save_probabilities, None if pool_after else scalers, provenance,
+                                 per_network=per_network)
+        print(format_summary(summary, dataset.class_names, title=f"{dataset.name} {cfg.split} split ({ckpt.name}, "
+                                                                 f"sha256 {sha[:8]}) -> {out_dir}"))
+    if shift is not None:
+        summary = {**summary, "shift": evaluate_shift(
+            shift, predictor, dataset, refs, protocol, out_dir, summary, provenance,
+            None if pool_after else scalers, per_network, bool(cfg.get("overwrite")))}
+        print(format_shift(summary["shift"]))
     return summary

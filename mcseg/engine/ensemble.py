@@ -35,9 +35,11 @@ from mcseg.engine.checkpoint import load_checkpoint
 from mcseg.engine.checkpoint_eval import (SELECTED, check_compatible, checkpoint_split, clear_evaluation,
                                           members_as_asked, mirrored_as_asked, own_splits, plan_posthoc,
                                           posthoc_scalers, refuse_fixed_overrides, resolve_checkpoint_path,
-                                          scored_content)
+                                          reuses_clean, scored_content)
 from mcseg.engine.data import build_dataset, record_dataset_facts
 from mcseg.engine.evaluation import PROVENANCE_FILE, evaluate_split, format_summary
+from mcseg.engine.shift_eval import clean_to_reuse, evaluate_shift, format_shift, inference_record
+from mcseg.data.shift import shift_config
 from mcseg.engine.evaluator import EvalProtocol
 from mcseg.engine.inference import InferenceConfig
 from mcseg.engine.predict import EnsemblePredictor
@@ -115,7 +117,7 @@ def ensemble_dir(cfg: DictConfig, members: list[dict]) -> Path:
         if common in runs:  # one run's checkpoints: the ensemble goes beside the run, not into it
             common = common.parent
         out = common / "ensembles" / f"ensemble{len(members)}-{key}" / str(cfg.split)
-    if (out / "summary.json").exists() and not cfg.get("overwrite"):
+    if (out / "summary.json").exists() and not cfg.get("overwrite") and cfg.get("shift") is None:
         raise FileExistsError(f"{out / 'summary.json'} exists (an earlier evaluation of these members): pass "
                               "overwrite=true to replace it, or eval_dir=<another folder>")
     return out
@@ -173,7 +175,9 @@ def evaluate_ensemble(cfg: DictConfig, entries, overrides: list[str] | None = No
                           {k: m[k] for k in ("path", "sha256", "epoch", "best_epoch")}, evaluation_dir=out_dir.parent)
              for m in identities] if pool_after else []
     plan = None if pool_after else plan_posthoc(cfg, split, out_dir.parent, identity, evaluation_dir=out_dir.parent)
-    if (out_dir / "summary.json").exists():  # overwrite=true, and nothing refused it
+    shift = shift_config(cfg.get("shift"))
+    reuse = reuses_clean(cfg, out_dir)  # a shift suite's level 0
+    if (out_dir / "summary.json").exists() and not reuse:  # overwrite=true, and nothing refused it
         clear_evaluation(out_dir)
     refs = splits[cfg.split]
     seen, changed, scored = scored_content(paths[0], first_state, dataset, refs, str(cfg.split))
@@ -202,8 +206,17 @@ def evaluate_ensemble(cfg: DictConfig, entries, overrides: list[str] | None = No
     else:
         scalers = posthoc_scalers(plan, first_cfg, split, dataset, ensemble, identity,
                                   {**fit_provenance, "members": [m["sha256"] for m in identities]}, protocol)
-    summary = evaluate_split(ensemble, dataset, refs, protocol, out_dir, cfg.save_predictions,
-                             cfg.save_probabilities, scalers, provenance, per_network=per_network)
-    print(format_summary(summary, dataset.class_names,
-                         title=f"{dataset.name} {cfg.split} split (ensemble of {len(identities)}) -> {out_dir}"))
+    if reuse:
+        summary = clean_to_reuse(out_dir, dataset, protocol, ensemble.multilabel, identity["sha256"],
+                                 inference_record(ensemble), {**scalers, **(per_network or {})})
+    else:
+        summary = evaluate_split(ensemble, dataset, refs, protocol, out_dir, cfg.save_predictions,
+                                 cfg.save_probabilities, scalers, provenance, per_network=per_network)
+        print(format_summary(summary, dataset.class_names,
+                             title=f"{dataset.name} {cfg.split} split (ensemble of {len(identities)}) -> {out_dir}"))
+    if shift is not None:
+        summary = {**summary, "shift": evaluate_shift(shift, ensemble, dataset, refs, protocol, out_dir, summary,
+                                                      {**provenance, "checkpoint": identity}, scalers, per_network,
+                                                      bool(cfg.get("overwrite")))}
+        print(format_shift(summary["shift"]))
     return summary

@@ -1,0 +1,88 @@
+"""evaluate.py shift=<suite> end to end (issue #24): one folder per condition, level 0 reused, the shift summary."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mcseg.data.shift import case_seed
+
+from .conftest import TINY_3D, compose_config
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    from mcseg.train import train
+
+    root = tmp_path_factory.mktemp("shift")
+    for seed in (0, 1):
+        train(compose_config("train", TINY_3D + ["trainer.max_epochs=1", "evaluation.bootstrap_samples=10",
+                                                 f"seed={seed}"], root / "sweep" / f"s{seed}"))
+    return root / "sweep" / "s0"
+
+
+def _evaluate(out: Path, *overrides):
+    from mcseg.evaluate import evaluate
+
+    return evaluate(compose_config("evaluate", ["evaluation.bootstrap_samples=10", "save_predictions=false",
+                                                *overrides], out))
+
+
+def test_a_shift_suite_writes_one_evaluation_per_condition_and_a_summary(tiny_run, tmp_path):
+    clean = tiny_run / "eval" / "test"
+    official = (clean / "summary.json").read_bytes()
+    result = _evaluate(tmp_path / "job", f"ckpt={tiny_run}", "shift=rood_mri",
+                       "shift.corruptions=[ghosting,affine]", "shift.levels=[1]")
+    assert (clean / "summary.json").read_bytes() == official  # level 0 is the run's evaluation, not recomputed
+    for name in ("ghosting", "affine"):
+        cond = clean / "shift" / name / "1"
+        assert {"per_case.csv", "summary.json", "provenance.json"} <= {p.name for p in cond.iterdir()}
+        prov = json.loads((cond / "provenance.json").read_text())["shift"]
+        assert prov["name"] == name and prov["level"] == 1 and prov["suite"] == "rood_mri" and prov["seed"] == 0
+        cases = json.loads((clean / "provenance.json").read_text())["split"]["cases"]
+        assert prov["case_seeds"] == {c: case_seed(0, c, name, 1) for c in cases}
+        assert set(prov["cases"]) == set(cases)  # what was drawn, per case
+    assert json.loads((clean / "shift/ghosting/1/provenance.json").read_text())["shift"]["params"] == \
+        {"num_ghosts": 3, "intensity": 0.5, "axes": [0, 1]}
+    summary = json.loads((clean / "shift_summary.json").read_text())
+    assert summary == json.loads(json.dumps(result["shift"]))
+    assert summary["levels"] == [0, 1] and summary["corruptions"] == ["ghosting", "affine"]
+    raw = summary["predictors"]["raw"]
+    assert {"dice", "hd95_mm", "ece", "classwise_ece", "nll"} <= set(raw)
+    clean_summary = json.loads(official)
+    for metric, key in (("dice", "mean_foreground_dice"), ("ece", "mean_ece"), ("nll", "mean_nll")):
+        for name in ("ghosting", "affine"):
+            values = raw[metric]["values"][name]
+            cond = json.loads((clean / "shift" / name / "1" / "summary.json").read_text())
+            assert values == {"0": clean_summary[key], "1": cond[key]}
+            per = raw[metric]["per_corruption"][name]
+            sign = 1 if metric == "dice" else -1
+            assert per["degradation"] == pytest.approx(sign * (values["0"] - values["1"]))
+            assert per["overall"] == pytest.approx((values["0"] + 2 / 3 * values["1"]) / (1 + 2 / 3))
+        assert raw[metric]["overall"] == pytest.approx(np.mean([raw[metric]["per_corruption"][n]["overall"]
+                                                                for n in ("ghosting", "affine")]))
+    assert "temperature" in summary["predictors"]  # the run's post-hoc scaler, on record, under shift too
+    assert "| ghosting |" in (clean / "shift_summary.md").read_text()
+
+    # again: every condition is reused, and the figures are the same bit for bit
+    first = (clean / "shift/affine/1/per_case.csv").read_bytes()
+    again = _evaluate(tmp_path / "job2", f"ckpt={tiny_run}", "shift=rood_mri", "shift.corruptions=[affine]",
+                      "shift.levels=[1]", f"eval_dir={tmp_path / 'fresh'}")
+    assert (tmp_path / "fresh/shift/affine/1/per_case.csv").read_bytes() == first
+    assert again["shift"]["predictors"]["raw"]["dice"]["values"]["affine"] == \
+        summary["predictors"]["raw"]["dice"]["values"]["affine"]
+
+
+def test_an_ensemble_is_evaluated_under_shift_in_its_own_folder(tiny_run, tmp_path):
+    other = tiny_run.parent / "s1"
+    result = _evaluate(tmp_path / "job", f"ckpt=[{tiny_run},{other}]", "shift=ct", "shift.corruptions=[noise]",
+                       "shift.levels=[2]")
+    out = Path(result["provenance"]["output_dir"])
+    assert out.parent.parent.name == "ensembles" and out.name == "test"
+    cond = json.loads((out / "shift/noise/2/summary.json").read_text())
+    assert cond["predictor"]["members"] == 2 and cond["provenance"]["shift"]["params"] == {"std": 26}
+    summary = json.loads((out / "shift_summary.json").read_text())
+    assert summary["predictors"]["raw"]["ece"]["values"]["noise"]["0"] == result["mean_ece"]
+    assert not (tiny_run / "eval/test/shift/noise").exists()  # never into a member's evaluation
