@@ -112,6 +112,7 @@ def test_ranks_agree_on_a_stop_one_step_after_any_rank_asks(tmp_path):
     assert [json.loads((tmp_path / f"{r}.json").read_text()) for r in (0, 1)] == [expected, expected]
 
 
+@pytest.mark.slow  # 23 s of two torchrun processes; CI runs it with the slow tests (.ci/run)
 def test_torchrun_rank_signalled_alone_stops_every_rank_at_the_same_step(tmp_path, one_thread):
     """SIGTERM to rank 1 only (its process group, loader workers included): both ranks stop one step later,
     rank 0 writes last.pt at that step, and resuming under torchrun finishes the run."""
