@@ -364,10 +364,13 @@ class Evaluator:
                      lambda tmp: tmp.write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n"))
         sums, names = self.reliability_sums()
         _write_csv(out_dir / "reliability.csv", reliability_table(sums, names), TABLE_COLUMNS)
-        fig = reliability_figure(self, title=f"{out_dir.name}: {plural(self.n_cases, 'case')} pooled")
-        atomic_write(out_dir / "reliability.png", lambda tmp: fig.savefig(tmp, format="png", dpi=100))
+        if self.protocol.figures:
+            fig = reliability_figure(self, title=f"{out_dir.name}: {plural(self.n_cases, 'case')} pooled")
+            atomic_write(out_dir / "reliability.png", lambda tmp: fig.savefig(tmp, format="png", dpi=100))
         hist, names, voxels = self.histogram_panels()
         _write_csv(out_dir / "reliability_histogram.csv", histogram_table(hist, names), HISTOGRAM_COLUMNS)
+        if not self.protocol.figures:
+            return summary
         fig = histogram_figure(hist, names, voxels=voxels, total="all regions" if self.multilabel else "all foreground",
                                title=f"{out_dir.name}: dataset reliability histogram, "
                                      f"{plural(self.n_cases, 'case')}; region {self.protocol.region}")
