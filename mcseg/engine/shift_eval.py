@@ -67,7 +67,10 @@ def _same_origin(summary: dict, sha256: str, protocol: dict, inference: dict | N
     prov = summary.get("provenance") or {}
     if (prov.get("checkpoint") or {}).get("sha256", sha256) != sha256:
         return f"checkpoint sha256 {prov['checkpoint']['sha256'][:8]}, not {sha256[:8]}"
-    if summary.get("protocol") != protocol:
+    def numbers(record: dict | None) -> dict:  # what the figures depend on, not which files are written
+        return {k: v for k, v in (record or {}).items() if k not in ("figures", "save_uncertainty")}
+
+    if numbers(summary.get("protocol")) != numbers(protocol):
         return "another evaluation protocol (evaluation.*)"
     if inference is not None and prov.get("inference") is not None:
         keys = ("mirror_axes", "mc_samples", "tta", "tta_noise_std", "member_seed")
