@@ -6,7 +6,8 @@
 For each configuration (runs grouped by ``run.configuration_sha256`` of their ``result.json``) of the seeds'
 sweep: the single networks as trained (``eval/test``: raw, and after the run's temperature), the deep ensemble
 of its seeds (``evaluate.py ckpt=[...]``: probabilities pooled, temperature fitted on the pooled validation
-prediction), and TTA with every flip combination of the networks of ``--tta-seeds`` (temperature fitted on
+prediction; and ``posthoc.pool=after``: each network scaled by its own temperature, then pooled), and TTA
+with every flip combination of the networks of ``--tta-seeds`` (temperature fitted on
 their pooled validation prediction); for each run of the dropout sweep (one per loss, trained with
 ``model.dropout``): the network alone and ``--mc-samples`` MC-dropout passes. Every evaluation is mcseg's own
 (``mcseg.engine``), written where ``evaluate.py`` writes it; one that exists is read back, so the study
@@ -125,6 +126,10 @@ def main() -> int:
             ensemble, seconds = _evaluate("ensemble", [str(r) for r in runs], ["posthoc.apply=[temperature]"])
             rows += _rows(label, f"ensemble of {len(runs)}", [ensemble], seconds)
             rows += _rows(label, f"ensemble of {len(runs)} + T (pooled)", [s for s in [_scaled(ensemble)] if s], 0.0)
+            after, seconds = _evaluate("ensemble", [str(r) for r in runs],
+                                       ["posthoc.apply=[temperature]", "posthoc.pool=after"])
+            rows += _rows(label, f"ensemble of {len(runs)} + T (each network's, then pooled)",
+                          [s for s in [_scaled(after)] if s], seconds)
         for run in runs:
             if json.loads((run / "result.json").read_text())["run"]["seed"] not in args.tta_seeds:
                 continue

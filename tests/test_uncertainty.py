@@ -226,13 +226,15 @@ def test_the_report_compares_predictors_and_draws_risk_coverage(runs, make_cfg, 
 
     _evaluate(make_cfg, tmp_path / "job", f"ckpt=[{runs.s0},{runs.s1}]", "overwrite=true")
     _evaluate(make_cfg, tmp_path / "job2", f"ckpt={runs.s0}", "tta=[flips]", "overwrite=true")
+    _evaluate(make_cfg, tmp_path / "job3", f"ckpt=[{runs.s0},{runs.s1}]", "posthoc.pool=after", "overwrite=true")
     out = tmp_path / "report"
     assert cli.main([str(runs.root / "sweep"), "--no-eval", "--out", str(out), "--baseline", "none"]) == 0
     text = (out / "report.md").read_text()
     table = text.split("## Predictors of the configurations")[1]
     rows = {line.split(" | ")[2]: line for line in table.splitlines() if line.startswith("| ce |")}
     assert {"single", "single + T", "ensemble of 2", "ensemble of 2 + T (pooled)", "tta-flips",
-            "tta-flips + T (pooled)"} <= set(rows)
+            "tta-flips + T (pooled)", "ensemble of 2 + T (each network's, then pooled)"} <= set(rows)
+    assert not any("pool-after" in name for name in rows)  # its raw pooled prediction is the plain ensemble's
     ensemble = _read(next((runs.root / "sweep/ensembles").glob("ensemble2-*/test/summary.json")))
     assert f"{ensemble['mean_foreground_dice']:.3f}" in rows["ensemble of 2"]
     assert (out / "risk_coverage_selected.png").is_file()
@@ -260,3 +262,54 @@ def test_pooled_after_each_network_is_scaled_by_its_own_fit_before_pooling(runs,
     own = [next(iter(c["fits"].values()))["scalers"]["temperature"]["temperature"] for c in recorded]
     assert [p["temperature"] for p in after_t["params"]] == own and "pooled after" in after_t["label"]
     assert not (tmp_path / "calibration.json").exists() and not (tmp_path / "after/calibration.json").exists()
+
+
+def test_other_pooling_or_members_of_the_same_networks_get_folders_of_their_own(runs, make_cfg, tmp_path):
+    """The same member set pooled after scaling, or with TTA, is another predictor: it must not be refused as
+    'an earlier evaluation of these members' nor land in the plain ensemble's folder (nor a TTA evaluation
+    pooled after in the TTA folder pooled before)."""
+    members = f"ckpt=[{runs.s0},{runs.s1}]"
+    plain = _evaluate(make_cfg, tmp_path / "j0", members, "overwrite=true")
+    after = _evaluate(make_cfg, tmp_path / "j1", members, "posthoc.pool=after", "overwrite=true")
+    tta = _evaluate(make_cfg, tmp_path / "j2", members, "tta=[flips]", "overwrite=true")
+    folders = [Path(s["provenance"]["output_dir"]) for s in (plain, after, tta)]
+    assert [f.name for f in folders] == ["test", "test-pool-after", "test-tta-flips"]
+    assert len({f.parent for f in folders}) == 1  # the same member set
+    assert tta["predictor"]["members"] == 8
+    single_before = _evaluate(make_cfg, tmp_path / "j3", f"ckpt={runs.s1}", "tta=[flips]", "overwrite=true")
+    single_after = _evaluate(make_cfg, tmp_path / "j4", f"ckpt={runs.s1}", "tta=[flips]", "posthoc.pool=after",
+                             "overwrite=true")
+    assert Path(single_before["provenance"]["output_dir"]).name == "test-tta-flips"
+    assert Path(single_after["provenance"]["output_dir"]).name == "test-tta-flips-pool-after"
+    assert "pooled after" in single_after["posthoc"]["temperature"]["label"]
+    assert "pooled after" not in single_before["posthoc"]["temperature"]["label"]
+
+
+def test_the_uncertainty_study_script_tabulates_every_predictor_and_resumes(runs, tmp_path, monkeypatch):
+    import csv
+    import sys
+
+    from .conftest import ROOT
+
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import uncertainty_study
+
+    out = tmp_path / "study"
+    argv = ["uncertainty_study.py", str(runs.root / "sweep"), "--dropout", str(runs.dropout), "--mc-samples", "2",
+            "--out", str(out)]
+    monkeypatch.setattr(sys, "argv", argv)
+    assert uncertainty_study.main() == 0
+    rows = list(csv.DictReader(open(out / "per_evaluation.csv")))
+    predictors = {r["predictor"] for r in rows}
+    assert {"single", "single + T", "ensemble of 2", "ensemble of 2 + T (pooled)",
+            "ensemble of 2 + T (each network's, then pooled)", "TTA (flips)", "TTA (flips) + T (pooled)",
+            "dropout net, one pass", "MC dropout (2)", "MC dropout (2) + T (pooled)"} <= predictors
+    plain = _read(next((runs.root / "sweep/ensembles").glob("ensemble2-*/test/summary.json")))
+    row = next(r for r in rows if r["predictor"] == "ensemble of 2")
+    assert float(row["Dice"]) == pytest.approx(plain["mean_foreground_dice"]) and row["AUROC MI"] != ""
+    mc = next(r for r in rows if r["predictor"] == "MC dropout (2)")
+    assert float(mc["ECE"]) == pytest.approx(_read(runs.dropout / "eval/test-mc2/summary.json")["mean_ece"])
+    assert "| ensemble of 2 + T (each network's, then pooled) |" in (out / "table.md").read_text()
+    assert uncertainty_study.main() == 0  # everything read back: no evaluation is run again
+    again = list(csv.DictReader(open(out / "per_evaluation.csv")))
+    assert [r["Dice"] for r in again] == [r["Dice"] for r in rows] and all(float(r["seconds"]) == 0 for r in again)

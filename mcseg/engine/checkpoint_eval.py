@@ -317,6 +317,15 @@ def member_tag(inference: InferenceConfig) -> str:
     return "-".join(parts) or "single"
 
 
+def pooled_after_tag(tag: str | None, cfg: DictConfig) -> str | None:
+    """``tag`` with ``-pool-after`` when members are scaled before they are pooled (``posthoc.pool=after``):
+    the same members scaled the other way are another predictor, so another folder (``pool-after`` alone for
+    an ensemble of plain networks)."""
+    if typed(cfg.posthoc, PosthocConfig, "posthoc").pool != "after":
+        return tag
+    return f"{tag}-pool-after" if tag else "pool-after"
+
+
 def members_as_asked(cfg: DictConfig, inference: InferenceConfig) -> InferenceConfig:
     """The run's inference settings with evaluate.py's ``mc_samples``, ``tta``, ``tta_noise_std`` and
     ``member_seed`` where given (null: the run's)."""
@@ -395,10 +404,11 @@ def _evaluate_state(cfg: DictConfig, ckpt: Path, state: dict, overrides: list[st
         if stored.get("root") and stored["root"] != str(root):
             log.warning("%s was trained on the data at %s; evaluating the same case ids at %s", ckpt,
                         stored["root"], root)
-    out_dir = output_dir(cfg, ckpt, sha, run_dir, selected, dataset.name if other else None, variant)
+    pool_after = variant is not None and typed(cfg.posthoc, PosthocConfig, "posthoc").pool == "after"
+    out_dir = output_dir(cfg, ckpt, sha, run_dir, selected, dataset.name if other else None,
+                         pooled_after_tag(variant, cfg) if variant is not None else None)
     # other members than the run's: a post-hoc fit of its own, on the pooled prediction (posthoc.pool=before),
     # kept with this evaluation under the checkpoint's hash and the members
-    pool_after = variant is not None and typed(cfg.posthoc, PosthocConfig, "posthoc").pool == "after"
     fit_identity = checkpoint if variant is None or pool_after else {**checkpoint, "sha256": f"{sha}+{variant}"}
     # the scalers on record (LTS weights too) or where a new fit goes: refused here, not after clearing;
     # pooled after, they are the network's own fit, on record with the run, applied to each member

@@ -33,8 +33,8 @@ from mcseg.data.fingerprint import split_content_sha256
 from mcseg.engine.build import build_predictor, restore_model
 from mcseg.engine.checkpoint import load_checkpoint
 from mcseg.engine.checkpoint_eval import (SELECTED, check_compatible, checkpoint_split, clear_evaluation,
-                                          members_as_asked, mirrored_as_asked, own_splits, plan_posthoc,
-                                          posthoc_scalers, refuse_fixed_overrides, resolve_checkpoint_path,
+                                          member_settings, member_tag, members_as_asked, mirrored_as_asked,
+                                          own_splits, plan_posthoc, pooled_after_tag, posthoc_scalers, refuse_fixed_overrides, resolve_checkpoint_path,
                                           reuses_clean, scored_content)
 from mcseg.engine.data import build_dataset, record_dataset_facts
 from mcseg.engine.evaluation import PROVENANCE_FILE, evaluate_split, format_summary
@@ -106,7 +106,8 @@ def _disagreement(first: dict, other: dict) -> str | None:
 
 
 def ensemble_dir(cfg: DictConfig, members: list[dict]) -> Path:
-    """``eval_dir``, else ``<common folder of the members' runs>/ensembles/ensemble<K>-<sha8>/<split>``."""
+    """``eval_dir``, else ``<common folder of the members' runs>/ensembles/ensemble<K>-<sha8>/<split>``, with
+    ``-<members>`` (:func:`ensemble_tag`: TTA, MC dropout, pooled after scaling) when they are asked for."""
     key = hashlib.sha256("\n".join(sorted(m["sha256"] for m in members)).encode()).hexdigest()[:8]
     if cfg.get("eval_dir"):
         out = Path(cfg.eval_dir).expanduser().resolve()
@@ -116,11 +117,21 @@ def ensemble_dir(cfg: DictConfig, members: list[dict]) -> Path:
         common = Path(os.path.commonpath([str(r) for r in runs]))
         if common in runs:  # one run's checkpoints: the ensemble goes beside the run, not into it
             common = common.parent
-        out = common / "ensembles" / f"ensemble{len(members)}-{key}" / str(cfg.split)
+        tag = ensemble_tag(cfg)
+        out = common / "ensembles" / f"ensemble{len(members)}-{key}" / (str(cfg.split) + (f"-{tag}" if tag else ""))
     if (out / "summary.json").exists() and not cfg.get("overwrite") and cfg.get("shift") is None:
         raise FileExistsError(f"{out / 'summary.json'} exists (an earlier evaluation of these members): pass "
                               "overwrite=true to replace it, or eval_dir=<another folder>")
     return out
+
+
+def ensemble_tag(cfg: DictConfig) -> str | None:
+    """What evaluate.py asks of every network beyond one plain pass (``tta-flips``, ``mc8``; see
+    :func:`mcseg.engine.checkpoint_eval.member_tag`) and ``pool-after`` when each is scaled before pooling;
+    None for the plain ensemble."""
+    plain = InferenceConfig()
+    asked = members_as_asked(cfg, plain)
+    return pooled_after_tag(member_tag(asked) if member_settings(asked) != member_settings(plain) else None, cfg)
 
 
 def evaluate_ensemble(cfg: DictConfig, entries, overrides: list[str] | None = None) -> dict:

@@ -147,22 +147,25 @@ def read_run(run_dir: Path, split: str = "test") -> RunRecord | None:
 
 @dataclass
 class EnsembleRecord:
-    """An ensemble's evaluation (``<dir>/ensembles/<name>/<split>/``) and the run directories of its members."""
+    """An ensemble's evaluation (``<dir>/ensembles/<name>/<split>[-<tag>]/``) and the run directories of its
+    members; ``tag`` names what else its networks did (``tta-flips``, ``pool-after``; "" for the plain one)."""
 
     path: Path
     members: list[Path]
     summary: dict
+    tag: str = ""
 
 
 def collect_ensembles(roots: list[Path], split: str = "test") -> list[EnsembleRecord]:
     found = []
     for root in roots:
-        for path in sorted(Path(root).glob(f"**/ensembles/*/{split}/summary.json")):
+        for path in sorted({*Path(root).glob(f"**/ensembles/*/{split}/summary.json"),
+                            *Path(root).glob(f"**/ensembles/*/{split}-*/summary.json")}):
             summary = _read_json(path)
             members = (summary or {}).get("provenance", {}).get("members") or []
             if summary is not None and members:
                 found.append(EnsembleRecord(path.parent, [Path(m["run_dir"]) for m in members if m.get("run_dir")],
-                                            summary))
+                                            summary, path.parent.name.removeprefix(split).removeprefix("-")))
     return found
 
 

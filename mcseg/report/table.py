@@ -242,6 +242,22 @@ def predictor_cells(summaries: list[dict]) -> dict[str, tuple[float, float, int]
     return cells
 
 
+def _add_predictor(found: dict[str, list[dict]], name: str, summary: dict) -> None:
+    """A predictor's raw and temperature-scaled rows. Pooled after scaling (``...pool-after``), its raw pooled
+    prediction is that of the same members pooled before (a row already), so only its scaled row is added,
+    named for how it was scaled: each network by its own temperature, then pooled."""
+    scaled = _scaled(summary)
+    for suffix in ("-pool-after", ", pool-after", "pool-after"):
+        if name.endswith(suffix):
+            base = name.removesuffix(suffix)
+            if scaled:
+                found.setdefault(f"{base} + T (each network's, then pooled)", []).append(scaled)
+            return
+    found.setdefault(name, []).append(summary)
+    if scaled:
+        found.setdefault(f"{name} + T (pooled)", []).append(scaled)
+
+
 def add_predictors(rows: list[ConfigRow], ensembles: list) -> None:
     """Each row's predictors: its networks alone (and after their temperature), the variants evaluated on
     all or some of its checkpoints (TTA, MC dropout; ``eval/<split>-<members>/``) and the ensembles whose
@@ -251,18 +267,12 @@ def add_predictors(rows: list[ConfigRow], ensembles: list) -> None:
         found["single + T"] = [s for s in (_scaled(r.summaries[""]) for r in row.runs) if s]
         for run in row.runs:
             for tag, summary in run.variants.items():
-                found.setdefault(tag, []).append(summary)
-                scaled = _scaled(summary)
-                if scaled:
-                    found.setdefault(f"{tag} + T (pooled)", []).append(scaled)
+                _add_predictor(found, tag, summary)
         paths = {r.path.resolve() for r in row.runs}
         for ensemble in ensembles:
             if ensemble.members and {m.resolve() for m in ensemble.members} <= paths:
-                name = f"ensemble of {len(ensemble.members)}"
-                found.setdefault(name, []).append(ensemble.summary)
-                scaled = _scaled(ensemble.summary)
-                if scaled:
-                    found.setdefault(f"{name} + T (pooled)", []).append(scaled)
+                name = f"ensemble of {len(ensemble.members)}" + (f", {ensemble.tag}" if ensemble.tag else "")
+                _add_predictor(found, name, ensemble.summary)
         row.predictors = {name: predictor_cells(s) for name, s in found.items() if s}
 
 
