@@ -22,8 +22,12 @@ MULTILABEL = {"bce", "spa"}
 
 # Pinned for the regression answers (tests/regression.py): deterministic, one torch thread.
 EXACT = ["trainer.deterministic=true"]
-# The 3D runs: one per family whose code differs in 3D (spatial kernels, Dice over a volume, the margin).
-LOSSES_3D = ("ce", "ce_dice", "margin", "svls", "nacl")
+# The 3D runs: one per family whose code differs in 3D (spatial kernels, Dice over a volume, the margin, the
+# per-image binning of mL1-ACE, the boundary kernel of the Dice semimetric loss, AdaFocal's voxel subsample).
+LOSSES_3D = ("ce", "ce_dice", "margin", "svls", "nacl", "hardl1ace_dice_ce", "softl1ace_ce", "ce_dml_boundary",
+             "adafocal")
+# a 3D answer's key -> its overrides (default: loss=<key>)
+OVERRIDES_3D = {"ce_dml_boundary": ["loss=ce_dml", "loss.boundary_epsilon=0.1"]}
 
 
 @pytest.mark.parametrize("loss", LOSSES)
@@ -57,7 +61,7 @@ def test_every_loss_trains_and_evaluates(make_cfg, tmp_path, loss, one_thread):
 
 @pytest.mark.parametrize("loss", LOSSES_3D)
 def test_losses_in_3d_reproduce_their_answers(make_cfg, tmp_path, loss, one_thread):
-    train(make_cfg(TINY_3D + EXACT + ["trainer.max_epochs=2", f"loss={loss}"]))
+    train(make_cfg(TINY_3D + EXACT + ["trainer.max_epochs=2", *OVERRIDES_3D.get(loss, [f"loss={loss}"])]))
     check_answers("loss_runs", f"{loss}_3d", observed(tmp_path / "run"))
 
 
