@@ -1,7 +1,7 @@
 """Uncertainty compared (issue #23): one network, its temperature, the seeds' deep ensemble, TTA and MC dropout.
 
     python scripts/uncertainty_study.py <sweep of seeds> [--dropout <sweep of dropout-trained runs>] \\
-        [--tta-seeds 0] [--mc-samples 8] --out docs/results/uncertainty_study
+        [--tta-seeds 0] [--mc-samples 8] [--seeds 3] --out docs/results/uncertainty_study
 
 For each configuration (runs grouped by ``run.configuration_sha256`` of their ``result.json``) of the seeds'
 sweep: the single networks as trained (``eval/test``: raw, and after the run's temperature), the deep ensemble
@@ -114,11 +114,17 @@ def main() -> int:
     parser.add_argument("--dropout", type=Path, default=None)
     parser.add_argument("--tta-seeds", type=int, nargs="*", default=[0])
     parser.add_argument("--mc-samples", type=int, default=8)
+    parser.add_argument("--seeds", type=int, default=None,
+                        help="leave out configurations with fewer finished runs (a study still training: its "
+                             "ensembles are made of all the seeds, or not yet)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     rows: list[dict] = []
     for label, runs in _groups(args.sweep).items():
+        if args.seeds is not None and len(runs) < args.seeds:
+            log.warning("%s: %d of %d runs finished; left out", label, len(runs), args.seeds)
+            continue
         singles = [json.loads((r / "eval/test/summary.json").read_text()) for r in runs]
         rows += _rows(label, "single", singles, 0.0)
         rows += _rows(label, "single + T", [s for s in map(_scaled, singles) if s], 0.0)

@@ -310,6 +310,11 @@ def test_the_uncertainty_study_script_tabulates_every_predictor_and_resumes(runs
     mc = next(r for r in rows if r["predictor"] == "MC dropout (2)")
     assert float(mc["ECE"]) == pytest.approx(_read(runs.dropout / "eval/test-mc2/summary.json")["mean_ece"])
     assert "| ensemble of 2 + T (each network's, then pooled) |" in (out / "table.md").read_text()
+    monkeypatch.setattr(sys, "argv", argv + ["--seeds", "3", "--out", str(tmp_path / "none")])
+    assert uncertainty_study.main() == 0  # no configuration has three finished runs: only the dropout run's rows
+    assert {r["predictor"] for r in csv.DictReader(open(tmp_path / "none/per_evaluation.csv"))} == {
+        "dropout net, one pass", "MC dropout (2)", "MC dropout (2) + T (pooled)"}
+    monkeypatch.setattr(sys, "argv", argv)
     assert uncertainty_study.main() == 0  # everything read back: no evaluation is run again
     again = list(csv.DictReader(open(out / "per_evaluation.csv")))
     assert [r["Dice"] for r in again] == [r["Dice"] for r in rows] and all(float(r["seconds"]) == 0 for r in again)
