@@ -86,3 +86,17 @@ def test_an_ensemble_is_evaluated_under_shift_in_its_own_folder(tiny_run, tmp_pa
     summary = json.loads((out / "shift_summary.json").read_text())
     assert summary["predictors"]["raw"]["ece"]["values"]["noise"]["0"] == result["mean_ece"]
     assert not (tiny_run / "eval/test/shift/noise").exists()  # never into a member's evaluation
+
+
+def test_the_suite_benchmark_times_plain_evaluations_and_the_corrupted_conditions(tiny_run):
+    import sys
+
+    from .conftest import ROOT
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import bench_shift
+
+    record = bench_shift.measure(tiny_run, "rood_mri", 2, ["shift.corruptions=[smoothing,ghosting]", "shift.levels=[2]"])
+    assert record["conditions"] == 2 and record["cases"] >= 1 and len(record["plain_seconds"]) == 2
+    assert record["ratio"] == pytest.approx(record["suite_seconds"] / (2 * record["plain_median_seconds"]), rel=1e-2)
+    assert not list((tiny_run / "eval").glob("*/shift"))  # nothing written into the run
