@@ -100,3 +100,42 @@ def test_the_suite_benchmark_times_plain_evaluations_and_the_corrupted_condition
     assert record["conditions"] == 2 and record["cases"] >= 1 and len(record["plain_seconds"]) == 2
     assert record["ratio"] == pytest.approx(record["suite_seconds"] / (2 * record["plain_median_seconds"]), rel=1e-2)
     assert not list((tiny_run / "eval").glob("*/shift"))  # nothing written into the run
+
+def test_the_report_aggregates_shift_over_seeds_and_ensembles_and_draws_severity(tiny_run, tmp_path):
+    import csv
+
+    from mcseg.report import cli
+
+    runs = [tiny_run, tiny_run.parent / "s1"]
+    quick = "evaluation.figures=false"  # the reliability PNGs cost seconds an evaluation; the numbers are the same
+    for i, run in enumerate(runs):  # s0's conditions are the first test's, reused when it ran
+        _evaluate(tmp_path / f"job{i}", f"ckpt={run}", "shift=rood_mri", "shift.corruptions=[ghosting,affine]",
+                  "shift.levels=[1]", quick)
+    ensemble = _evaluate(tmp_path / "job2", f"ckpt=[{runs[0]},{runs[1]}]", "shift=ct", "shift.corruptions=[noise]",
+                         "shift.levels=[2]", quick)  # the ensemble test's, reused when it ran
+    out = tmp_path / "report"
+    assert cli.main([str(tiny_run.parent), "--no-eval", "--out", str(out), "--baseline", "none",
+                     "--bootstrap", "10"]) == 0
+    lines = list(csv.DictReader(open(out / "shift.csv")))
+    got = {(r["suite"], r["predictor"], r["metric"], r["level"]): r for r in lines}
+    summaries = [json.loads((run / "eval/test/shift_summary.json").read_text()) for run in runs]
+    for predictor, name in (("raw", "single"), ("temperature", "single + T")):
+        for metric in ("dice", "ece", "classwise_ece", "nll"):
+            blocks = [s["predictors"][predictor][metric] for s in summaries]
+            for level in ("0", "1"):  # the mean over corruptions, then mean and std over the two seeds
+                per_seed = [np.mean([b["values"][c][level] for c in ("ghosting", "affine")]) for b in blocks]
+                line = got[("rood_mri", name, metric, level)]
+                assert float(line["mean"]) == pytest.approx(np.mean(per_seed))
+                assert float(line["std"]) == pytest.approx(np.std(per_seed, ddof=1)) and line["n"] == "2"
+            for score in ("overall", "degradation"):
+                assert float(line[f"{score}_mean"]) == pytest.approx(np.mean([b[score] for b in blocks]))
+                assert float(line[f"{score}_std"]) == pytest.approx(np.std([b[score] for b in blocks], ddof=1))
+    noise = got[("ct", "ensemble of 2", "ece", "2")]
+    assert float(noise["mean"]) == pytest.approx(ensemble["shift"]["predictors"]["raw"]["ece"]["values"]["noise"]["2"])
+    assert noise["n"] == "1" and ("ct", "ensemble of 2 + T (pooled)", "ece", "2") in got
+    assert not any(r["suite"] == "ct" and r["predictor"] == "single" for r in lines)  # no run was under ct
+    text = (out / "report.md").read_text().split("## Under shift")[1]
+    dice = got[("rood_mri", "single", "dice", "1")]
+    assert "### rood_mri: Dice (higher is better)" in text and "### ct: ECE (lower is better)" in text
+    assert f"{float(dice['mean']):.3f} ± {float(dice['std']):.3f}" in text
+    assert (out / "shift_severity.png").stat().st_size > 0  # the ct suite has no single network: one figure

@@ -238,6 +238,8 @@ def test_the_report_compares_predictors_and_draws_risk_coverage(runs, make_cfg, 
     ensemble = _read(next((runs.root / "sweep/ensembles").glob("ensemble2-*/test/summary.json")))
     assert f"{ensemble['mean_foreground_dice']:.3f}" in rows["ensemble of 2"]
     assert (out / "risk_coverage_selected.png").is_file()
+    assert "## Under shift" not in text  # nothing evaluated under shift: no section, table or figure
+    assert not (out / "shift.csv").exists() and not list(out.glob("shift_severity*.png"))
 
 
 def test_pooled_after_each_network_is_scaled_by_its_own_fit_before_pooling(runs, make_cfg, tmp_path):
@@ -318,3 +320,27 @@ def test_the_uncertainty_study_script_tabulates_every_predictor_and_resumes(runs
     assert uncertainty_study.main() == 0  # everything read back: no evaluation is run again
     again = list(csv.DictReader(open(out / "per_evaluation.csv")))
     assert [r["Dice"] for r in again] == [r["Dice"] for r in rows] and all(float(r["seconds"]) == 0 for r in again)
+
+
+def test_a_shift_suite_runs_with_tta_and_mc_dropout_on_2d_runs_and_the_report_shows_them(runs, make_cfg, tmp_path):
+    from mcseg.report import cli
+
+    suite = ["shift=rood_mri", "shift.corruptions=[ghosting]", "shift.levels=[1]", "overwrite=true",
+             "evaluation.figures=false"]  # the reliability PNGs cost seconds an evaluation
+    tta = _evaluate(make_cfg, tmp_path / "j1", f"ckpt={runs.s0}", "tta=[flips]", *suite)
+    mc = _evaluate(make_cfg, tmp_path / "j2", f"ckpt={runs.dropout}", "mc_samples=2", *suite)
+    for result, folder, members in ((tta, runs.s0 / "eval/test-tta-flips", 4), (mc, runs.dropout / "eval/test-mc2", 2)):
+        cond = _read(folder / "shift/ghosting/1/summary.json")
+        assert cond["predictor"]["members"] == members and cond["provenance"]["shift"]["name"] == "ghosting"
+        assert cond["provenance"]["inference"] == result["provenance"]["inference"]  # the same members as level 0
+        ece = result["shift"]["predictors"]["raw"]["ece"]["values"]["ghosting"]
+        assert ece == {"0": result["mean_ece"], "1": cond["mean_ece"]} and ece["0"] != ece["1"]
+        assert "temperature" in result["shift"]["predictors"]  # the pooled prediction's own fit, under shift too
+    out = tmp_path / "report"
+    assert cli.main([str(runs.root / "sweep"), "--no-eval", "--out", str(out), "--baseline", "none",
+                     "--bootstrap", "10"]) == 0
+    table = (out / "report.md").read_text().split("### rood_mri: ECE")[1].split("###")[0]
+    rows = {line.split(" | ")[2]: line for line in table.splitlines() if line.startswith("| ce |")}
+    assert {"tta-flips", "tta-flips + T (pooled)", "mc2", "mc2 + T (pooled)"} <= set(rows)
+    assert f"| {mc['mean_ece']:.3f} |" in rows["mc2"]  # one evaluation: its value, no std
+    assert not list(out.glob("shift_severity*.png"))  # no single network under shift: nothing to draw

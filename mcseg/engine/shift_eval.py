@@ -233,6 +233,13 @@ def inference_record(predictor) -> dict:
             "tta_noise_std": cfg.tta_noise_std, "member_seed": cfg.member_seed}
 
 
+def mean_over_corruptions(values: dict[str, dict[str, float | None]], level: str) -> float | None:
+    """``mean_c m_c(level)`` of a metric's ``values`` (corruption -> level -> value, as in shift_summary.json),
+    over the corruptions with a value at that level; None when none has one."""
+    have = [v[level] for v in values.values() if v.get(level) is not None]
+    return sum(have) / len(have) if have else None
+
+
 def format_shift(result: dict) -> str:
     """A plain-text digest: per metric of the raw predictor, the mean over corruptions per level and the scores."""
     levels = [str(s) for s in result["levels"]]
@@ -240,10 +247,7 @@ def format_shift(result: dict) -> str:
              f"{', '.join(levels)}) -> {result['output_dir']} =="]
     lines.append(f"{'metric':<16}" + "".join(f"{'L' + s:>9}" for s in levels) + f"{'overall':>10}{'degrad.':>10}")
     for metric, entry in result["predictors"]["raw"].items():
-        means = []
-        for s in levels:
-            have = [v[s] for v in entry["values"].values() if v.get(s) is not None]
-            means.append(sum(have) / len(have) if have else None)
+        means = [mean_over_corruptions(entry["values"], s) for s in levels]
         lines.append(f"{metric:<16}" + "".join(f"{_f(m):>9}" for m in means)
                      + f"{_f(entry['overall']):>10}{_f(entry['degradation']):>10}")
     return "\n".join(lines)

@@ -3,8 +3,10 @@
 Runs whose evaluation (or post-hoc temperature scaling) is missing are evaluated first with
 ``evaluate.py``'s code and default protocol, or listed with ``--no-eval``. Writes
 ``report.md``, ``report.csv``, ``report.tex``, ``reliability_selected.png``,
-``reliability_histogram_selected.png`` (the dataset reliability histograms) and, for margin sweeps,
-``margin_heatmap.png`` into ``--out`` (default: ``<first DIR>/report``).
+``reliability_histogram_selected.png`` (the dataset reliability histograms), for margin sweeps
+``margin_heatmap.png`` and, where runs or ensembles were evaluated under shift (``evaluate.py shift=...``),
+``shift.csv`` and ``shift_severity.png`` (:mod:`mcseg.report.shift`) into ``--out`` (default:
+``<first DIR>/report``).
 """
 from __future__ import annotations
 
@@ -15,8 +17,10 @@ from pathlib import Path
 
 from mcseg.data.io import atomic_write
 from mcseg.report.collect import RunRecord, collect_ensembles, collect_runs, read_run
-from mcseg.report.figures import margin_heatmap, reliability_histograms, reliability_overlay, risk_coverage_overlay
-from mcseg.report.render import ENVIRONMENT_MARK, SEEN_MARK, latex, markdown, write_csv
+from mcseg.report.figures import margin_heatmap, reliability_histograms, reliability_overlay, risk_coverage_overlay, \
+    shift_severity
+from mcseg.report.render import ENVIRONMENT_MARK, SEEN_MARK, SHIFT_FIGURE, latex, markdown, write_csv, write_shift_csv
+from mcseg.report.shift import add_shift
 from mcseg.report.table import add_predictors, build_rows, common_overrides, mark_environments, mark_seen_in_training
 
 log = logging.getLogger("mcseg.report")
@@ -117,7 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_eval:
         runs = evaluate_missing(runs, args.split, ["temperature"], args.device)
     rows = build_rows(runs, args.select, args.select_mode, args.baseline, args.bootstrap)
-    add_predictors(rows, collect_ensembles(args.dirs, args.split))
+    ensembles = collect_ensembles(args.dirs, args.split)
+    add_predictors(rows, ensembles)
+    add_shift(rows, ensembles)
     differences, seen = mark_environments(rows), mark_seen_in_training(rows)
     for warning in differences:
         log.warning("warning: %s (rows marked%s)", warning, ENVIRONMENT_MARK)
@@ -133,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     atomic_write(out / "report.md", lambda tmp: tmp.write_text(text))
     write_csv(rows, out / "report.csv")
     atomic_write(out / "report.tex", lambda tmp: tmp.write_text(latex(rows, title)))
+    write_shift_csv(rows, out / "shift.csv")
     datasets = sorted({r.dataset for r in rows})
     figures = {}
     for dataset in datasets:  # one set of figures per dataset, named by it when there are several
@@ -142,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
         figures[f"reliability_histogram_selected{tag}.png"] = reliability_histograms(own, args.split)
         figures[f"margin_heatmap{tag}.png"] = margin_heatmap(own)
         figures[f"risk_coverage_selected{tag}.png"] = risk_coverage_overlay(own, args.split)
+        suites = sorted({suite for r in own for suite, found in r.shift.items() if "single" in found})
+        for suite in suites:  # of the single networks, named by the suite when there are several
+            figures[f"{SHIFT_FIGURE}{tag}{f'_{suite}' if len(suites) > 1 else ''}.png"] = shift_severity(own, suite)
     for name, fig in figures.items():
         if fig is not None:
             atomic_write(out / name, lambda tmp, fig=fig: fig.savefig(tmp, format="png", dpi=120))

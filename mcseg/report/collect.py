@@ -4,7 +4,8 @@ Run directories are found by :func:`mcseg.sweep.find_run_dirs`. Its identity (co
 ``run`` record, else from Hydra's ``.hydra/`` files; its test metrics from
 ``eval/<split>/summary.json`` and ``per_case.csv`` (and ``eval/<split>/<scaler>/`` after
 post-hoc calibration); its validation metrics, by which configurations are selected, from
-``result.json``.
+``result.json``; its results under shift from ``eval/<split>[-<members>]/shift_summary.json``
+(:mod:`mcseg.engine.shift_eval`).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import yaml
 
+from mcseg.engine.shift_eval import SUMMARY_FILE as SHIFT_SUMMARY
 from mcseg.metrics.statistics import nanmean
 from mcseg.rundir import state_of
 from mcseg.sweep import STATUS_FILE, describe_run, find_run_dirs
@@ -45,6 +47,8 @@ class RunRecord:
     dataset_key: str = ""
     # other predictors of the run's checkpoint: eval/<split>-<members>/ (TTA, MC dropout) -> summary.json
     variants: dict[str, dict] = field(default_factory=dict)
+    # evaluations under shift of the same folders: "" (eval/<split>/) or a variant's tag -> shift_summary.json
+    shift: dict[str, dict] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.configuration_key = self.configuration_key or self.configuration
@@ -133,6 +137,8 @@ def read_run(run_dir: Path, split: str = "test") -> RunRecord | None:
     if summary is not None:
         record.summaries[""] = summary
         record.per_case[""] = read_per_case(eval_dir / "per_case.csv")
+        if (shift := _read_json(eval_dir / SHIFT_SUMMARY)) is not None:
+            record.shift[""] = shift
         for name in summary.get("posthoc", {}):
             scaled = _read_json(eval_dir / name / "summary.json")
             if scaled is not None:
@@ -141,7 +147,10 @@ def read_run(run_dir: Path, split: str = "test") -> RunRecord | None:
     for folder in sorted(run_dir.glob(f"eval/{split}-*/summary.json")):
         variant = _read_json(folder)
         if variant is not None and variant.get("predictor"):
-            record.variants[folder.parent.name.removeprefix(f"{split}-")] = variant
+            tag = folder.parent.name.removeprefix(f"{split}-")
+            record.variants[tag] = variant
+            if (shift := _read_json(folder.parent / SHIFT_SUMMARY)) is not None:
+                record.shift[tag] = shift
     return record
 
 
@@ -154,6 +163,7 @@ class EnsembleRecord:
     members: list[Path]
     summary: dict
     tag: str = ""
+    shift: dict | None = None  # its shift_summary.json, when it was evaluated under shift
 
 
 def collect_ensembles(roots: list[Path], split: str = "test") -> list[EnsembleRecord]:
@@ -165,7 +175,8 @@ def collect_ensembles(roots: list[Path], split: str = "test") -> list[EnsembleRe
             members = (summary or {}).get("provenance", {}).get("members") or []
             if summary is not None and members:
                 found.append(EnsembleRecord(path.parent, [Path(m["run_dir"]) for m in members if m.get("run_dir")],
-                                            summary, path.parent.name.removeprefix(split).removeprefix("-")))
+                                            summary, path.parent.name.removeprefix(split).removeprefix("-"),
+                                            _read_json(path.parent / SHIFT_SUMMARY)))
     return found
 
 

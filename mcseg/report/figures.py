@@ -1,5 +1,5 @@
 """Report figures: reliability diagrams of the selected configurations overlaid, their dataset reliability
-histograms, margin x lambda heatmaps, risk-coverage curves."""
+histograms, margin x lambda heatmaps, risk-coverage curves, Dice and ECE by severity under shift."""
 from __future__ import annotations
 
 import csv
@@ -182,3 +182,52 @@ def reliability_histograms(rows: list[ConfigRow], split: str) -> Figure | None:
     return histogram_figure(np.concatenate(hists), names, total=None, max_columns=width,
                             title=f"Dataset reliability histograms on the {split} split (selected configurations, "
                                   "cases of every seed)")
+
+
+SHIFT_FIGURE_ROWS = 6  # more configurations under a suite than this: the figure shows the selected ones
+SHIFT_PANELS = (("single", "single networks"), ("single + T", "after temperature scaling"))
+
+
+def shift_severity(rows: list[ConfigRow], suite: str, metrics=(("dice", "Dice"), ("ece", "ECE"))) -> Figure | None:
+    """Each metric against the severity level under ``suite``, a box per configuration and level over the
+    corruptions (each the mean over seeds, :class:`mcseg.report.shift.ShiftCells`), as Ovadia et al.
+    (NeurIPS 2019, figure 2); one row of panels per metric, the single networks (left) and after temperature
+    scaling (right), one colour per configuration: all configurations evaluated under the suite, or the selected
+    ones when more than ``SHIFT_FIGURE_ROWS``. None when no single network was evaluated under it."""
+    from matplotlib.patches import Patch
+
+    shown = [r for r in rows if "single" in r.shift.get(suite, {})]
+    if len(shown) > SHIFT_FIGURE_ROWS:
+        shown = [r for r in shown if r.selected]
+    panels = [(name, title) for name, title in SHIFT_PANELS if any(name in r.shift[suite] for r in shown)]
+    if not shown or not panels:
+        return None
+    levels = sorted({s for r in shown for s in r.shift[suite]["single"].levels})
+    width = 0.8 / len(shown)
+    fig = Figure(figsize=(4.5 * len(panels), 3.2 * len(metrics)), layout="constrained")
+    axes = np.asarray(fig.subplots(len(metrics), len(panels), squeeze=False, sharey="row"))  # raw and T comparable
+    for i, (metric, label) in enumerate(metrics):
+        for j, (predictor, title) in enumerate(panels):
+            ax = axes[i, j]
+            for k, row in enumerate(shown):
+                cells = row.shift[suite].get(predictor)
+                if cells is None or metric not in cells.per_corruption:
+                    continue
+                boxes = [[v for c in cells.corruptions if (v := cells.per_corruption[metric][c].get(s)) is not None]
+                         for s in levels]
+                keep = [n for n, b in enumerate(boxes) if b]
+                ax.boxplot([boxes[n] for n in keep], positions=[n + (k - (len(shown) - 1) / 2) * width for n in keep],
+                           widths=width * 0.9, patch_artist=True, showfliers=True, manage_ticks=False,
+                           boxprops={"facecolor": f"C{k}", "alpha": 0.7}, medianprops={"color": "black"},
+                           flierprops={"markersize": 3})
+            ax.set_xticks(range(len(levels)), [f"{s}{' (clean)' if s == 0 else ''}" for s in levels])
+            ax.set_xlabel("severity level")
+            ax.set_ylabel(label)
+            ax.set_title(f"{label}, {title}", fontsize=9)
+    handles = [Patch(facecolor=f"C{k}", alpha=0.7, label=f"{row.loss_name}"
+                     + ("" if row.hyperparameters == "defaults" else f" {row.hyperparameters}"))
+               for k, row in enumerate(shown)]
+    fig.legend(handles=handles, loc="outside lower center", ncols=min(3, len(handles)), fontsize=7)
+    fig.suptitle(f"Under shift ({suite}): a box over corruptions per level, each corruption's mean over seeds",
+                 fontsize=9)
+    return fig

@@ -68,7 +68,7 @@ def markdown(rows: list[ConfigRow], title: str, protocol_lines: list[str]) -> st
              "## Selected configuration of each loss (by validation)"
              + (" on each dataset" if first[0] else ""), "", *table(True), "",
              "## All configurations (* = selected)", "", *table(False), "", *posthoc_table(rows),
-             *predictor_table(rows)]
+             *predictor_table(rows), *shift_section(rows)]
     return "\n".join(lines)
 
 
@@ -93,6 +93,13 @@ def posthoc_table(rows: list[ConfigRow]) -> list[str]:
     return [*out, ""]
 
 
+def mean_std_text(cell: tuple[float, float, int] | None, digits: int = 3) -> str:
+    """``mean ± std`` of a (mean, std, n) cell over evaluations; the mean alone for one, '–' for none."""
+    if cell is None:
+        return "–"
+    return _num(cell[0], digits) if cell[2] == 1 else f"{_num(cell[0], digits)} ± {_num(cell[1], digits)}"
+
+
 PREDICTOR_HEADERS = {"dice": "Dice", "hd95_mm": "HD95 (mm)", "ece": "ECE", "classwise_ece": "CECE", "nll": "NLL",
                      "brier": "Brier", "aurc": "AURC", "eaurc": "E-AURC", "ueo": "UEO", "auroc": "AUROC"}
 
@@ -112,15 +119,91 @@ def predictor_table(rows: list[ConfigRow]) -> list[str]:
     for row in selected:
         for name, cells in row.predictors.items():
             n = max((c[2] for c in cells.values() if c), default=0)
-            text = []
-            for column in PREDICTOR_HEADERS:
-                cell = cells.get(column)
-                d = DIGITS.get(column, 3)
-                text.append("–" if cell is None else _num(cell[0], d) if cell[2] == 1
-                            else f"{_num(cell[0], d)} ± {_num(cell[1], d)}")
+            text = [mean_std_text(cells.get(column), DIGITS.get(column, 3)) for column in PREDICTOR_HEADERS]
             out.append((f"| {row.dataset} " if several else "") + f"| {row.loss_name} | {row.hyperparameters} | "
                        f"{name} | {n} | " + " | ".join(text) + " |")
     return [*out, ""]
+
+
+SHIFT_TABLES = {"dice": "Dice", "ece": "ECE", "classwise_ece": "classwise ECE", "nll": "NLL"}
+SHIFT_FIGURE = "shift_severity"
+
+
+def _shift_rows(rows: list[ConfigRow], suite: str):
+    """(row, predictor, ShiftCells) of every predictor of the rows evaluated under ``suite``."""
+    return [(row, name, cells) for row in rows for name, cells in row.shift.get(suite, {}).items()]
+
+
+def shift_section(rows: list[ConfigRow]) -> list[str]:
+    """``## Under shift``: per suite and metric of ``SHIFT_TABLES``, one line per configuration and predictor
+    evaluated under the suite (:mod:`mcseg.report.shift`); nothing when no run was evaluated under shift."""
+    suites = list(dict.fromkeys(suite for row in rows for suite in row.shift))
+    if not suites:
+        return []
+    several = several_datasets(rows)
+    out = ["## Under shift", "",
+           "Level s (0: clean): the mean over the suite's corruptions of the metric at that level, mean ± std over "
+           "the predictor's evaluations under the suite (n: a configuration's seeds, an ensemble's evaluations); "
+           "overall and degradation: ROOD-MRI's robustness scores (Boone et al. 2023) of each evaluation, over the "
+           "levels shown with weights alpha^s (degradation > 0: worse under shift), mean ± std over the same "
+           "evaluations. Only the corruptions and levels every evaluation of a predictor has are taken "
+           "(docs/protocol.md, \"Evaluation under shift\"). "
+           f"Figure: `{SHIFT_FIGURE}*.png` (the single networks' Dice and ECE by level, a box over corruptions).", ""]
+    for suite in suites:
+        found = _shift_rows(rows, suite)
+        levels = sorted({s for _, _, cells in found for s in cells.levels})
+        corruptions = list(dict.fromkeys(c for _, _, cells in found for c in cells.corruptions))
+        alphas = ", ".join(f"{a:.4g}" for a in sorted({cells.alpha for _, _, cells in found}))
+        out += [f"Suite `{suite}`: corruptions {', '.join(corruptions)}; alpha {alphas}.", ""]
+        for metric, title in SHIFT_TABLES.items():
+            have = [(row, name, cells) for row, name, cells in found if metric in cells.by_level]
+            if not have:
+                continue
+            arrow = "higher is better" if have[0][2].higher_is_better[metric] else "lower is better"
+            d = DIGITS.get(metric, 3)
+            out += [f"### {suite}: {title} ({arrow})", "",
+                    ("| dataset " if several else "") + "| loss | hyperparameters | predictor | n | corruptions | "
+                    + " | ".join(f"level {s}" for s in levels) + " | overall | degradation |",
+                    ("|---" if several else "") + "|---|---|---|---|---|" + "---|" * (len(levels) + 2)]
+            for row, name, cells in have:
+                scores = cells.scores[metric]
+                out.append((f"| {row.dataset} " if several else "") + f"| {row.loss_name} | {row.hyperparameters} | "
+                           f"{name} | {cells.n} | {len(cells.corruptions)} | "
+                           + " | ".join(mean_std_text(cells.by_level[metric].get(s), d) for s in levels)
+                           + f" | {mean_std_text(scores['overall'], d)} | {mean_std_text(scores['degradation'], d)} |")
+            out.append("")
+    return out
+
+
+def write_shift_csv(rows: list[ConfigRow], path: Path) -> bool:
+    """``shift.csv``: one line per configuration, suite, predictor, metric and level (the mean over corruptions,
+    its mean, std and n over evaluations; the robustness scores repeated on each level's line); not written,
+    and False returned, when no run was evaluated under shift."""
+    columns = ["dataset", "loss", "hyperparameters", "configuration", "suite", "predictor", "metric",
+               "higher_is_better", "level", "mean", "std", "n", "corruptions", "alpha", "overall_mean", "overall_std",
+               "degradation_mean", "degradation_std"]
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=columns)
+    writer.writeheader()
+    lines = 0
+    for suite in dict.fromkeys(suite for row in rows for suite in row.shift):
+        for row, name, cells in _shift_rows(rows, suite):
+            for metric, by_level in cells.by_level.items():
+                overall, degradation = cells.scores[metric]["overall"], cells.scores[metric]["degradation"]
+                for level, cell in by_level.items():
+                    writer.writerow({
+                        "dataset": row.dataset, "loss": row.loss_name, "hyperparameters": row.hyperparameters,
+                        "configuration": row.configuration, "suite": suite, "predictor": name, "metric": metric,
+                        "higher_is_better": cells.higher_is_better[metric], "level": level,
+                        "mean": cell and cell[0], "std": cell and cell[1], "n": cell[2] if cell else 0,
+                        "corruptions": " ".join(cells.corruptions), "alpha": cells.alpha,
+                        "overall_mean": overall and overall[0], "overall_std": overall and overall[1],
+                        "degradation_mean": degradation and degradation[0],
+                        "degradation_std": degradation and degradation[1]})
+                    lines += 1
+    if lines:
+        atomic_write(path, lambda tmp: tmp.write_text(buffer.getvalue()))
+    return bool(lines)
 
 
 def write_csv(rows: list[ConfigRow], path: Path) -> None:

@@ -80,6 +80,7 @@ class ConfigRow:
     predictors: dict[str, dict[str, tuple[float, float, int] | None]] = field(default_factory=dict)
     environment_differs: list[str] = field(default_factory=list)  # e.g. ["code"]: some run differs from the most common
     seen_in_training: list[str] = field(default_factory=list)  # runs whose scored cases include trained-on content
+    shift: dict[str, dict] = field(default_factory=dict)  # suite -> predictor -> ShiftCells (mcseg.report.shift)
 
 
 def _mean_std(values: list[float | None]) -> tuple[float, float]:
@@ -233,47 +234,59 @@ def _scaled(summary: dict) -> dict | None:
                                                                   "mean_brier")}
 
 
+def mean_std_n(values) -> tuple[float, float, int] | None:
+    """(mean, std (ddof=1), n) over the defined values (None and NaN left out), or None when there are none."""
+    values = [v for v in values if v is not None and not math.isnan(v)]
+    return (*_mean_std(values), len(values)) if values else None
+
+
 def predictor_cells(summaries: list[dict]) -> dict[str, tuple[float, float, int] | None]:
     """Per column: (mean, std, n) over the evaluations that have it, or None."""
-    cells = {}
-    for column, path in PREDICTOR_COLUMNS.items():
-        values = [v for v in (_value(s, path) for s in summaries) if v is not None and not math.isnan(v)]
-        cells[column] = (*_mean_std(values), len(values)) if values else None
-    return cells
+    return {column: mean_std_n(_value(s, path) for s in summaries) for column, path in PREDICTOR_COLUMNS.items()}
 
 
-def _add_predictor(found: dict[str, list[dict]], name: str, summary: dict) -> None:
-    """A predictor's raw and temperature-scaled rows. Pooled after scaling (``...pool-after``), its raw pooled
-    prediction is that of the same members pooled before (a row already), so only its scaled row is added,
-    named for how it was scaled: each network by its own temperature, then pooled."""
-    scaled = _scaled(summary)
-    for suffix in ("-pool-after", ", pool-after", "pool-after"):
+POOLED_AFTER = ("-pool-after", ", pool-after", "pool-after")
+
+
+def predictor_names(name: str, scaler: str) -> tuple[str | None, str]:
+    """The report's names of a predictor's raw rows and of its rows after ``scaler`` (``+ T`` for temperature;
+    ``(pooled)``: fitted on the pooled prediction). Pooled after scaling (``...pool-after``), its raw pooled
+    prediction is that of the same members pooled before (a row already): no raw name, and the scaled one says
+    how it was scaled: each network by its own fit, then pooled."""
+    short = "T" if scaler == "temperature" else scaler
+    for suffix in POOLED_AFTER:
         if name.endswith(suffix):
-            base = name.removesuffix(suffix)
-            if scaled:
-                found.setdefault(f"{base} + T (each network's, then pooled)", []).append(scaled)
-            return
-    found.setdefault(name, []).append(summary)
-    if scaled:
-        found.setdefault(f"{name} + T (pooled)", []).append(scaled)
+            return None, f"{name.removesuffix(suffix)} + {short} (each network's, then pooled)"
+    return name, f"{name} + {short}" if name == "single" else f"{name} + {short} (pooled)"
+
+
+def predictor_evaluations(row: ConfigRow, ensembles: list) -> list[tuple[str, dict, dict | None]]:
+    """(predictor, summary.json, shift_summary.json or None) of every evaluation of the row's predictors: each
+    run's own (``single``), the variants evaluated on its checkpoints (TTA, MC dropout; ``eval/<split>-<tag>/``,
+    named by the tag) and the ensembles whose members are all runs of the row (``ensemble of <n>[, <tag>]``;
+    :func:`mcseg.report.collect.collect_ensembles`)."""
+    found = [("single", run.summaries[""], run.shift.get("")) for run in row.runs]
+    found += [(tag, summary, run.shift.get(tag)) for run in row.runs for tag, summary in run.variants.items()]
+    paths = {r.path.resolve() for r in row.runs}
+    for ensemble in ensembles:
+        if ensemble.members and {m.resolve() for m in ensemble.members} <= paths:
+            name = f"ensemble of {len(ensemble.members)}" + (f", {ensemble.tag}" if ensemble.tag else "")
+            found.append((name, ensemble.summary, ensemble.shift))
+    return found
 
 
 def add_predictors(rows: list[ConfigRow], ensembles: list) -> None:
-    """Each row's predictors: its networks alone (and after their temperature), the variants evaluated on
-    all or some of its checkpoints (TTA, MC dropout; ``eval/<split>-<members>/``) and the ensembles whose
-    members are all runs of the row (:func:`mcseg.report.collect.collect_ensembles`)."""
+    """Each row's predictors (:func:`predictor_evaluations`), each raw and after its temperature
+    (:func:`predictor_names`): mean ± std over the predictor's evaluations."""
     for row in rows:
-        found: dict[str, list[dict]] = {"single": [r.summaries[""] for r in row.runs]}
-        found["single + T"] = [s for s in (_scaled(r.summaries[""]) for r in row.runs) if s]
-        for run in row.runs:
-            for tag, summary in run.variants.items():
-                _add_predictor(found, tag, summary)
-        paths = {r.path.resolve() for r in row.runs}
-        for ensemble in ensembles:
-            if ensemble.members and {m.resolve() for m in ensemble.members} <= paths:
-                name = f"ensemble of {len(ensemble.members)}" + (f", {ensemble.tag}" if ensemble.tag else "")
-                _add_predictor(found, name, ensemble.summary)
-        row.predictors = {name: predictor_cells(s) for name, s in found.items() if s}
+        found: dict[str, list[dict]] = {}
+        for name, summary, _ in predictor_evaluations(row, ensembles):
+            raw, scaled_name = predictor_names(name, "temperature")
+            if raw is not None:
+                found.setdefault(raw, []).append(summary)
+            if (scaled := _scaled(summary)) is not None:
+                found.setdefault(scaled_name, []).append(scaled)
+        row.predictors = {name: predictor_cells(s) for name, s in found.items()}
 
 
 def mark_seen_in_training(rows: list[ConfigRow]) -> list[str]:
