@@ -5,7 +5,8 @@
 Measured in one run on the same machine, with the run's ``best.pt``, its test split and its post-hoc scalers:
 
 * a plain evaluation: ``evaluate.py ckpt=<run> eval_dir=<tmp>`` (the clean test cases: inference, metrics,
-  post-hoc scaled figures, per-case table), ``--repeats`` times, its median wall time;
+  post-hoc scaled figures, per-case table), ``--repeats`` times (half before the suite, half after), its median
+  wall time;
 * the suite: ``evaluate.py ckpt=<run> shift=<suite>`` into an evaluation whose clean level exists (so only the
   corrupted conditions are timed: ``seconds`` of its ``shift_summary.json``), reading, corrupting (MONAI /
   TorchIO on the raw image), predicting and scoring every (corruption, level) of it.
@@ -52,9 +53,12 @@ def measure(run: Path, suite: str, repeats: int, subset: list[str]) -> dict:
     ckpt = run / "checkpoints" / "best.pt"
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench_shift_") as tmp:
-        plain = [_evaluate(ckpt, Path(tmp) / f"plain{i}" / "test", [])[1] for i in range(repeats)]
+        # plain evaluations before and after the suite: on a machine whose load changes, both sides see it
+        before = [_evaluate(ckpt, Path(tmp) / f"plain{i}" / "test", [])[1] for i in range((repeats + 1) // 2)]
         _evaluate(ckpt, Path(tmp) / "suite" / "test", [])  # the clean level (reused by the suite, not timed)
         summary, wall = _evaluate(ckpt, Path(tmp) / "suite" / "test", [f"shift={suite}", *subset])
+        after = [_evaluate(ckpt, Path(tmp) / f"plain{i}" / "test", [])[1] for i in range(len(before), repeats)]
+        plain = before + after
     shift = summary["shift"]
     conditions = len(shift["corruptions"]) * (len(shift["levels"]) - 1)
     per_plain = statistics.median(plain)
