@@ -70,7 +70,8 @@ def export(work: Path, data_root: Path, patch: int, split_from: Path | None = No
         split = read_split(split_from)
     else:  # the preset's split, as a run of it makes it
         (work / "preset").mkdir(parents=True, exist_ok=True)
-        split = {k: [r.case_id for r in v] for k, v in resolve_split(dataset, cfg.dataset, work / "preset").refs.items()}
+        preset = resolve_split(dataset, cfg.dataset, work / "preset").refs
+        split = {name: [r.case_id for r in part] for name, part in preset.items()}
     split = timed_split(split)
     (work / "split.json").write_text(json.dumps(split, indent=1))
     refs = {r.case_id: r for r in dataset.case_refs()}
@@ -199,24 +200,16 @@ def rates(work: Path, batch: int, warmup: int) -> dict:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
-    e = sub.add_parser("export")
-    e.add_argument("work", type=Path)
-    e.add_argument("data_root", type=Path)
-    e.add_argument("patch", type=int)
-    e.add_argument("--split-from", type=Path, help="an mcseg run directory whose split.json to use")
-    h = sub.add_parser("h5")
-    h.add_argument("work", type=Path)
-    r = sub.add_parser("rates")
-    r.add_argument("work", type=Path)
-    r.add_argument("batch", type=int)
-    r.add_argument("warmup", type=int)
+    positional = {"export": [("work", Path), ("data_root", Path), ("patch", int)], "h5": [("work", Path)],
+                  "rates": [("work", Path), ("batch", int), ("warmup", int)]}
+    for command, arguments in positional.items():
+        parser = sub.add_parser(command)
+        for name, kind in arguments:
+            parser.add_argument(name, type=kind)
+    sub.choices["export"].add_argument("--split-from", type=Path, help="an mcseg run directory whose split.json to use")
     a = p.parse_args(argv)
-    if a.command == "export":
-        export(a.work, a.data_root, a.patch, a.split_from)
-    elif a.command == "h5":
-        to_h5(a.work)
-    else:
-        rates(a.work, a.batch, a.warmup)
+    {"export": lambda: export(a.work, a.data_root, a.patch, a.split_from), "h5": lambda: to_h5(a.work),
+     "rates": lambda: rates(a.work, a.batch, a.warmup)}[a.command]()
 
 
 if __name__ == "__main__":

@@ -24,7 +24,9 @@
 # WARMUP + STEPS batches (their epoch is every training slice: scripts/peer_mbls.py
 # capped_train_val_loader, a Hydra target around their own loaders). mcseg runs epochs of WARMUP steps
 # (the first is the warm-up, each epoch's train/samples_per_s times its steps only). Neither validation
-# (one case), checkpoints nor the test evaluation (one case) is in the timed window.
+# (one case), checkpoints nor the test evaluation (mcseg: one case; theirs: none, see peer_mbls.py) is
+# in the timed window. Their configs/scheduler/step.yaml passes verbose=True, which torch 2.13's StepLR
+# no longer takes: dropped by the override ~scheduler.object.verbose (it only printed the learning rate).
 #
 # The authors' venv: their requirement.txt with torch pinned by constraints-cpu.txt (the CPU build of
 # mcseg's venv, for their torch==1.11.0+cu113); left out: torchvision (their code imports it only for
@@ -32,7 +34,9 @@
 # called), typing_extensions==4.5.0 (older than that torch needs), certifi's local path and their own
 # `-e` line (their checkout is put on PYTHONPATH instead); scikit-image 0.20.0 instead of 0.19.3 (no
 # wheel of it for this Python; hcmps.py imports it and uses none of it); setuptools below 81 (wandb
-# 0.13.10 imports pkg_resources). numpy stays at their 1.23.5: their evaluator uses np.float.
+# 0.13.10 imports pkg_resources); tqdm added (their engine imports it, requirement.txt omits it).
+# numpy stays at their 1.23.5: their evaluator uses np.float. Figures: docs/benchmarks.md, "The
+# margin-loss authors' U-Net".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -ge 1 ] || { echo "usage: bash scripts/peer_mbls.sh AUTHORS_CHECKOUT [STEPS] [REPEATS]" >&2; exit 2; }
