@@ -266,6 +266,7 @@ def test_pooled_after_each_network_is_scaled_by_its_own_fit_before_pooling(runs,
     assert not (tmp_path / "calibration.json").exists() and not (tmp_path / "after/calibration.json").exists()
 
 
+@pytest.mark.slow  # about 40 and 60 s: the default run is near its 15-minute budget
 def test_other_pooling_or_members_of_the_same_networks_get_folders_of_their_own(runs, make_cfg, tmp_path):
     """The same member set pooled after scaling, or with TTA, is another predictor: it must not be refused as
     'an earlier evaluation of these members' nor land in the plain ensemble's folder (nor a TTA evaluation
@@ -287,6 +288,7 @@ def test_other_pooling_or_members_of_the_same_networks_get_folders_of_their_own(
     assert "pooled after" not in single_before["posthoc"]["temperature"]["label"]
 
 
+@pytest.mark.slow  # about 40 and 60 s: the default run is near its 15-minute budget
 def test_the_uncertainty_study_script_tabulates_every_predictor_and_resumes(runs, tmp_path, monkeypatch):
     import csv
     import sys
