@@ -406,7 +406,7 @@ def _evaluate_state(cfg: DictConfig, ckpt: Path, state: dict, overrides: list[st
                         stored["root"], root)
     pool_after = variant is not None and typed(cfg.posthoc, PosthocConfig, "posthoc").pool == "after"
     out_dir = output_dir(cfg, ckpt, sha, run_dir, selected, dataset.name if other else None,
-                         pooled_after_tag(variant, cfg) if variant is not None else None)
+                         f"{variant}-pool-after" if pool_after else variant)
     # other members than the run's: a post-hoc fit of its own, on the pooled prediction (posthoc.pool=before),
     # kept with this evaluation under the checkpoint's hash and the members
     fit_identity = checkpoint if variant is None or pool_after else {**checkpoint, "sha256": f"{sha}+{variant}"}

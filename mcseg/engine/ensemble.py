@@ -34,8 +34,9 @@ from mcseg.engine.build import build_predictor, restore_model
 from mcseg.engine.checkpoint import load_checkpoint
 from mcseg.engine.checkpoint_eval import (SELECTED, check_compatible, checkpoint_split, clear_evaluation,
                                           member_settings, member_tag, members_as_asked, mirrored_as_asked,
-                                          own_splits, plan_posthoc, pooled_after_tag, posthoc_scalers, refuse_fixed_overrides, resolve_checkpoint_path,
-                                          reuses_clean, scored_content)
+                                          own_splits, plan_posthoc, pooled_after_tag, posthoc_scalers,
+                                          refuse_fixed_overrides, resolve_checkpoint_path, reuses_clean,
+                                          scored_content)
 from mcseg.engine.data import build_dataset, record_dataset_facts
 from mcseg.engine.evaluation import PROVENANCE_FILE, evaluate_split, format_summary
 from mcseg.engine.shift_eval import clean_to_reuse, evaluate_shift, format_shift, inference_record
