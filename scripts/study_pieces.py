@@ -1,0 +1,371 @@
+"""A study in committed pieces: one configuration at a time, trained, evaluated and written into docs/results/.
+
+    python scripts/study_pieces.py <study> --config <name> [--runs DIR] [--jobs 2]   # one piece
+    python scripts/study_pieces.py <study> --table                                   # the table from the pieces
+    python scripts/study_pieces.py <study> --list                                    # what exists, what is next
+
+A study's run folders live outside the repository and do not survive a new machine, so a study that only
+writes its table at the end loses everything when a session ends. Here each configuration is one piece of
+at most about 40 minutes of a 2-core machine: its seeds (and its dropout-trained run) are trained two at a
+time with one torch thread each, every predictor is evaluated by mcseg's own evaluation (ensembles need their
+members' checkpoints at the same time, so a configuration is never split across pieces), and the piece's raw
+tables are written under ``docs/results/<study>/<config>/``:
+
+- ``per_evaluation.csv``: one row per evaluation (seed, predictor, the columns of :mod:`uncertainty_study`),
+- ``<evaluation>/summary.json`` and ``<evaluation>/per_case.csv`` of every evaluation,
+- ``piece.json``: the commit that made it, when, the machine's load before, during and after, what each
+  training and evaluation cost, and (for seed 0) the comparison with the seed-0 figures already published.
+
+Commit them before starting the next piece. ``--table`` assembles ``table.md`` and ``per_evaluation.csv`` of the
+whole study from the committed pieces only (never from run folders), and rewrites the study's README.md (which
+pieces exist, the command of the next). Nothing is selected on the test split: every temperature is fitted on
+the validation split. Runs are deterministic (``experiment=hippocampus_study``), so a piece reruns exactly.
+
+Studies:
+- ``uncertainty_study`` (issue #23): CE, CE + Dice, focal, LS and the margin loss (m = 3), three seeds each: the
+  single networks raw and scaled, the three-seed ensemble pooled before and after scaling, TTA (flips) of
+  seed 0, and MC dropout (10 samples) of one network trained with ``model.dropout=0.2``.
+- ``newer_losses``: the newer losses in the loss study's protocol (one seed, raw and after temperature scaling).
+- ``ensembles_under_shift``: the three-seed ensembles of CE + Dice and of the margin loss under ROOD-MRI
+  (``shift=rood_mri``), raw and scaled; needs the configuration's seeds (retrained when their run folders
+  are gone, which the piece does first).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import logging
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from uncertainty_study import COLUMNS, _evaluate, _rows, _scaled, table  # noqa: E402
+
+log = logging.getLogger("study_pieces")
+
+EXPERIMENT = "experiment=hippocampus_study"
+RAW_FILES = ("summary.json", "per_case.csv", "failure_per_case.csv", "provenance.json", "shift_summary.json")
+
+
+@dataclass(frozen=True)
+class Study:
+    """What one piece of a study trains and evaluates for each of its configurations (``arms``)."""
+    arms: dict[str, list[str]]
+    labels: dict[str, str]
+    seeds: tuple[int, ...] = (0,)
+    dropout: float | None = None   # a run per configuration trained with model.dropout, seed 0, for MC dropout
+    mc_samples: int = 10
+    tta_seeds: tuple[int, ...] = ()
+    ensembles: bool = False
+    shift: str | None = None       # a corruption suite for the configuration's ensemble
+    extra: tuple[str, ...] = ()    # overrides of every evaluation
+    base: tuple[str, ...] = (EXPERIMENT,)  # overrides of every training, before the arm's
+    runs_of: str | None = None     # another study whose run folders this one evaluates (the same trainings)
+
+
+UNCERTAINTY_ARMS = {"ce": ["loss=ce"], "ce_dice": ["loss=ce_dice"], "focal": ["loss=focal"], "ls": ["loss=ls"],
+                    "margin3": ["loss=margin", "loss.margin=3"]}
+UNCERTAINTY_LABELS = {"ce": "CE", "ce_dice": "CE + Dice", "focal": "focal", "ls": "LS", "margin3": "margin, m = 3"}
+NEWER_ARMS = {"hardl1ace_dice_ce": ["loss=hardl1ace_dice_ce"], "softl1ace_dice_ce": ["loss=softl1ace_dice_ce"],
+              "mdca": ["loss=mdca"], "dca": ["loss=dca"], "acls": ["loss=acls"], "adafocal": ["loss=adafocal"],
+              "ce_dml": ["loss=ce_dml"]}
+NEWER_LABELS = {"hardl1ace_dice_ce": "hard mL1-ACE + Dice + CE", "softl1ace_dice_ce": "soft mL1-ACE + Dice + CE",
+                "mdca": "MDCA (+ CE)", "dca": "DCA (+ CE)", "acls": "ACLS", "adafocal": "AdaFocal",
+                "ce_dml": "CE + Dice semimetric loss"}
+STUDIES = {
+    "uncertainty_study": Study(UNCERTAINTY_ARMS, UNCERTAINTY_LABELS, seeds=(0, 1, 2), dropout=0.2, tta_seeds=(0,),
+                               ensembles=True),
+    "newer_losses": Study(NEWER_ARMS, NEWER_LABELS),
+    "ensembles_under_shift": Study({k: UNCERTAINTY_ARMS[k] for k in ("ce_dice", "margin3")}, UNCERTAINTY_LABELS,
+                                   seeds=(0, 1, 2), shift="rood_mri", extra=("evaluation.figures=false",),
+                                   runs_of="uncertainty_study"),
+}
+
+
+def results_dir(study: str) -> Path:
+    return ROOT / "docs" / "results" / study
+
+
+def commit() -> str:
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
+                           text=True).stdout.strip()
+    return head.strip() + (" (with uncommitted changes)" if dirty else "")
+
+
+class LoadMonitor:
+    """The machine's 1-minute load average before, every 30 s during, and after a piece."""
+
+    def __init__(self) -> None:
+        self.samples: list[float] = [os.getloadavg()[0]]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(30):
+            self.samples.append(os.getloadavg()[0])
+
+    def __enter__(self) -> "LoadMonitor":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self.samples.append(os.getloadavg()[0])
+
+    def record(self) -> dict:
+        return {"before": round(self.samples[0], 2), "after": round(self.samples[-1], 2),
+                "mean": round(statistics.mean(self.samples), 2), "max": round(max(self.samples), 2),
+                "cores": os.cpu_count()}
+
+
+def train_command(base: tuple[str, ...], arm: list[str], seed: int, run_dir: Path, dropout: float | None) -> list[str]:
+    command = [sys.executable, str(ROOT / "train.py"), *base, *arm, f"seed={seed}", f"hydra.run.dir={run_dir}"]
+    if dropout:
+        command.append(f"model.dropout={dropout}")
+    if (run_dir / "checkpoints" / "last.pt").exists():
+        command.append("trainer.resume=true")  # cut short earlier: go on from its last epoch
+    return command
+
+
+def train_all(jobs: list[tuple[str, list[str], Path]], parallel: int) -> dict[str, float]:
+    """Trains the runs that have no ``result.json`` yet, ``parallel`` at a time with one torch thread each
+    (threads x processes <= cores); returns each run's wall seconds (0 when it had finished before)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    seconds = {name: 0.0 for name, _, _ in jobs}
+    pending = [(name, command, run_dir) for name, command, run_dir in jobs if not (run_dir / "result.json").exists()]
+    running: list[tuple[str, subprocess.Popen, float, Path]] = []
+    while pending or running:
+        while pending and len(running) < parallel:
+            name, command, run_dir = pending.pop(0)
+            run_dir.parent.mkdir(parents=True, exist_ok=True)
+            log.info("train %s: %s", name, " ".join(command[1:]))
+            out = open(run_dir.parent / f"{run_dir.name}.train.log", "a")
+            running.append((name, subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT),
+                            time.perf_counter(), run_dir))
+        time.sleep(5)
+        for item in list(running):
+            name, process, start, run_dir = item
+            if process.poll() is None:
+                continue
+            running.remove(item)
+            if process.returncode != 0 or not (run_dir / "result.json").exists():
+                raise RuntimeError(f"training {name} failed (exit {process.returncode}): see "
+                                   f"{run_dir.parent / (run_dir.name + '.train.log')}")
+            seconds[name] = round(time.perf_counter() - start, 1)
+            log.info("trained %s in %.0f s", name, seconds[name])
+    return seconds
+
+
+def copy_raw(source: Path, target: Path) -> None:
+    """The small files of one evaluation (summary, per-case tables, provenance, shift summary) into the repository."""
+    target.mkdir(parents=True, exist_ok=True)
+    for name in RAW_FILES:
+        if (source / name).is_file():
+            shutil.copyfile(source / name, target / name)
+
+
+def published_seed0(study: str, config: str, seed0: dict) -> dict | None:
+    """The seed-0 network's figures against those published before (docs/results/uncertainty_study/seed0_*):
+    runs are deterministic, so they must agree."""
+    path = results_dir("uncertainty_study") / "seed0_per_evaluation.csv"
+    if study != "uncertainty_study" or not path.is_file():
+        return None
+    label = " ".join([EXPERIMENT, *sorted(UNCERTAINTY_ARMS[config])])
+    rows = [r for r in csv.DictReader(open(path)) if r["configuration"] == label and r["predictor"] == "single"]
+    if not rows:
+        return None
+    published = {c: float(rows[0][c]) for c in COLUMNS if rows[0][c] not in ("", None)}
+    now = {c: seed0[c] for c in published if seed0.get(c) is not None}
+    diff = max(abs(published[c] - now[c]) for c in now) if now else None
+    return {"published": published, "now": now, "max_abs_difference": diff,
+            "reproduced": diff is not None and diff < 5e-4}
+
+
+def run_piece(study_name: str, config: str, runs_root: Path, parallel: int) -> Path:
+    study = STUDIES[study_name]
+    if config not in study.arms:
+        raise SystemExit(f"--config {config!r} is not a configuration of {study_name}: one of {sorted(study.arms)}")
+    arm = study.arms[config]
+    runs = runs_root / (study.runs_of or study_name) / config
+    out = results_dir(study_name) / config
+    label = study.labels[config]
+    started = time.strftime("%Y-%m-%dT%H:%M:%S")
+    jobs = [(f"seed{s}", train_command(study.base, arm, s, runs / f"seed{s}", None), runs / f"seed{s}") for s in study.seeds]
+    if study.dropout:
+        jobs.append(("dropout_seed0", train_command(study.base, arm, 0, runs / "dropout_seed0", study.dropout),
+                     runs / "dropout_seed0"))
+    rows: list[dict] = []
+    costs: dict[str, float] = {}
+
+    def add(predictor: str, seed, summary: dict | None, seconds: float, source: Path | None, slug: str | None):
+        if summary is None:
+            return
+        rows.extend({**r, "seed": seed} for r in _rows(label, predictor, [summary], seconds))
+        if source is not None and slug is not None:
+            copy_raw(source, out / slug)
+            costs[slug] = round(seconds, 1)
+
+    with LoadMonitor() as load:
+        train_seconds = train_all(jobs, parallel)
+        seed_runs = [runs / f"seed{s}" for s in study.seeds]
+        evals = runs / "evals"
+        if study.shift is None:
+            for seed, run in zip(study.seeds, seed_runs):
+                summary = json.loads((run / "eval/test/summary.json").read_text())
+                add("single", seed, summary, 0.0, run / "eval/test", f"single_seed{seed}")
+                add("single + T", seed, _scaled(summary), 0.0, None, None)
+        if study.ensembles or study.shift:
+            members = [str(r) for r in seed_runs]
+            shift = [f"shift={study.shift}"] if study.shift else []
+            n = len(members)
+            ensemble, seconds = _evaluate("ensemble", members, ["posthoc.apply=[temperature]", *shift, *study.extra,
+                                                                f"eval_dir={evals / 'ensemble'}"])
+            add(f"ensemble of {n}", "all", ensemble, seconds, evals / "ensemble", "ensemble")
+            add(f"ensemble of {n} + T (pooled)", "all", _scaled(ensemble), 0.0, None, None)
+            if not study.shift:
+                after, seconds = _evaluate("ensemble", members, ["posthoc.apply=[temperature]", "posthoc.pool=after",
+                                                                 *study.extra,
+                                                                 f"eval_dir={evals / 'ensemble_pool_after'}"])
+                add(f"ensemble of {n} + T (each network's, then pooled)", "all", _scaled(after), seconds,
+                    evals / "ensemble_pool_after", "ensemble_pool_after")
+        for seed in study.tta_seeds:
+            tta, seconds = _evaluate("single", runs / f"seed{seed}/checkpoints/best.pt",
+                                     ["tta=[flips]", *study.extra, f"eval_dir={evals / f'tta_flips_seed{seed}'}"])
+            add("TTA (flips)", seed, tta, seconds, evals / f"tta_flips_seed{seed}", f"tta_flips_seed{seed}")
+            add("TTA (flips) + T (pooled)", seed, _scaled(tta), 0.0, None, None)
+        if study.dropout:
+            run = runs / "dropout_seed0"
+            alone = json.loads((run / "eval/test/summary.json").read_text())
+            add("dropout net, one pass", 0, alone, 0.0, run / "eval/test", "dropout_seed0")
+            add("dropout net, one pass + T", 0, _scaled(alone), 0.0, None, None)
+            k = study.mc_samples
+            mc, seconds = _evaluate("single", run / "checkpoints/best.pt",
+                                    [f"mc_samples={k}", *study.extra, f"eval_dir={evals / f'mc{k}_seed0'}"])
+            add(f"MC dropout ({k})", 0, mc, seconds, evals / f"mc{k}_seed0", f"mc{k}_seed0")
+            add(f"MC dropout ({k}) + T (pooled)", 0, _scaled(mc), 0.0, None, None)
+    out.mkdir(parents=True, exist_ok=True)
+    write_rows(out / "per_evaluation.csv", rows)
+    seed0 = next((r for r in rows if r["predictor"] == "single" and r["seed"] == 0), None)
+    piece = {"study": study_name, "configuration": config, "label": label,
+             "overrides": [*study.base, *arm], "seeds": list(study.seeds), "commit": commit(),
+             "started": started, "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "load_average": load.record(),
+             "parallel_trainings": parallel, "torch_threads_per_training": 1,
+             "training_seconds": train_seconds, "evaluation_seconds": costs,
+             "seed0_against_published": published_seed0(study_name, config, seed0) if seed0 else None,
+             "command": f"python scripts/study_pieces.py {study_name} --config {config}"}
+    (out / "piece.json").write_text(json.dumps(piece, indent=2) + "\n")
+    log.info("%s/%s written to %s: commit it before the next piece", study_name, config, out)
+    return out
+
+
+def write_rows(path: Path, rows: list[dict]) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["configuration", "predictor", "seed", "seconds", *COLUMNS])
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def read_rows(path: Path) -> list[dict]:
+    rows = []
+    for row in csv.DictReader(open(path)):
+        rows.append({**row, "seconds": float(row["seconds"]),
+                     **{c: (float(row[c]) if row[c] not in ("", None) else None) for c in COLUMNS}})
+    return rows
+
+
+def pieces(study_name: str) -> dict[str, dict]:
+    """The committed pieces of a study (configuration -> its piece.json), in the study's order."""
+    base = results_dir(study_name)
+    found = {}
+    for config in STUDIES[study_name].arms:
+        piece = base / config / "piece.json"
+        if piece.is_file() and (base / config / "per_evaluation.csv").is_file():
+            found[config] = json.loads(piece.read_text())
+    return found
+
+
+def assemble(study_name: str) -> str:
+    """``table.md`` and ``per_evaluation.csv`` of the whole study from its committed pieces, and its README."""
+    base = results_dir(study_name)
+    done = pieces(study_name)
+    rows = [r for config in done for r in read_rows(base / config / "per_evaluation.csv")]
+    if rows:
+        write_rows(base / "per_evaluation.csv", rows)
+        (base / "table.md").write_text(table(rows))
+    (base / "README.md").write_text(readme(study_name, done))
+    return table(rows) if rows else "(no piece yet)\n"
+
+
+def readme(study_name: str, done: dict[str, dict]) -> str:
+    study = STUDIES[study_name]
+    missing = [c for c in study.arms if c not in done]
+    lines = [f"# {study_name}: raw tables, one folder per configuration (a piece)", "",
+             (STUDIES_DOC[study_name]), "",
+             "Written by `scripts/study_pieces.py` (its docstring says what a piece trains and evaluates). "
+             "Each folder holds `per_evaluation.csv`, every evaluation's `summary.json` and `per_case.csv`, and "
+             "`piece.json` (commit, load, cost). `table.md` and `per_evaluation.csv` here are assembled from "
+             "the folders by `python scripts/study_pieces.py " + study_name + " --table`, never from run folders.",
+             "", "| configuration | commit | finished | load (mean / max on the cores) | training s | evaluation s |",
+             "|---|---|---|---|---|---|"]
+    for config, piece in done.items():
+        load = piece["load_average"]
+        lines.append(f"| {config} | {piece['commit']} | {piece['finished']} | {load['mean']} / {load['max']} on "
+                     f"{load['cores']} | {sum(piece['training_seconds'].values()):.0f} | "
+                     f"{sum(piece['evaluation_seconds'].values()):.0f} |")
+    lines += ["", "Pieces still to run: " + (", ".join(missing) if missing else "none (the study is complete)") + "."]
+    if missing:
+        lines += ["", "The next piece (about 20 to 40 minutes of both cores; commit its folder when it ends):", "",
+                  "```bash", f"python scripts/study_pieces.py {study_name} --config {missing[0]}",
+                  f"python scripts/study_pieces.py {study_name} --table", "```"]
+    return "\n".join(lines) + "\n"
+
+
+STUDIES_DOC = {
+    "uncertainty_study": "Uncertainty compared (issue #23, docs/results.md): five losses on hippocampus "
+                         "(`experiment=hippocampus_study`), three seeds, single networks raw and scaled, their "
+                         "ensemble pooled before and after scaling, TTA of seed 0, MC dropout (10 samples) of a "
+                         "network trained with `model.dropout=0.2`.",
+    "newer_losses": "The newer losses in the loss study's protocol (`experiment=hippocampus_study`, seed 0): raw "
+                    "and after the temperature fitted on the validation split.",
+    "ensembles_under_shift": "The three-seed ensembles of CE + Dice and of the margin loss (m = 3) under ROOD-MRI "
+                             "(`shift=rood_mri`), raw and after the temperature fitted on the clean validation "
+                             "prediction of the pooled ensemble.",
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("study", choices=sorted(STUDIES))
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--config", help="run one piece: this configuration's trainings and evaluations")
+    what.add_argument("--table", action="store_true", help="assemble the study's table from its committed pieces")
+    what.add_argument("--list", action="store_true", help="which pieces exist, and the command of the next")
+    parser.add_argument("--runs", type=Path, default=ROOT / "outputs" / "studies",
+                        help="where the run folders go (outside git; reused when they exist)")
+    parser.add_argument("--jobs", type=int, default=2, help="trainings side by side, one torch thread each")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    if args.list:
+        print(readme(args.study, pieces(args.study)))
+    elif args.table:
+        print(assemble(args.study))
+    else:
+        run_piece(args.study, args.config, args.runs.resolve(), args.jobs)
+        print(assemble(args.study))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""A study in committed pieces (scripts/study_pieces.py, issue #33): one configuration trained and evaluated per
+piece, its raw tables written where git keeps them, and the study's table assembled from those alone."""
+from __future__ import annotations
+
+import csv
+import json
+import sys
+
+import pytest
+
+from .conftest import ROOT, TINY_2D
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import study_pieces  # noqa: E402
+from study_pieces import Study  # noqa: E402
+
+
+def _piece(base, config: str, rows: list[dict], **piece) -> None:
+    folder = base / config
+    folder.mkdir(parents=True)
+    study_pieces.write_rows(folder / "per_evaluation.csv", rows)
+    record = {"commit": "abc1234", "finished": "2026-12-04T15:30:00", "training_seconds": {"seed0": 100.0},
+              "evaluation_seconds": {"ensemble": 20.0}, "load_average": {"mean": 2.1, "max": 2.6, "cores": 2}}
+    (folder / "piece.json").write_text(json.dumps({**record, **piece}))
+
+
+def _row(config: str, predictor: str, seed, dice: float, ece: float) -> dict:
+    return {"configuration": config, "predictor": predictor, "seed": seed, "seconds": 0.0,
+            **{c: None for c in study_pieces.COLUMNS}, "Dice": dice, "ECE": ece}
+
+
+def test_the_table_is_assembled_from_committed_pieces_only_and_the_readme_names_the_next(tmp_path, monkeypatch):
+    monkeypatch.setattr(study_pieces, "results_dir", lambda study: tmp_path / study)
+    base = tmp_path / "uncertainty_study"
+    _piece(base, "ce_dice", [_row("CE + Dice", "single", s, d, e) for s, d, e in
+                             [(0, 0.84, 0.10), (1, 0.86, 0.14), (2, 0.85, 0.12)]])
+    _piece(base, "focal", [_row("focal", "single", 0, 0.80, 0.2)])
+    (base / "ls").mkdir()  # a piece cut short: no piece.json, so not a piece
+    text = study_pieces.assemble("uncertainty_study")
+    line = next(r for r in text.splitlines() if r.startswith("| CE + Dice | single |"))
+    assert "| 3 | 0.850 ± 0.010 |" in line and "0.120 ± 0.020" in line  # mean ± sample std over the seeds
+    assert (base / "table.md").read_text() == text
+    assert len(list(csv.DictReader(open(base / "per_evaluation.csv")))) == 4
+    readme = (base / "README.md").read_text()
+    assert "| ce_dice | abc1234 |" in readme and "| focal |" in readme and "| ls |" not in readme
+    assert "Pieces still to run: ce, ls, margin3." in readme
+    assert "python scripts/study_pieces.py uncertainty_study --config ce" in readme
+
+
+def test_seed0_is_compared_with_the_published_figures(tmp_path, monkeypatch):
+    monkeypatch.setattr(study_pieces, "results_dir", lambda study: tmp_path / study)
+    published = tmp_path / "uncertainty_study"
+    published.mkdir()
+    with open(published / "seed0_per_evaluation.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["configuration", "predictor", "seconds", *study_pieces.COLUMNS])
+        writer.writeheader()
+        writer.writerow({"configuration": "experiment=hippocampus_study loss.margin=3 loss=margin",
+                         "predictor": "single", "seconds": 0, "Dice": 0.844, "ECE": 0.056})
+    same = study_pieces.published_seed0("uncertainty_study", "margin3", {"Dice": 0.8441, "ECE": 0.0562})
+    assert same["reproduced"] and same["max_abs_difference"] == pytest.approx(2e-4)
+    other = study_pieces.published_seed0("uncertainty_study", "margin3", {"Dice": 0.848, "ECE": 0.056})
+    assert not other["reproduced"] and other["max_abs_difference"] == pytest.approx(4e-3)
+    assert study_pieces.published_seed0("uncertainty_study", "ce", {"Dice": 0.8}) is None  # nothing published
+
+
+def test_an_unknown_configuration_is_refused_with_the_known_ones(tmp_path):
+    with pytest.raises(SystemExit, match="'cee' is not a configuration of newer_losses: one of .*'mdca'"):
+        study_pieces.run_piece("newer_losses", "cee", tmp_path, 1)
+
+
+@pytest.mark.slow  # three tiny trainings in subprocesses and five evaluations: about a minute on 2 cores
+def test_a_piece_trains_evaluates_every_predictor_and_resumes_without_training_again(tmp_path, monkeypatch):
+    tiny = Study({"ce": ["loss=ce"]}, {"ce": "CE"}, seeds=(0, 1), dropout=0.3, mc_samples=2, tta_seeds=(0,),
+                 ensembles=True, extra=("evaluation.bootstrap_samples=10",),
+                 base=(*TINY_2D, "trainer.deterministic=true", "evaluation.bootstrap_samples=10"))
+    monkeypatch.setitem(study_pieces.STUDIES, "tiny", tiny)
+    monkeypatch.setattr(study_pieces, "results_dir", lambda study: tmp_path / "docs" / study)
+    out = study_pieces.run_piece("tiny", "ce", tmp_path / "runs", 2)
+    rows = list(csv.DictReader(open(out / "per_evaluation.csv")))
+    assert {r["predictor"] for r in rows} == {
+        "single", "single + T", "ensemble of 2", "ensemble of 2 + T (pooled)",
+        "ensemble of 2 + T (each network's, then pooled)", "TTA (flips)", "TTA (flips) + T (pooled)",
+        "dropout net, one pass", "dropout net, one pass + T", "MC dropout (2)", "MC dropout (2) + T (pooled)"}
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == [
+        "dropout_seed0", "ensemble", "ensemble_pool_after", "mc2_seed0", "single_seed0", "single_seed1",
+        "tta_flips_seed0"]
+    ensemble = json.loads((out / "ensemble/summary.json").read_text())
+    row = next(r for r in rows if r["predictor"] == "ensemble of 2")
+    assert float(row["Dice"]) == pytest.approx(ensemble["mean_foreground_dice"])
+    assert (out / "mc2_seed0/per_case.csv").is_file()
+    piece = json.loads((out / "piece.json").read_text())
+    assert set(piece["training_seconds"]) == {"seed0", "seed1", "dropout_seed0"}
+    assert all(s > 0 for s in piece["training_seconds"].values()) and piece["load_average"]["cores"]
+    study_pieces.run_piece("tiny", "ce", tmp_path / "runs", 2)  # the run folders are there: nothing trains again
+    again = json.loads((out / "piece.json").read_text())
+    assert all(s == 0 for s in again["training_seconds"].values())
+    assert [r["Dice"] for r in csv.DictReader(open(out / "per_evaluation.csv"))] == [r["Dice"] for r in rows]
