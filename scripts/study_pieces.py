@@ -19,12 +19,15 @@ tables are written under ``docs/results/<study>/<config>/``:
 Commit them before starting the next piece. ``--table`` assembles ``table.md`` and ``per_evaluation.csv`` of the
 whole study from the committed pieces only (never from run folders), and rewrites the study's README.md (which
 pieces exist, the command of the next). Nothing is selected on the test split: every temperature is fitted on
-the validation split. Runs are deterministic (``experiment=hippocampus_study``), so a piece reruns exactly.
+the validation split. Runs are deterministic (``experiment=hippocampus_study``): on the same machine and software
+a piece reruns exactly (another CPU can move a figure in its third decimal: ``piece.json`` compares seed 0 with
+the figures published before).
 
 Studies:
 - ``uncertainty_study`` (issue #23): CE, CE + Dice, focal, LS and the margin loss (m = 3), three seeds each: the
-  single networks raw and scaled, the three-seed ensemble pooled before and after scaling, TTA (flips) of
-  seed 0, and MC dropout (10 samples) of one network trained with ``model.dropout=0.2``.
+  single networks raw and scaled, the three-seed ensemble pooled before and after scaling, TTA of seed 0 (flips,
+  and noise: the networks are trained without flips, see docs/results.md), and MC dropout (10 samples) of one
+  network trained with ``model.dropout=0.2``.
 - ``newer_losses``: the newer losses in the loss study's protocol (one seed, raw and after temperature scaling).
 - ``ensembles_under_shift``: the three-seed ensembles of CE + Dice and of the margin loss under ROOD-MRI
   (``shift=rood_mri``), raw and scaled; needs the configuration's seeds (retrained when their run folders
@@ -67,6 +70,7 @@ class Study:
     dropout: float | None = None   # a run per configuration trained with model.dropout, seed 0, for MC dropout
     mc_samples: int = 10
     tta_seeds: tuple[int, ...] = ()
+    tta: tuple[str, ...] = ("flips",)  # the TTA kinds evaluated, each alone (evaluate.py tta=[<kind>])
     ensembles: bool = False
     shift: str | None = None       # a corruption suite for the configuration's ensemble
     extra: tuple[str, ...] = ()    # overrides of every evaluation
@@ -85,6 +89,7 @@ NEWER_LABELS = {"hardl1ace_dice_ce": "hard mL1-ACE + Dice + CE", "softl1ace_dice
                 "ce_dml": "CE + Dice semimetric loss"}
 STUDIES = {
     "uncertainty_study": Study(UNCERTAINTY_ARMS, UNCERTAINTY_LABELS, seeds=(0, 1, 2), dropout=0.2, tta_seeds=(0,),
+                               tta=("flips", "noise"),
                                ensembles=True),
     "newer_losses": Study(NEWER_ARMS, NEWER_LABELS),
     "ensembles_under_shift": Study({k: UNCERTAINTY_ARMS[k] for k in ("ce_dice", "margin3")}, UNCERTAINTY_LABELS,
@@ -240,11 +245,12 @@ def run_piece(study_name: str, config: str, runs_root: Path, parallel: int) -> P
                                                                  f"eval_dir={evals / 'ensemble_pool_after'}"])
                 add(f"ensemble of {n} + T (each network's, then pooled)", "all", _scaled(after), seconds,
                     evals / "ensemble_pool_after", "ensemble_pool_after")
-        for seed in study.tta_seeds:
+        for seed, kind in ((s, k) for s in study.tta_seeds for k in study.tta):
+            slug = f"tta_{kind}_seed{seed}"
             tta, seconds = _evaluate("single", runs / f"seed{seed}/checkpoints/best.pt",
-                                     ["tta=[flips]", *study.extra, f"eval_dir={evals / f'tta_flips_seed{seed}'}"])
-            add("TTA (flips)", seed, tta, seconds, evals / f"tta_flips_seed{seed}", f"tta_flips_seed{seed}")
-            add("TTA (flips) + T (pooled)", seed, _scaled(tta), 0.0, None, None)
+                                     [f"tta=[{kind}]", *study.extra, f"eval_dir={evals / slug}"])
+            add(f"TTA ({kind})", seed, tta, seconds, evals / slug, slug)
+            add(f"TTA ({kind}) + T (pooled)", seed, _scaled(tta), 0.0, None, None)
         if study.dropout:
             run = runs / "dropout_seed0"
             alone = json.loads((run / "eval/test/summary.json").read_text())
