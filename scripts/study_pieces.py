@@ -217,7 +217,7 @@ def run_piece(study_name: str, config: str, runs_root: Path, parallel: int) -> P
     def add(predictor: str, seed, summary: dict | None, seconds: float, source: Path | None, slug: str | None):
         if summary is None:
             return
-        rows.extend({**r, "seed": seed} for r in _rows(label, predictor, [summary], seconds))
+        rows.extend({**r, "seed": seed, "evaluation": slug or ""} for r in _rows(label, predictor, [summary], seconds))
         if source is not None and slug is not None:
             copy_raw(source, out / slug)
             costs[slug] = round(seconds, 1)
@@ -262,6 +262,11 @@ def run_piece(study_name: str, config: str, runs_root: Path, parallel: int) -> P
             add(f"MC dropout ({k})", 0, mc, seconds, evals / f"mc{k}_seed0", f"mc{k}_seed0")
             add(f"MC dropout ({k}) + T (pooled)", 0, _scaled(mc), 0.0, None, None)
     out.mkdir(parents=True, exist_ok=True)
+    earlier = json.loads((out / "piece.json").read_text()) if (out / "piece.json").is_file() else {}
+    train_seconds = kept_costs(train_seconds, earlier.get("training_seconds"))
+    costs = kept_costs(costs, earlier.get("evaluation_seconds"))
+    for row in rows:  # an evaluation read back costs what it cost when it ran
+        row["seconds"] = row["seconds"] or costs.get(row["evaluation"], 0.0)
     write_rows(out / "per_evaluation.csv", rows)
     seed0 = next((r for r in rows if r["predictor"] == "single" and r["seed"] == 0), None)
     piece = {"study": study_name, "configuration": config, "label": label,
@@ -270,15 +275,23 @@ def run_piece(study_name: str, config: str, runs_root: Path, parallel: int) -> P
              "parallel_trainings": parallel, "torch_threads_per_training": 1,
              "training_seconds": train_seconds, "evaluation_seconds": costs,
              "seed0_against_published": published_seed0(study_name, config, seed0) if seed0 else None,
-             "command": f"python scripts/study_pieces.py {study_name} --config {config}"}
+             "command": f"python scripts/study_pieces.py {study_name} --config {config}",
+             "earlier_runs": earlier.get("earlier_runs", []) + ([{k: earlier.get(k) for k in (
+                 "commit", "started", "finished", "load_average", "note")}] if earlier else [])}
     (out / "piece.json").write_text(json.dumps(piece, indent=2) + "\n")
     log.info("%s/%s written to %s: commit it before the next piece", study_name, config, out)
     return out
 
 
+def kept_costs(now: dict[str, float], earlier: dict[str, float] | None) -> dict[str, float]:
+    """This run's seconds, and an earlier run's where this one read the result back (0 s): a piece that is run
+    again to add an evaluation keeps what the others cost."""
+    return {k: v or (earlier or {}).get(k, 0.0) for k, v in now.items()}
+
+
 def write_rows(path: Path, rows: list[dict]) -> None:
     with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["configuration", "predictor", "seed", "seconds", *COLUMNS])
+        writer = csv.DictWriter(f, fieldnames=["configuration", "predictor", "seed", "evaluation", "seconds", *COLUMNS])
         writer.writeheader()
         writer.writerows(rows)
 
@@ -323,12 +336,14 @@ def readme(study_name: str, done: dict[str, dict]) -> str:
              "Each folder holds `per_evaluation.csv`, every evaluation's `summary.json` and `per_case.csv`, and "
              "`piece.json` (commit, load, cost). `table.md` and `per_evaluation.csv` here are assembled from "
              "the folders by `python scripts/study_pieces.py " + study_name + " --table`, never from run folders.",
-             "", "| configuration | commit | finished | load (mean / max on the cores) | training s | evaluation s |",
+             "", "| configuration | commit | finished | load average (mean / max of each run of the piece) | training s "
+             "| evaluation s |",
              "|---|---|---|---|---|---|"]
     for config, piece in done.items():
-        load = piece["load_average"]
-        lines.append(f"| {config} | {piece['commit']} | {piece['finished']} | {load['mean']} / {load['max']} on "
-                     f"{load['cores']} | {sum(piece['training_seconds'].values()):.0f} | "
+        loads = "; then ".join(f"{r['load_average']['mean']} / {r['load_average']['max']}"
+                               for r in [*piece.get("earlier_runs", []), piece])
+        lines.append(f"| {config} | {piece['commit']} | {piece['finished']} | {loads} on "
+                     f"{piece['load_average']['cores']} | {sum(piece['training_seconds'].values()):.0f} | "
                      f"{sum(piece['evaluation_seconds'].values()):.0f} |")
     lines += ["", "Pieces still to run: " + (", ".join(missing) if missing else "none (the study is complete)") + "."]
     if missing:
