@@ -20,14 +20,17 @@ e.g. minus its aggregated uncertainty):
   selective risk (generalised risk: 0). Selective risk: the mean risk of the cases kept; generalised risk:
   their risk summed over all n cases.
 * :func:`aurc` and :func:`augrc` — minus the trapezoid integral over coverage of those curves, **unscaled**
-  (fd-shifts displays them x 1000); :func:`eaurc` — AURC minus that of the optimal order (the risks sorted
-  ascending, each case its own confidence), the continuous-risk optimum of fd-shifts.
+  (fd-shifts displays them x 1000); :func:`eaurc` — AURC minus fd-shifts' optimum :func:`optimal_aurc`: for
+  binary risks (all 0 or 1) the analytic :math:`\\hat r + (1 - \\hat r)\\ln(1 - \\hat r)`, which a perfect order of
+  few cases can beat (E-AURC slightly negative); otherwise the AURC of the risks sorted ascending, each case its
+  own confidence.
 * :func:`aggregate_uncertainty` — ValUES' case scores of a voxel map: its sum over the image, the largest sum
   over ``patch``-voxel windows (10 per axis, cut to the image where it is smaller), or the mean of the voxels
   at or above a threshold taken from the validation split (0 when none is).
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -142,11 +145,24 @@ def augrc(confidence: Sequence[float], risk: Sequence[float]) -> float:
     return _area(curve["generalized_risk"], curve["coverage"])
 
 
-def eaurc(confidence: Sequence[float], risk: Sequence[float]) -> float:
-    """AURC minus that of the optimal order (the lowest risk most confident, every case its own confidence)."""
+def optimal_aurc(risk: Sequence[float]) -> float:
+    """The AURC of an optimal confidence, as fd-shifts' ``aurc_optimal`` (Traub et al. 2024).
+
+    Binary risks (every one 0 or 1), with error rate :math:`\\hat r`: the analytic optimum of Geifman et al.
+    (ICLR 2019), :math:`\\hat r + (1 - \\hat r)\\ln(1 - \\hat r)` (1 at :math:`\\hat r = 1`, its limit; fd-shifts
+    adds float64 eps inside the log). Otherwise: the AURC of the risks sorted ascending, every case its own
+    confidence, with the same trapezoid as :func:`aurc`."""
     r = np.asarray(risk, dtype=np.float64)
+    if r.size and np.all((r == 0) | (r == 1)):
+        err = float(r.mean())
+        return 1.0 if err == 1.0 else err + (1.0 - err) * math.log1p(-err)
     optimal = -np.arange(r.size, dtype=np.float64)  # strictly decreasing confidence along the ascending risks
-    return aurc(confidence, risk) - aurc(optimal, np.sort(r))
+    return aurc(optimal, np.sort(r))
+
+
+def eaurc(confidence: Sequence[float], risk: Sequence[float]) -> float:
+    """E-AURC: :func:`aurc` minus :func:`optimal_aurc` (Geifman et al., ICLR 2019; fd-shifts)."""
+    return aurc(confidence, risk) - optimal_aurc(risk)
 
 
 def aggregate_uncertainty(uncertainty: torch.Tensor, method: str, patch: int = 10,

@@ -173,3 +173,18 @@ def test_window_sums_equal_average_pooling_times_the_window():
     assert torch.allclose(window_sums(u, 5), pooled)
     assert torch.allclose(window_sums(u, 10)[..., :], torch.nn.functional.avg_pool3d(
         u[None, None], (10, 10, 7), stride=1)[0, 0] * 700)
+
+
+def test_eaurc_of_binary_risks_uses_the_analytic_optimum_of_fd_shifts():
+    # risks 0/1 with error rate r: AURC* = r + (1 - r) ln(1 - r) (Geifman et al.; fd-shifts' binary case), not the
+    # discrete optimum of the sorted risks: for [0, 0, 1, 1] the latter is 0.25 (1/2 + 1/3) / 2 + 0.25 (1/3) / 2 = 7/48
+    conf, risk = [0.9, 0.8, 0.7, 0.6], [0.0, 1.0, 0.0, 1.0]
+    analytic = 0.5 + 0.5 * math.log(0.5)
+    assert math.isclose(eaurc(conf, risk), aurc(conf, risk) - analytic, abs_tol=1e-12)
+    assert not math.isclose(analytic, 7 / 48, abs_tol=1e-3)
+    assert math.isclose(eaurc(conf, [1.0, 1.0, 1.0, 1.0]), 0.0, abs_tol=1e-12)  # r = 1: AURC* = 1, its limit
+    assert math.isclose(eaurc(conf, [0.0] * 4), 0.0, abs_tol=1e-12)
+    # a single non-binary risk: the discrete optimum of the sorted risks, as before
+    risk = [0.0, 1.0, 0.5, 1.0]
+    best = _aurc_brute(-np.arange(4), np.sort(risk))[0]
+    assert math.isclose(eaurc(conf, risk), aurc(conf, risk) - best, abs_tol=1e-12)
