@@ -86,6 +86,15 @@ class PooledAUROC:
         pairs = (self.errors * (below + 0.5 * self.correct)).sum().item()
         return pairs / (n_pos * n_neg)
 
+    def max_error(self) -> float:
+        """The largest difference to the exact AUROC of the same voxels: each (error, correct) pair of one bin
+        is counted 1/2 where the exact AUROC counts 0, 1/2 or 1, so :math:`\\sum_b e_b c_b / (2 n_+ n_-)`
+        (:math:`e_b, c_b` the bin's error and correct voxels); NaN where the AUROC is."""
+        n_pos, n_neg = self.errors.sum().item(), self.correct.sum().item()
+        if n_pos == 0 or n_neg == 0:
+            return float("nan")
+        return (self.errors * self.correct).sum().item() / (2 * n_pos * n_neg)
+
 
 def ue_dice(uncertainty: torch.Tensor, errors: torch.Tensor,
             thresholds: Sequence[float] = UEO_THRESHOLDS) -> torch.Tensor:
@@ -272,6 +281,7 @@ class FailureDetection:
             ueo_value, threshold = ueo(self.ue[name]) if self.ue[name] else (float("nan"), None)
             entry = {"voxel_auroc": float(np.mean(values)) if values else float("nan"),
                      "voxel_auroc_cases": len(values), "voxel_auroc_pooled": self.pooled[name].aggregate(),
+                     "voxel_auroc_pooled_max_error": self.pooled[name].max_error(),
                      "ueo": ueo_value, "ueo_threshold": threshold}
             for method in self.AGGREGATIONS:
                 conf = -np.asarray(self.scores[name][method])[defined]

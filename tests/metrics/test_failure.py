@@ -188,3 +188,21 @@ def test_eaurc_of_binary_risks_uses_the_analytic_optimum_of_fd_shifts():
     risk = [0.0, 1.0, 0.5, 1.0]
     best = _aurc_brute(-np.arange(4), np.sort(risk))[0]
     assert math.isclose(eaurc(conf, risk), aurc(conf, risk) - best, abs_tol=1e-12)
+
+
+def test_pooled_auroc_bound_by_hand_and_it_holds():
+    # 2 bins: errors at 0.1 (bin 0) and 0.6 (bin 1), correct voxels at 0.2, 0.4 (bin 0) and 0.9 (bin 1)
+    u, e = torch.tensor([0.1, 0.6, 0.2, 0.4, 0.9]), torch.tensor([True, True, False, False, False])
+    pooled = PooledAUROC(bins=2)
+    pooled.update(u, e)
+    # pooled: error 0.1 ties both of bin 0 (1), error 0.6 beats bin 0 and ties 0.9 (2.5): 3.5 / 6; exact: 2 / 6
+    assert math.isclose(pooled.aggregate(), 3.5 / 6) and math.isclose(auroc(u, e), 2 / 6)
+    # the bound: every same-bin pair counted 1/2 instead of 0 or 1: (1 x 2 + 1 x 1) / (2 x 6), reached here
+    assert math.isclose(pooled.max_error(), 0.25)
+    g = torch.Generator().manual_seed(5)
+    fine = PooledAUROC()
+    u = torch.rand(3000, generator=g) ** 4  # crowded near 0: same-bin pairs
+    e = torch.rand(3000, generator=g) < u
+    fine.update(u, e)
+    assert 0 < fine.max_error() < 1e-3 and abs(fine.aggregate() - auroc(u, e)) <= fine.max_error()
+    assert math.isnan(PooledAUROC(bins=2).max_error())
