@@ -271,6 +271,7 @@ def test_the_report_compares_predictors_and_draws_risk_coverage(runs, make_cfg, 
     ensemble = _read(next((runs.root / "sweep/ensembles").glob("ensemble2-*/test/summary.json")))
     assert f"{ensemble['mean_foreground_dice']:.3f}" in rows["ensemble of 2"]
     assert (out / "risk_coverage_selected.png").is_file()
+    assert "case risk macro (1 - macro foreground Dice" in text and "voxels of region `union_foreground`" in text
     assert "## Under shift" not in text  # nothing evaluated under shift: no section, table or figure
     assert not (out / "shift.csv").exists() and not list(out.glob("shift_severity*.png"))
 

@@ -274,7 +274,7 @@ class FailureDetection:
                  region: torch.Tensor | None, risk: float) -> dict:
         inside = (lambda t: t[region]) if region is not None else (lambda t: t.reshape(-1))
         e = inside(errors.bool())
-        row = {"case": case_id, "risk": risk}
+        row = {"case": case_id, "risk": risk, "risk_definition": self.risk, "voxel_region": self.region}
         for name in self.maps:
             u = maps[name].float()
             voxels = inside(u)

@@ -243,6 +243,7 @@ def test_the_summary_names_its_risk_and_voxel_region_beside_each_figure():
     assert summary["protocol"]["voxel_region"] == "all" and summary["protocol"]["risk_definition"] == "micro"
     assert "micro" in summary["protocol"]["risk"] and "all" in summary["protocol"]["error_voxels"]
     assert summary["predictive_entropy"]["voxel_region"] == "all"
+    assert (fd.rows[0]["risk_definition"], fd.rows[0]["voxel_region"]) == ("micro", "all")  # failure_per_case.csv
     default = FailureDetection(["predictive_entropy"]).summary()["protocol"]
     assert (default["voxel_region"], default["risk_definition"]) == ("union_foreground", "macro")
     with pytest.raises(ValueError, match="risk='dice'"):
