@@ -80,7 +80,8 @@ class TrainerConfig:
 
 
 REGIONS = ("label_foreground", "union_foreground", "all", "boundary")  # where calibration is measured
-HD_DEFINITIONS = ("max_directed", "pooled")  # how the percentile Hausdorff distance pools two directions
+HD_DEFINITIONS = ("max_directed", "pooled")
+FAILURE_RISKS = ("macro", "micro")  # a case's risk for failure detection (mcseg.metrics.failure.RISKS)  # how the percentile Hausdorff distance pools two directions
 
 
 @dataclass
@@ -96,6 +97,9 @@ class EvalProtocol:
     save_uncertainty: bool = False
     # AUROC, UEO, AURC/E-AURC/AUGRC of the uncertainty maps (mcseg.metrics.failure) in every summary
     failure_detection: bool = True
+    # its voxel region (voxel AUROC, UEO): null = `region`; `all` = the whole image, as Jungo & Reyes
+    failure_region: str | None = None
+    failure_risk: str = "macro"  # a case's risk: 1 - macro (mean over classes) | micro (over voxels, ValUES) Dice
     # reliability.png and reliability_histogram.png (their CSVs are written either way); about 1.4 s an
     # evaluation on 2 cores, so debug=fast, which the tests use, turns them off
     figures: bool = True
@@ -109,6 +113,9 @@ class EvalProtocol:
             "hd_percentile": (0 <= self.hd_percentile <= 100, "a percentile in [0, 100]"),
             "hd_definition": (self.hd_definition in HD_DEFINITIONS, f"one of {', '.join(HD_DEFINITIONS)}"),
             "bootstrap_samples": (self.bootstrap_samples >= 0, "an integer >= 0"),
+            "failure_region": (self.failure_region is None or self.failure_region in REGIONS,
+                               f"null (the calibration region) or one of {', '.join(REGIONS)}"),
+            "failure_risk": (self.failure_risk in FAILURE_RISKS, f"one of {', '.join(FAILURE_RISKS)}"),
         }
         for key, (ok, expected) in checks.items():
             if not ok:

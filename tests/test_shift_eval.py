@@ -30,6 +30,16 @@ def _evaluate(out: Path, *overrides):
                                                 *overrides], out))
 
 
+def test_a_clean_evaluation_from_before_the_failure_detection_options_is_still_of_the_same_protocol():
+    from mcseg.engine.shift_eval import _same_origin
+
+    now = {"region": "union_foreground", "failure_region": None, "failure_risk": "macro"}
+    older = {"protocol": {"region": "union_foreground"}}  # a summary written before the two keys existed
+    assert _same_origin(older, "ab" * 32, now, None) is None
+    assert _same_origin(older, "ab" * 32, {**now, "failure_region": "all"}, None) == (
+        "another evaluation protocol (evaluation.*)")
+
+
 def test_a_shift_suite_writes_one_evaluation_per_condition_and_a_summary(tiny_run, tmp_path):
     clean = tiny_run / "eval" / "test"
     official = (clean / "summary.json").read_bytes()

@@ -86,6 +86,32 @@ def test_tta_flips_pool_the_flipped_back_probabilities_of_every_view():
     torch.testing.assert_close(torch.softmax(logits, 0), want, rtol=1e-5, atol=1e-6)  # logits: ln of the mean
 
 
+@pytest.mark.parametrize("region, risk", [(None, "macro"), ("all", "micro")])
+def test_failure_detection_scores_its_own_region_with_its_own_risk(region, risk):
+    from mcseg.engine.evaluator import EvalProtocol, Evaluator
+    from mcseg.engine.predict import evaluate_cases
+    from mcseg.metrics.failure import FailureDetection, micro_foreground_dice
+    from mcseg.metrics.uncertainty import MAPS
+
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1)
+    case = CaseData("c1", torch.randn(1, 8, 8, generator=g).numpy(),
+                    torch.randint(0, 3, (8, 8), generator=g).numpy(), (1.0, 1.0), np.eye(4))
+    protocol = EvalProtocol(failure_region=region, failure_risk=risk)
+    evaluator = Evaluator(3, ["bg", "a", "b"], protocol)
+    failure = FailureDetection(MAPS, region=protocol.failure_region or protocol.region, risk=risk)
+    kept = evaluate_cases(_predictor(Tilt().eval()), [case], evaluator, lambda c, p: (p, c.label, c.spacing, c.affine),
+                          keep=1, failure=failure)
+    pred, label = kept[0][1], torch.from_numpy(case.label)
+    scored = int(failure.pooled["predictive_entropy"].errors.sum() + failure.pooled["predictive_entropy"].correct.sum())
+    if region == "all":  # the whole image, as Jungo & Reyes; the risk: micro Dice over the foreground voxels
+        assert scored == 64 and failure.risks == [pytest.approx(1 - micro_foreground_dice(pred, label))]
+    else:  # the calibration region (union of the foregrounds) and 1 - the mean of the classes' Dice
+        assert scored == int(((label > 0) | (pred > 0)).sum()) < 64
+        assert failure.risks == [pytest.approx(1 - evaluator.summary()["mean_foreground_dice"])]
+    assert failure.summary()["protocol"]["voxel_region"] == (region or "union_foreground")
+
+
 def test_mc_dropout_samples_differ_are_seeded_per_case_and_keep_normalisation_in_eval():
     torch.manual_seed(0)
     model = Tilt().eval()
@@ -139,7 +165,8 @@ def test_an_ensemble_pools_its_members_probabilities():
 
 
 # -------------------------------------------------------------------------------------------- evaluations
-def test_every_evaluation_reports_failure_detection_and_a_single_network_has_no_epistemic_part(runs):
+def test_every_evaluation_reports_failure_detection_and_a_single_network_has_no_epistemic_part(runs, make_cfg,
+                                                                                               tmp_path):
     summary = _read(runs.s0 / "eval/test/summary.json")
     fd = summary["failure_detection"]
     assert set(fd) == {"protocol", "predictive_entropy", "expected_entropy", "mutual_information",
@@ -149,6 +176,12 @@ def test_every_evaluation_reports_failure_detection_and_a_single_network_has_no_
                                                                                  0.7, 0.8, 0.9, 0.95)
     assert entry["image"]["aurc"] >= 0 and entry["image"]["eaurc"] >= -1e-12 and entry["image"]["augrc"] >= 0
     assert fd["mutual_information"]["ueo"] <= fd["predictive_entropy"]["ueo"] + 1e-9  # MI is 0 everywhere
+    assert (fd["protocol"]["voxel_region"], fd["protocol"]["risk_definition"]) == ("union_foreground", "macro")
+    jungo = _evaluate(make_cfg, tmp_path / "job", f"ckpt={runs.s0}", "evaluation.failure_region=all",
+                      "evaluation.failure_risk=micro", f"eval_dir={tmp_path / 'jungo'}")
+    assert (jungo["failure_detection"]["protocol"]["voxel_region"], jungo["failure_detection"]["predictive_entropy"][
+        "voxel_region"], jungo["failure_detection"]["protocol"]["risk_definition"]) == ("all", "all", "micro")
+    assert jungo["protocol"]["region"] == "union_foreground"  # calibration keeps its own region
     assert "predictor" not in summary  # one network: no members
 
 
@@ -238,6 +271,7 @@ def test_the_report_compares_predictors_and_draws_risk_coverage(runs, make_cfg, 
     ensemble = _read(next((runs.root / "sweep/ensembles").glob("ensemble2-*/test/summary.json")))
     assert f"{ensemble['mean_foreground_dice']:.3f}" in rows["ensemble of 2"]
     assert (out / "risk_coverage_selected.png").is_file()
+    assert "case risk macro (1 - macro foreground Dice" in text and "voxels of region `union_foreground`" in text
     assert "## Under shift" not in text  # nothing evaluated under shift: no section, table or figure
     assert not (out / "shift.csv").exists() and not list(out.glob("shift_severity*.png"))
 

@@ -80,7 +80,8 @@ def evaluate_split(
                     for name, fits in (per_network or {}).items()})
     described = {name: fits[0] for name, fits in (per_network or {}).items()}
     dataset.prepare(refs)
-    failure = FailureDetection(MAPS) if protocol.failure_detection else None
+    failure = (FailureDetection(MAPS, region=protocol.failure_region or protocol.region, risk=protocol.failure_risk)
+               if protocol.failure_detection else None)
     cases = (dataset.load(ref) for ref in tqdm(refs, desc=f"evaluating {len(refs)} cases", leave=False,
                                                 dynamic_ncols=True, disable=not progress))  # one in memory at a time
     evaluate_cases(predictor, cases, evaluator, dataset.restore, out_dir, save_predictions, save_probabilities,

@@ -178,11 +178,12 @@ class Evaluator:
         if not self.multilabel and bool((sample.sum(0) - 1).abs().max() > 1e-3):
             raise ValueError(f"case {case_id}: softmax probabilities do not sum to 1 over the channels")
 
-    def region_of(self, label: torch.Tensor, prediction: torch.Tensor, spacing) -> torch.Tensor | None:
-        """The protocol's voxel region of one case (None: every voxel); multi-label: the union of the
-        regions' own (failure detection scores a voxel once)."""
+    def region_of(self, label: torch.Tensor, prediction: torch.Tensor, spacing,
+                  region: str | None = None) -> torch.Tensor | None:
+        """The voxel region ``region`` (default: the protocol's) of one case (None: every voxel); multi-label:
+        the union of the regions' own (failure detection scores a voxel once)."""
         def one(y, p):
-            return region_mask(self.protocol.region, y, p, spacing, self.protocol.boundary_width_mm)
+            return region_mask(region or self.protocol.region, y, p, spacing, self.protocol.boundary_width_mm)
         if not self.multilabel:
             return one(label, prediction)
         masks = [one(label[r].long(), prediction[r].long()) for r in range(label.shape[0])]

@@ -15,7 +15,7 @@ from mcseg.data.io import write_nifti
 from mcseg.engine.evaluator import Evaluator
 from mcseg.engine.inference import InferenceConfig, predict_logits
 from mcseg.engine.members import case_seed, check_members, flip_views, mc_dropout, noisy_inputs, seeded
-from mcseg.metrics.failure import FailureDetection
+from mcseg.metrics.failure import FailureDetection, micro_foreground_dice
 from mcseg.metrics.uncertainty import MemberAccumulator, entropy, normalise
 from mcseg.runtime import share_cpu
 
@@ -182,7 +182,7 @@ def evaluate_cases(
 
     ``failure`` receives each case's normalised uncertainty maps (:func:`uncertainty_maps` on the label's grid:
     ``restore_maps`` maps several members' back, as ``restore`` does probabilities), its error voxels inside
-    the protocol's region and its risk; ``save_uncertainty`` writes the maps (in nats) as NIfTI.
+    ``failure.region`` and its risk (``failure.risk``: 1 - the macro or micro foreground Dice); ``save_uncertainty`` writes the maps (in nats) as NIfTI.
     """
     predictor.eval()
     after = {name: t.transforms for name, (t, _, _) in (posthoc or {}).items() if isinstance(t, PerNetwork)}
@@ -210,8 +210,10 @@ def evaluate_cases(
             maps = uncertainty_maps(case, probs, members, restore_maps, predictor.multilabel)
         if failure is not None:
             errors = (pred != label).any(0) if predictor.multilabel else pred != label
+            dice = (row["mean_foreground_dice"] if failure.risk == "macro" else
+                    micro_foreground_dice(pred, label, predictor.multilabel))
             failure.add_case(case.case_id, normalise(maps, probs.shape[0], predictor.multilabel), errors,
-                             evaluator.region_of(label, pred, spacing), 1.0 - row["mean_foreground_dice"])
+                             evaluator.region_of(label, pred, spacing, failure.region), 1.0 - dice)
         ref = case.meta.get("ref") if case.meta else None
         source = ref.image_paths[0] if ref is not None and ref.image_paths else None  # its header is copied
         if pred_dir is not None and save_predictions:

@@ -68,7 +68,9 @@ def _same_origin(summary: dict, sha256: str, protocol: dict, inference: dict | N
     if (prov.get("checkpoint") or {}).get("sha256", sha256) != sha256:
         return f"checkpoint sha256 {prov['checkpoint']['sha256'][:8]}, not {sha256[:8]}"
     def numbers(record: dict | None) -> dict:  # what the figures depend on, not which files are written
-        return {k: v for k, v in (record or {}).items() if k not in ("figures", "save_uncertainty")}
+        # summaries written before failure detection took its own region and risk used these defaults
+        record = {"failure_region": None, "failure_risk": "macro", **(record or {})}
+        return {k: v for k, v in record.items() if k not in ("figures", "save_uncertainty")}
 
     if numbers(summary.get("protocol")) != numbers(protocol):
         return "another evaluation protocol (evaluation.*)"

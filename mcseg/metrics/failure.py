@@ -1,6 +1,7 @@
 """Does the uncertainty find the errors? Voxel-level and case-level failure detection.
 
-Voxel level (errors: voxels whose arg-max differs from the label, inside the protocol's region):
+Voxel level (errors: voxels whose arg-max differs from the label, inside failure detection's voxel region:
+by default the calibration region, ``all`` for the whole image as Jungo & Reyes):
 
 * :func:`auroc` — the AUROC of an uncertainty map for the error voxels (positives: errors, score: the
   uncertainty), ties counted half (the Mann-Whitney statistic with average ranks). It equals fd-shifts'
@@ -12,28 +13,38 @@ Voxel level (errors: voxels whose arg-max differs from the label, inside the pro
   at their 11 thresholds :data:`UEO_THRESHOLDS`. :func:`ueo`: the maximum over t of the **dataset mean**
   UE-Dice, with the threshold that reaches it (chosen per method over the cases, not per case).
 
-Case level (fd-shifts, Traub et al. 2024; risk of a case, e.g. 1 - foreground Dice, and its confidence,
-e.g. minus its aggregated uncertainty):
+Case level (fd-shifts, Traub et al. 2024; risk of a case and its confidence, e.g. minus its aggregated
+uncertainty). :data:`RISKS`: ``macro``, 1 - the mean over foreground classes of their Dice (mcseg's
+``mean_foreground_dice``), or ``micro``, 1 - :func:`micro_foreground_dice` (ValUES, Kahl et al. ICLR 2024:
+torchmetrics' ``dice(ignore_index=0)``, whose default average is micro):
 
 * :func:`risk_coverage` — remove the least confident cases first; one point at coverage 1, one after each
   change of confidence (tied cases leave together), and a last point at coverage 0 that repeats the last
   selective risk (generalised risk: 0). Selective risk: the mean risk of the cases kept; generalised risk:
   their risk summed over all n cases.
 * :func:`aurc` and :func:`augrc` — minus the trapezoid integral over coverage of those curves, **unscaled**
-  (fd-shifts displays them x 1000); :func:`eaurc` — AURC minus that of the optimal order (the risks sorted
-  ascending, each case its own confidence), the continuous-risk optimum of fd-shifts.
+  (fd-shifts displays them x 1000); :func:`eaurc` — AURC minus fd-shifts' optimum :func:`optimal_aurc`: for
+  binary risks (all 0 or 1) the analytic :math:`\\hat r + (1 - \\hat r)\\ln(1 - \\hat r)`, which a perfect order of
+  few cases can beat (E-AURC slightly negative); otherwise the AURC of the risks sorted ascending, each case its
+  own confidence.
 * :func:`aggregate_uncertainty` — ValUES' case scores of a voxel map: its sum over the image, the largest sum
   over ``patch``-voxel windows (10 per axis, cut to the image where it is smaller), or the mean of the voxels
   at or above a threshold taken from the validation split (0 when none is).
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 
 UEO_THRESHOLDS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
+#: a case's risk: 1 - its macro (mean over foreground classes) or micro (over foreground voxels) Dice
+RISKS = {"macro": "1 - macro foreground Dice: the mean over foreground classes of the case's Dice "
+                  "(mean_foreground_dice; classes absent from label and prediction left out)",
+         "micro": "1 - micro foreground Dice: 2 sum_c |P_c & L_c| / sum_c (|P_c| + |L_c|) over the foreground "
+                  "classes c (ValUES: torchmetrics dice, ignore_index=0, micro average)"}
 
 
 # ------------------------------------------------------------------------------------------- voxel level
@@ -83,6 +94,15 @@ class PooledAUROC:
         pairs = (self.errors * (below + 0.5 * self.correct)).sum().item()
         return pairs / (n_pos * n_neg)
 
+    def max_error(self) -> float:
+        """The largest difference to the exact AUROC of the same voxels: each (error, correct) pair of one bin
+        is counted 1/2 where the exact AUROC counts 0, 1/2 or 1, so :math:`\\sum_b e_b c_b / (2 n_+ n_-)`
+        (:math:`e_b, c_b` the bin's error and correct voxels); NaN where the AUROC is."""
+        n_pos, n_neg = self.errors.sum().item(), self.correct.sum().item()
+        if n_pos == 0 or n_neg == 0:
+            return float("nan")
+        return (self.errors * self.correct).sum().item() / (2 * n_pos * n_neg)
+
 
 def ue_dice(uncertainty: torch.Tensor, errors: torch.Tensor,
             thresholds: Sequence[float] = UEO_THRESHOLDS) -> torch.Tensor:
@@ -104,6 +124,22 @@ def ueo(per_case: Sequence[torch.Tensor], thresholds: Sequence[float] = UEO_THRE
 
 
 # -------------------------------------------------------------------------------------------- case level
+def micro_foreground_dice(prediction: torch.Tensor, label: torch.Tensor, multilabel: bool = False) -> float:
+    """The Dice of all foreground voxels together (Kahl et al., ICLR 2024, ValUES' risk):
+    :math:`2 \\sum_c |P_c \\cap L_c| / \\sum_c (|P_c| + |L_c|)` over the foreground classes c (integer maps
+    ``*S``, background 0) or over the regions (binary ``R x *S`` maps, ``multilabel``), so that a large class
+    weighs more than a small one. NaN when neither map has foreground (torchmetrics' ``zero_division`` would
+    give 0, i.e. risk 1; mcseg leaves the case out, as the macro Dice does)."""
+    if multilabel:
+        p, y = prediction.bool(), label.bool()
+        both = (p & y).sum()
+    else:
+        p, y = prediction > 0, label > 0
+        both = ((prediction == label) & y).sum()
+    size = int(p.sum() + y.sum())
+    return float("nan") if size == 0 else 2 * int(both) / size
+
+
 def risk_coverage(confidence: Sequence[float], risk: Sequence[float]) -> dict[str, np.ndarray]:
     """The risk-coverage curve of fd-shifts: ``coverage``, ``selective_risk`` and ``generalized_risk``
     from coverage 1 down to 0 (module docstring). Ties in confidence leave together."""
@@ -142,11 +178,24 @@ def augrc(confidence: Sequence[float], risk: Sequence[float]) -> float:
     return _area(curve["generalized_risk"], curve["coverage"])
 
 
-def eaurc(confidence: Sequence[float], risk: Sequence[float]) -> float:
-    """AURC minus that of the optimal order (the lowest risk most confident, every case its own confidence)."""
+def optimal_aurc(risk: Sequence[float]) -> float:
+    """The AURC of an optimal confidence, as fd-shifts' ``aurc_optimal`` (Traub et al. 2024).
+
+    Binary risks (every one 0 or 1), with error rate :math:`\\hat r`: the analytic optimum of Geifman et al.
+    (ICLR 2019), :math:`\\hat r + (1 - \\hat r)\\ln(1 - \\hat r)` (1 at :math:`\\hat r = 1`, its limit; fd-shifts
+    adds float64 eps inside the log). Otherwise: the AURC of the risks sorted ascending, every case its own
+    confidence, with the same trapezoid as :func:`aurc`."""
     r = np.asarray(risk, dtype=np.float64)
+    if r.size and np.all((r == 0) | (r == 1)):
+        err = float(r.mean())
+        return 1.0 if err == 1.0 else err + (1.0 - err) * math.log1p(-err)
     optimal = -np.arange(r.size, dtype=np.float64)  # strictly decreasing confidence along the ascending risks
-    return aurc(confidence, risk) - aurc(optimal, np.sort(r))
+    return aurc(optimal, np.sort(r))
+
+
+def eaurc(confidence: Sequence[float], risk: Sequence[float]) -> float:
+    """E-AURC: :func:`aurc` minus :func:`optimal_aurc` (Geifman et al., ICLR 2019; fd-shifts)."""
+    return aurc(confidence, risk) - optimal_aurc(risk)
 
 
 def aggregate_uncertainty(uncertainty: torch.Tensor, method: str, patch: int = 10,
@@ -198,8 +247,9 @@ class FailureDetection:
     """The failure-detection figures of an evaluation, accumulated case by case (module docstring).
 
     :meth:`add_case` takes the case's uncertainty maps (normalised to [0, 1], on the label's grid), its error
-    voxels inside the protocol's region and its risk (1 - foreground Dice; NaN: left out of the case-level
-    figures and counted). :meth:`summary` gives, per map: the mean over cases of the per-case voxel AUROC
+    voxels, the mask of its voxel region (``region``, named in the summary; None: every voxel) and its risk
+    (``risk``, one of :data:`RISKS`, named in the summary; NaN: left out of the case-level figures and
+    counted). :meth:`summary` gives, per map: the mean over cases of the per-case voxel AUROC
     (cases without both errors and correct voxels left out), the pooled AUROC, UEO with its threshold, and
     per case aggregation (``image``, ``patch``) AURC, E-AURC and AUGRC with confidence = minus the
     aggregated uncertainty.
@@ -207,8 +257,11 @@ class FailureDetection:
 
     AGGREGATIONS = ("image", "patch")
 
-    def __init__(self, maps: Sequence[str], patch: int = 10, bins: int = 1 << 16) -> None:
-        self.maps, self.patch = list(maps), patch
+    def __init__(self, maps: Sequence[str], patch: int = 10, bins: int = 1 << 16, region: str = "union_foreground",
+                 risk: str = "macro") -> None:
+        if risk not in RISKS:
+            raise ValueError(f"risk={risk!r}: expected one of {', '.join(RISKS)}")
+        self.maps, self.patch, self.region, self.risk = list(maps), patch, region, risk
         self.pooled = {name: PooledAUROC(bins) for name in self.maps}
         self.auroc: dict[str, list[float]] = {name: [] for name in self.maps}
         self.ue: dict[str, list[torch.Tensor]] = {name: [] for name in self.maps}
@@ -221,7 +274,7 @@ class FailureDetection:
                  region: torch.Tensor | None, risk: float) -> dict:
         inside = (lambda t: t[region]) if region is not None else (lambda t: t.reshape(-1))
         e = inside(errors.bool())
-        row = {"case": case_id, "risk": risk}
+        row = {"case": case_id, "risk": risk, "risk_definition": self.risk, "voxel_region": self.region}
         for name in self.maps:
             u = maps[name].float()
             voxels = inside(u)
@@ -242,11 +295,14 @@ class FailureDetection:
         risks = np.asarray(self.risks, dtype=np.float64)
         defined = np.isfinite(risks)
         out = {"protocol": {
-            "error_voxels": "arg-max of the pooled prediction differs from the label, inside the ECE region",
+            "voxel_region": self.region,
+            "error_voxels": f"arg-max of the pooled prediction differs from the label, among the voxels of region "
+                            f"{self.region} (voxel AUROC and UEO; Jungo & Reyes: all)",
             "voxel_auroc": "AUROC of the map for the error voxels, ties counted half; per case then averaged "
                            "(cases with both kinds of voxels), and pooled over 65536 equal-width bins",
             "ueo": "max over thresholds 0.05..0.95 (11) of the dataset-mean UE-Dice, U_t = {u > t} (Jungo & Reyes)",
-            "risk": "1 - foreground Dice of the case", "confidence": "minus the case's aggregated uncertainty",
+            "risk_definition": self.risk, "risk": RISKS[self.risk],
+            "confidence": "minus the case's aggregated uncertainty",
             "aggregations": {"image": "sum over the image", "patch": f"largest sum over {self.patch}-voxel windows"},
             "rc_curve": "fd-shifts: ties grouped, trapezoid, unscaled (fd-shifts shows x 1000)",
             "maps": "normalised to [0, 1]: entropies / ln C, 1 - max p / (1 - 1/C)",
@@ -254,8 +310,9 @@ class FailureDetection:
         for name in self.maps:
             values = [v for v in self.auroc[name] if not np.isnan(v)]
             ueo_value, threshold = ueo(self.ue[name]) if self.ue[name] else (float("nan"), None)
-            entry = {"voxel_auroc": float(np.mean(values)) if values else float("nan"),
+            entry = {"voxel_region": self.region, "voxel_auroc": float(np.mean(values)) if values else float("nan"),
                      "voxel_auroc_cases": len(values), "voxel_auroc_pooled": self.pooled[name].aggregate(),
+                     "voxel_auroc_pooled_max_error": self.pooled[name].max_error(),
                      "ueo": ueo_value, "ueo_threshold": threshold}
             for method in self.AGGREGATIONS:
                 conf = -np.asarray(self.scores[name][method])[defined]

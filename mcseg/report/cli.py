@@ -61,6 +61,12 @@ def evaluate_missing(runs: list[RunRecord], split: str, scalers: list[str], devi
 def protocol_lines(runs: list[RunRecord], args: argparse.Namespace) -> list[str]:
     evaluated = [r for r in runs if r.evaluated]
     protocol = evaluated[0].summaries[""].get("protocol", {}) if evaluated else {}
+    detection = (evaluated[0].summaries[""].get("failure_detection") or {}).get("protocol") if evaluated else None
+    # summaries from before failure_region and failure_risk: the calibration region and the macro risk
+    failure = [] if not detection else [
+        f"Failure detection (AURC, E-AURC, UEO, AUROC): case risk {detection.get('risk_definition', 'macro')} "
+        f"({detection.get('risk')}); UEO and voxel AUROC over the voxels of region "
+        f"`{detection.get('voxel_region', protocol.get('region'))}` (Jungo & Reyes: `all`, the whole image)."]
     return [
         f"Runs: {len(runs)} found, {len(evaluated)} evaluated on the **{args.split}** split "
         f"(directories: {', '.join(str(d) for d in args.dirs)}).",
@@ -77,6 +83,7 @@ def protocol_lines(runs: list[RunRecord], args: argparse.Namespace) -> list[str]
         f"({protocol.get('hd_definition')}); post_T: after temperature scaling fitted on the validation split "
         f"(on which voxels and by which objective: the post-hoc table, which also lists the other scalers); "
         f"T: mean fitted temperature.",
+        *failure,
     ]
 
 

@@ -101,11 +101,11 @@ def risk_coverage_overlay(rows: list[ConfigRow], split: str, key: str = "image_u
 
     fig = Figure(figsize=(5.5, 4.5))
     ax = fig.subplots()
-    drawn = False
+    drawn, risks = False, set()
     for row in rows:
         if not row.selected:
             continue
-        confidence, risk = [], []
+        confidence, risk, definitions = [], [], set()
         for run in row.runs:
             path = run.path / "eval" / split / "failure_per_case.csv"
             if not path.is_file():
@@ -115,9 +115,11 @@ def risk_coverage_overlay(rows: list[ConfigRow], split: str, key: str = "image_u
                     if r.get(key) not in (None, "") and r["risk"] not in ("", "nan"):
                         confidence.append(-float(r[key]))
                         risk.append(float(r["risk"]))
+                        definitions.add(r.get("risk_definition") or "macro")  # older files: macro
         if not risk:
             continue
         curve = risk_coverage(confidence, risk)
+        risks |= definitions
         setting = "" if row.hyperparameters == "defaults" else f" {row.hyperparameters}"
         ax.plot(curve["coverage"], curve["selective_risk"], drawstyle="steps-post",
                 label=f"{row.loss_name}{setting} (AURC {aurc(confidence, risk):.3f})")
@@ -125,7 +127,7 @@ def risk_coverage_overlay(rows: list[ConfigRow], split: str, key: str = "image_u
     if not drawn:
         return None
     ax.set_xlabel("coverage (least certain cases left out first)")
-    ax.set_ylabel("selective risk (1 - foreground Dice)")
+    ax.set_ylabel(f"selective risk (1 - {' or '.join(sorted(risks))} foreground Dice)")
     ax.set_xlim(0, 1)
     ax.legend(fontsize=7)
     ax.set_title(f"Risk-coverage on the {split} split (single networks, summed predictive entropy)", fontsize=9)

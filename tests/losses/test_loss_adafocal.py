@@ -128,6 +128,32 @@ def test_update_by_hand():
     assert twice.gamma.tolist() == pytest.approx([math.exp(0.5), math.exp(-0.15)], rel=1e-6)
 
 
+@pytest.mark.parametrize("compare", ["float32", "float64", None])
+def test_update_compares_in_float32_as_the_authors_or_exactly_in_float64(compare):
+    # six validation voxels, class 0's confidences 0.6, 0.7, 0.8, 0.9 (correct), 1 - 2^-23 (wrong) and 1.0
+    # (correct): the last two are neighbouring float32 values, as saturated confidences are
+    z = binary_logits([0.6, 0.7, 0.8, 0.9], torch.float32)
+    z = torch.cat([z, torch.tensor([[[16.0, 20.0], [0.0, 0.0]]])], dim=-1)
+    target = torch.tensor([[0, 0, 0, 0, 1, 0]])
+    loss = AdaFocalLoss(num_bins=5) if compare is None else AdaFocalLoss(num_bins=5, compare_dtype=compare)
+    loss.on_validation_start()
+    loss.on_validation_batch(z, target)
+    assert loss._conf[-2:].tolist() == [1 - 2**-23, 1.0]
+    loss.on_validation_end(0)
+    # edges interp(linspace(0, 6, 6), [0..5], conf): 0.6, 0.72, 0.84, 0.96, 1 - 2^-23 + 0.8 * 2^-23, 1;
+    # bins 0-2 hold 0.7, 0.8, 0.9 (gaps -0.3, -0.2, -0.1) in both readings
+    top = 1 - 2**-23 + 0.8 * 2**-23
+    assert loss.edges.tolist() == pytest.approx([0.6, 0.72, 0.84, 0.96, top, 1.0], abs=1e-7)
+    assert loss.edges[4].item() == top  # the stored edges stay float64 (the loss's lookup compares in float64)
+    if compare == "float64":  # exact: 1 - 2^-23 < edge 4 < 1, so bin 3 = {1 - 2^-23} (gap 1 - 2^-23), bin 4 = {1}
+        gaps = [-0.3, -0.2, -0.1, 1 - 2**-23, 0.0]
+    else:  # the authors (default): edge 4 rounds to 1.0 in float32, bin 3 = {1 - 2^-23, 1} (gap 0.5 - 2^-24), bin 4 empty
+        gaps = [-0.3, -0.2, -0.1, 0.5 - 2**-24, 0.0]
+    assert loss.gamma.tolist() == pytest.approx([math.exp(g) for g in gaps], rel=1e-6)
+    with pytest.raises(ValueError, match="compare_dtype"):
+        AdaFocalLoss(compare_dtype="float16")
+
+
 def test_switch_to_inverse_focal_and_back():
     loss = AdaFocalLoss(num_bins=4)
     loss.gamma.copy_(torch.tensor([0.21, 0.25, -0.21, -0.21], dtype=torch.float64))
@@ -170,13 +196,15 @@ def test_clipping():
     assert narrow.updated_gamma(gaps).tolist() == pytest.approx([2.0, -1.0, math.exp(0.1)], rel=1e-12)
 
 
-def loop_update(conf, correct, gamma, k, lambd=1.0, s=0.2, gmin=-2.0, gmax=20.0):
-    """The update re-derived with numpy and Python loops: equal-mass edges by np.interp, (lo, hi] bins."""
+def loop_update(conf, correct, gamma, k, lambd=1.0, s=0.2, gmin=-2.0, gmax=20.0, compare=np.float32):
+    """The update re-derived with numpy and Python loops: equal-mass edges by np.interp, (lo, hi] bins, each
+    confidence and edge rounded to ``compare`` for the bin test (float32: the authors' code)."""
     conf = np.asarray(conf, dtype=np.float64)
     edges = np.interp(np.linspace(0, len(conf), k + 1), np.arange(len(conf)), np.sort(conf))
     new = []
     for b in range(k):
-        members = [(c, a) for c, a in zip(conf, correct) if edges[b] < c <= edges[b + 1]]
+        lo, hi = compare(edges[b]), compare(edges[b + 1])
+        members = [(c, a) for c, a in zip(conf, correct) if lo < compare(c) <= hi]
         gap = 0.0 if not members else sum(c for c, _ in members) / len(members) - sum(a for _, a in members) / len(members)
         g = gamma[b] * math.exp(lambd * gap) if gamma[b] > 0 else gamma[b] * math.exp(-lambd * gap)
         if abs(g) < s:
@@ -186,8 +214,9 @@ def loop_update(conf, correct, gamma, k, lambd=1.0, s=0.2, gmin=-2.0, gmax=20.0)
 
 
 @pytest.mark.parametrize("shape", [(1, 3, 6, 7), (1, 3, 4, 3, 5)])
-def test_update_matches_a_loop_over_epochs(shape):
-    loss = AdaFocalLoss(num_bins=5, lambd=3.0)
+@pytest.mark.parametrize("compare", ["float32", "float64"])
+def test_update_matches_a_loop_over_epochs(shape, compare):
+    loss = AdaFocalLoss(num_bins=5, lambd=3.0, compare_dtype=compare)
     gamma = [1.0] * 5
     for epoch in range(6):
         volumes = [random_inputs(shape, seed=10 * epoch + i, scale=1.0 + epoch) for i in range(2)]
@@ -197,7 +226,7 @@ def test_update_matches_a_loop_over_epochs(shape):
             log_conf, pred = torch.log_softmax(logits, 1).max(1)
             conf += log_conf.exp().reshape(-1).tolist()
             correct += (pred == target).reshape(-1).tolist()
-        gamma, edges = loop_update(conf, correct, gamma, 5, lambd=3.0)
+        gamma, edges = loop_update(conf, correct, gamma, 5, lambd=3.0, compare=getattr(np, compare))
         assert loss.gamma.tolist() == pytest.approx(gamma, rel=1e-9)
         assert loss.edges.tolist() == pytest.approx(edges, rel=1e-12)
     assert any(g < 0 for g in gamma) or any(g != 1.0 for g in gamma)

@@ -178,6 +178,11 @@ def test_bad_input_is_refused_with_the_case_named():
         ev.add_case("c", probs, label, (1.0, 1.0, 1.0))
     with pytest.raises(ConfigError, match="evaluation.region"):
         EvalProtocol(region="foreground")
+    with pytest.raises(ConfigError, match="evaluation.failure_risk"):
+        EvalProtocol(failure_risk="dice")
+    with pytest.raises(ConfigError, match="evaluation.failure_region"):
+        EvalProtocol(failure_region="foreground")
+    assert EvalProtocol(failure_region="all").failure_region == "all" and EvalProtocol().failure_region is None
     with pytest.raises(ValueError, match="class names"):
         Evaluator(3, NAMES, EvalProtocol())
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 from torchmetrics.functional.classification import binary_auroc
 
-from mcseg.metrics.failure import (PooledAUROC, aggregate_uncertainty, augrc, aurc, auroc, eaurc, risk_coverage,
-                                   ue_dice, ueo, validation_threshold)
+from mcseg.metrics.failure import (FailureDetection, PooledAUROC, aggregate_uncertainty, augrc, aurc, auroc, eaurc,
+                                   micro_foreground_dice, risk_coverage, ue_dice, ueo, validation_threshold)
 from mcseg.metrics.uncertainty import MemberAccumulator, entropy
 
 
@@ -173,3 +173,82 @@ def test_window_sums_equal_average_pooling_times_the_window():
     assert torch.allclose(window_sums(u, 5), pooled)
     assert torch.allclose(window_sums(u, 10)[..., :], torch.nn.functional.avg_pool3d(
         u[None, None], (10, 10, 7), stride=1)[0, 0] * 700)
+
+
+def test_eaurc_of_binary_risks_uses_the_analytic_optimum_of_fd_shifts():
+    # risks 0/1 with error rate r: AURC* = r + (1 - r) ln(1 - r) (Geifman et al.; fd-shifts' binary case), not the
+    # discrete optimum of the sorted risks: for [0, 0, 1, 1] the latter is 0.25 (1/2 + 1/3) / 2 + 0.25 (1/3) / 2 = 7/48
+    conf, risk = [0.9, 0.8, 0.7, 0.6], [0.0, 1.0, 0.0, 1.0]
+    analytic = 0.5 + 0.5 * math.log(0.5)
+    assert math.isclose(eaurc(conf, risk), aurc(conf, risk) - analytic, abs_tol=1e-12)
+    assert not math.isclose(analytic, 7 / 48, abs_tol=1e-3)
+    assert math.isclose(eaurc(conf, [1.0, 1.0, 1.0, 1.0]), 0.0, abs_tol=1e-12)  # r = 1: AURC* = 1, its limit
+    assert math.isclose(eaurc(conf, [0.0] * 4), 0.0, abs_tol=1e-12)
+    # a single non-binary risk: the discrete optimum of the sorted risks, as before
+    risk = [0.0, 1.0, 0.5, 1.0]
+    best = _aurc_brute(-np.arange(4), np.sort(risk))[0]
+    assert math.isclose(eaurc(conf, risk), aurc(conf, risk) - best, abs_tol=1e-12)
+
+
+def test_pooled_auroc_bound_by_hand_and_it_holds():
+    # 2 bins: errors at 0.1 (bin 0) and 0.6 (bin 1), correct voxels at 0.2, 0.4 (bin 0) and 0.9 (bin 1)
+    u, e = torch.tensor([0.1, 0.6, 0.2, 0.4, 0.9]), torch.tensor([True, True, False, False, False])
+    pooled = PooledAUROC(bins=2)
+    pooled.update(u, e)
+    # pooled: error 0.1 ties both of bin 0 (1), error 0.6 beats bin 0 and ties 0.9 (2.5): 3.5 / 6; exact: 2 / 6
+    assert math.isclose(pooled.aggregate(), 3.5 / 6) and math.isclose(auroc(u, e), 2 / 6)
+    # the bound: every same-bin pair counted 1/2 instead of 0 or 1: (1 x 2 + 1 x 1) / (2 x 6), reached here
+    assert math.isclose(pooled.max_error(), 0.25)
+    g = torch.Generator().manual_seed(5)
+    fine = PooledAUROC()
+    u = torch.rand(3000, generator=g) ** 4  # crowded near 0: same-bin pairs
+    e = torch.rand(3000, generator=g) < u
+    fine.update(u, e)
+    assert 0 < fine.max_error() < 1e-3 and abs(fine.aggregate() - auroc(u, e)) <= fine.max_error()
+    assert math.isnan(PooledAUROC(bins=2).max_error())
+
+
+# ---------------------------------------------------------------------------------------- definitions
+def _micro_by_counts(pred, label, classes):
+    """Independent: torchmetrics 0.11's micro Dice with ignore_index=0, the background column of the one-hot
+    dropped: tp, fp, fn summed over the foreground classes, 2 tp / (2 tp + fp + fn)."""
+    tp = fp = fn = 0
+    for c in range(1, classes):
+        p, y = pred == c, label == c
+        tp, fp, fn = tp + int((p & y).sum()), fp + int((p & ~y).sum()), fn + int((~p & y).sum())
+    return 2 * tp / (2 * tp + fp + fn) if tp + fp + fn else float("nan")
+
+
+def test_micro_foreground_dice_by_hand_and_against_summed_class_counts():
+    label, pred = torch.tensor([1, 1, 1, 1, 2, 0]), torch.tensor([1, 1, 1, 1, 0, 2])
+    # class 1: Dice 1, class 2: Dice 0 -> macro 0.5; micro: 2 x 4 / (5 + 5) = 0.8 (the large class weighs more)
+    assert math.isclose(micro_foreground_dice(pred, label), 0.8)
+    assert math.isnan(micro_foreground_dice(torch.zeros(4, dtype=torch.long), torch.zeros(4, dtype=torch.long)))
+    g = torch.Generator().manual_seed(6)
+    for _ in range(5):
+        label, pred = torch.randint(0, 4, (7, 9), generator=g), torch.randint(0, 4, (7, 9), generator=g)
+        assert math.isclose(micro_foreground_dice(pred, label), _micro_by_counts(pred, label, 4), rel_tol=1e-12)
+    # multi-label: the regions' counts summed (R x S binary maps)
+    y = torch.tensor([[1, 1, 0, 0], [1, 0, 0, 0]], dtype=torch.bool)
+    p = torch.tensor([[1, 0, 0, 0], [1, 0, 1, 1]], dtype=torch.bool)
+    assert math.isclose(micro_foreground_dice(p, y, multilabel=True), 2 * 2 / (4 + 3))
+
+
+def test_the_summary_names_its_risk_and_voxel_region_beside_each_figure():
+    fd = FailureDetection(["predictive_entropy"], region="all", risk="micro")
+    u, e = torch.tensor([[0.9, 0.1, 0.2]]), torch.tensor([[True, False, False]])  # 2D maps
+    fd.add_case("a", {"predictive_entropy": u}, e, None, 0.25)
+    fd.add_case("b", {"predictive_entropy": u.flip(1)}, e, None, 0.5)
+    summary = fd.summary()
+    assert summary["protocol"]["voxel_region"] == "all" and summary["protocol"]["risk_definition"] == "micro"
+    assert "micro" in summary["protocol"]["risk"] and "all" in summary["protocol"]["error_voxels"]
+    assert summary["predictive_entropy"]["voxel_region"] == "all"
+    assert (fd.rows[0]["risk_definition"], fd.rows[0]["voxel_region"]) == ("micro", "all")  # failure_per_case.csv
+    default = FailureDetection(["predictive_entropy"]).summary()["protocol"]
+    assert (default["voxel_region"], default["risk_definition"]) == ("union_foreground", "macro")
+    with pytest.raises(ValueError, match="risk='dice'"):
+        FailureDetection(["predictive_entropy"], risk="dice")
+    from mcseg.config import FAILURE_RISKS
+    from mcseg.metrics.failure import RISKS
+
+    assert set(FAILURE_RISKS) == set(RISKS)  # the config's choices are the definitions the summary names
