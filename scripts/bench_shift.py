@@ -64,7 +64,7 @@ def measure(run: Path, suite: str, repeats: int, subset: list[str]) -> dict:
     per_plain = statistics.median(plain)
     return {"run": str(run), "suite": suite, "subset": subset, "conditions": conditions,
             "cases": len(summary["provenance"]["split"]["cases"]),
-            "plain_seconds": [round(s, 2) for s in plain], "plain_median_seconds": round(per_plain, 2),
+            "plain_seconds": [round(s, 4) for s in plain], "plain_median_seconds": round(per_plain, 4),
             "suite_seconds": shift["seconds"], "suite_wall_seconds": round(wall, 1),
             "ratio": round(shift["seconds"] / (conditions * per_plain), 3), "bound": 1.3,
             "load_average_before": load_before, "load_average_after": os.getloadavg(),
