@@ -6,6 +6,6 @@ evaluation, checkpoints, the builders both entry points share) and post-hoc cali
 (``calibration/``, which the engine may call, never the reverse) -> ``data/``, ``models/``,
 ``losses/``, ``metrics/`` -> config schemas and small utilities (``config.py``, ``errors.py``,
 ``targets.py``, ``runtime.py``). Two entry points that need the same construction share a
-builder below them (``engine/build.py``, ``engine/checkpoint_eval.py``) instead of importing
+builder below them (``inference/build.py``, ``evaluation/checkpoint.py``) instead of importing
 each other.
 """

@@ -124,7 +124,7 @@ class InferenceConfig:
     blend_mode: str = "gaussian"
     roi_size: list[int] | None = None  # 3D window; defaults to the training patch size
     mirror_axes: list[int] = field(default_factory=list)  # test-time mirroring (not in training's validation)
-    # members pooled as probabilities (mcseg.engine.members): MC-dropout samples and TTA views
+    # members pooled as probabilities (mcseg.inference.members): MC-dropout samples and TTA views
     mc_samples: int = 0
     tta: list[str] = field(default_factory=list)  # [] | [flips] | [flips, noise] | [noise]
     tta_noise_std: float = 0.1

@@ -161,7 +161,7 @@ def run_job(fn: Callable[[DictConfig], Any], cfg: DictConfig, checks_itself: boo
     ``status.json``. Returns ``fn``'s value, or ``None`` for a job that failed inside a multirun (an
     Optuna sweeper then marks the trial failed). ``MCSEG_TRACEBACK=1`` re-raises instead.
     Inside a multirun, a job that already completed (a sweep run again with ``trainer.auto_resume=true``:
-    :class:`~mcseg.engine.relaunch.RunFinished`) is skipped with a log line naming it, its directory
+    :class:`~mcseg.training.relaunch.RunFinished`) is skipped with a log line naming it, its directory
     untouched, and returns its recorded ``result.json``.
 
     A full disk ends the job with one line naming the file and the free space
@@ -169,8 +169,8 @@ def run_job(fn: Callable[[DictConfig], Any], cfg: DictConfig, checks_itself: boo
     ``status.json`` keeps reserved (:func:`write_status`).
     """
     from mcseg import rundir
-    from mcseg.engine.distributed import env_context
-    from mcseg.engine.relaunch import RunFinished
+    from mcseg.training.distributed import env_context
+    from mcseg.training.relaunch import RunFinished
     from mcseg.errors import TrainingInterrupted
 
     multirun, overrides, num = _hydra_job()

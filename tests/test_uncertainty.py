@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from mcseg.data.cases import CaseData
-from mcseg.engine.checkpoint import load_checkpoint, save_checkpoint
-from mcseg.engine.inference import InferenceConfig
-from mcseg.engine.members import case_seed, flip_views
-from mcseg.engine.predict import EnsemblePredictor, SegmentationPredictor
+from mcseg.training.checkpoint import load_checkpoint, save_checkpoint
+from mcseg.inference.volume import InferenceConfig
+from mcseg.inference.members import case_seed, flip_views
+from mcseg.inference.predict import EnsemblePredictor, SegmentationPredictor
 from mcseg.errors import ConfigError
 from mcseg.evaluate import evaluate
 from mcseg.train import train

@@ -5,7 +5,7 @@ Run directories are found by :func:`mcseg.sweep.find_run_dirs`. Its identity (co
 ``eval/<split>/summary.json`` and ``per_case.csv`` (and ``eval/<split>/<scaler>/`` after
 post-hoc calibration); its validation metrics, by which configurations are selected, from
 ``result.json``; its results under shift from ``eval/<split>[-<members>]/shift_summary.json``
-(:mod:`mcseg.engine.shift_eval`).
+(:mod:`mcseg.evaluation.shift`).
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from mcseg.engine.shift_eval import SUMMARY_FILE as SHIFT_SUMMARY
+from mcseg.evaluation.shift import SUMMARY_FILE as SHIFT_SUMMARY
 from mcseg.metrics.statistics import nanmean
 from mcseg.rundir import state_of
 from mcseg.sweep import STATUS_FILE, describe_run, find_run_dirs
@@ -42,7 +42,7 @@ class RunRecord:
     dataset: str = "?"
     duplicate_of: Path | None = None  # same dataset, configuration and seed as that run (set by the table)
     # What the run ran and on which data: the hash of its resolved config and of its split's content
-    # (mcseg.engine.provenance); runs of versions that recorded neither fall back to overrides and name.
+    # (mcseg.evaluation.provenance); runs of versions that recorded neither fall back to overrides and name.
     configuration_key: str = ""
     dataset_key: str = ""
     # other predictors of the run's checkpoint: eval/<split>-<members>/ (TTA, MC dropout) -> summary.json

@@ -32,17 +32,17 @@ from mcseg.config import typed
 from mcseg.data.base import SegmentationDataset
 from mcseg.data.fingerprint import case_fingerprints, seen_in, split_content_sha256
 from mcseg.data.split import SPLITS
-from mcseg.engine.build import build_predictor, restore_model
-from mcseg.engine.checkpoint import load_checkpoint
-from mcseg.engine.data import Splits, build_dataset, record_dataset_facts, resolve_split
-from mcseg.engine.evaluation import FAILURE_FILE, PROVENANCE_FILE, evaluate_split, format_summary
-from mcseg.engine.evaluator import EvalProtocol
-from mcseg.engine.inference import InferenceConfig
-from mcseg.engine.relaunch import resume_mismatch
-from mcseg.engine.shift_eval import SUMMARY_FILE as SHIFT_SUMMARY, clean_to_reuse, evaluate_shift, format_shift, \
+from mcseg.inference.build import build_predictor, restore_model
+from mcseg.training.checkpoint import load_checkpoint
+from mcseg.training.loader import Splits, build_dataset, record_dataset_facts, resolve_split
+from mcseg.evaluation.split import FAILURE_FILE, PROVENANCE_FILE, evaluate_split, format_summary
+from mcseg.evaluation.evaluator import EvalProtocol
+from mcseg.inference.volume import InferenceConfig
+from mcseg.training.relaunch import resume_mismatch
+from mcseg.evaluation.shift import SUMMARY_FILE as SHIFT_SUMMARY, clean_to_reuse, evaluate_shift, format_shift, \
     inference_record
 from mcseg.data.shift import shift_config
-from mcseg.engine.provenance import checkpoint_identity, dataset_identity, file_sha256
+from mcseg.evaluation.provenance import checkpoint_identity, dataset_identity, file_sha256
 from mcseg.data.validate import validate_cases
 from mcseg.errors import ConfigError
 from mcseg.rundir import holds_checkpoint_run
@@ -177,7 +177,7 @@ def check_compatible(ckpt: Path, run_cfg: DictConfig, dataset: SegmentationDatas
 def output_dir(cfg: DictConfig, ckpt: Path, sha256: str, run_dir: Path | None, selected: bool,
                other_dataset: str | None, variant: str | None = None) -> Path:
     """Where this evaluation goes (module docstring); refuses to replace an earlier one unless ``overwrite``,
-    or, with a shift suite (``shift=``), reuses it as the clean level (:mod:`mcseg.engine.shift_eval`).
+    or, with a shift suite (``shift=``), reuses it as the clean level (:mod:`mcseg.evaluation.shift`).
     ``variant`` (other members than the run's, :func:`member_tag`) is added to the split's folder name.
 
     Clears nothing: the caller removes an earlier evaluation (:func:`clear_evaluation`) once every other

@@ -2,7 +2,7 @@
 
 * ``last.pt`` present: the launch must ask to resume (``trainer.resume``/``auto_resume``);
 * resuming: what the model sees and how it is trained must be the checkpoint's own
-  (:data:`RESUME_MUST_MATCH`, compared after :func:`~mcseg.engine.data.record_dataset_facts`, so the
+  (:data:`RESUME_MUST_MATCH`, compared after :func:`~mcseg.training.loader.record_dataset_facts`, so the
   class names and channels found in the data are compared too);
 * a finished run (``result.json``) is not trained or evaluated again: ``evaluate.py`` re-evaluates it.
   When its ``status.json`` also says ``completed``, the refusal is :class:`RunFinished`, which a
@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from mcseg.data.fingerprint import content_differences
-from mcseg.engine.checkpoint import load_checkpoint
+from mcseg.training.checkpoint import load_checkpoint
 from mcseg.rundir import STATUS_FILE, LaunchRefused
 
 # Config sections that must match between a checkpoint and the run resuming from it.

@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 from omegaconf import DictConfig
 
-from mcseg.engine.checkpoint import load_model_weights
-from mcseg.engine.data import sampling_config
-from mcseg.engine.inference import InferenceConfig
-from mcseg.engine.predict import SegmentationPredictor
+from mcseg.training.checkpoint import load_model_weights
+from mcseg.training.loader import sampling_config
+from mcseg.inference.volume import InferenceConfig
+from mcseg.inference.predict import SegmentationPredictor
 from mcseg.models import TWO_D_ONLY, fixed_input_size, size_divisor
 from mcseg.targets import instantiate_checked
 

@@ -12,9 +12,9 @@ import torch
 
 from mcseg.data.cases import CaseData
 from mcseg.data.io import write_nifti
-from mcseg.engine.evaluator import Evaluator
-from mcseg.engine.inference import InferenceConfig, predict_logits
-from mcseg.engine.members import case_seed, check_members, flip_views, mc_dropout, noisy_inputs, seeded
+from mcseg.evaluation.evaluator import Evaluator
+from mcseg.inference.volume import InferenceConfig, predict_logits
+from mcseg.inference.members import case_seed, check_members, flip_views, mc_dropout, noisy_inputs, seeded
 from mcseg.metrics.failure import FailureDetection
 from mcseg.metrics.uncertainty import MemberAccumulator, entropy, normalise
 from mcseg.runtime import share_cpu
@@ -23,7 +23,7 @@ from mcseg.runtime import share_cpu
 class SegmentationPredictor:
     """A model with what it takes to segment whole cases: dims, size divisor (or fixed input size), link function.
 
-    With members (``cfg.tta``, ``cfg.mc_samples``: :mod:`mcseg.engine.members`) it predicts each case once per
+    With members (``cfg.tta``, ``cfg.mc_samples``: :mod:`mcseg.inference.members`) it predicts each case once per
     member and pools their probabilities; :meth:`logits` then returns the pooled prediction's logits (the
     inverse link of the mean probability, so that post-hoc scalers, fitted or applied, act on the pooled
     prediction: ``posthoc.pool=before``); :meth:`predict` also pools members scaled each by its network's
@@ -125,7 +125,7 @@ class SegmentationPredictor:
 class EnsemblePredictor(SegmentationPredictor):
     """Several trained networks as one predictor (a deep ensemble): each member predictor's members (its TTA
     views and MC samples too) are pooled as probabilities. Members agree on geometry, classes and link
-    (checked where they are built, :mod:`mcseg.engine.ensemble`)."""
+    (checked where they are built, :mod:`mcseg.evaluation.ensemble`)."""
 
     def __init__(self, members: list[SegmentationPredictor]) -> None:
         first = members[0]

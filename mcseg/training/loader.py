@@ -21,7 +21,7 @@ from mcseg.data.base import SegmentationDataset
 from mcseg.data.build import Splits, build_dataset, record_dataset_facts, resolve_split  # noqa: F401  (re-exported)
 from mcseg.data.cases import CaseData, CaseRef
 from mcseg.data.sampling import EpochSampler, PatchDataset
-from mcseg.engine.distributed import DistContext
+from mcseg.training.distributed import DistContext
 from mcseg.runtime import available_cpus, torch_threads
 
 log = logging.getLogger(__name__)

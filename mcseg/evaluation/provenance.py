@@ -64,7 +64,7 @@ def hydra_overrides() -> list[str]:
 
 def content_lookup(dataset: SegmentationDataset):
     """``content_of(ids by split) -> fingerprints by split`` over ``dataset`` (cases it lacks left out), for
-    :func:`mcseg.engine.relaunch.check_launch`."""
+    :func:`mcseg.training.relaunch.check_launch`."""
 
     def content_of(ids_by_split: dict[str, list[str]]) -> dict[str, dict[str, str]]:
         by_id = {r.case_id: r for r in dataset.case_refs()}

@@ -1,7 +1,7 @@
 """Evaluate a split with a trained model: per-case files, a summary and its plain-text table.
 
 Used by training (the test split of ``best.pt``) and by the re-evaluation of a saved checkpoint
-(:mod:`mcseg.engine.checkpoint_eval`).
+(:mod:`mcseg.evaluation.checkpoint`).
 """
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from mcseg.data.cases import CaseData
 from mcseg.data.base import SegmentationDataset
 from mcseg.data.cases import CaseRef
 from mcseg.data.io import atomic_write, write_json
-from mcseg.engine.evaluator import EvalProtocol, Evaluator
-from mcseg.engine.predict import PerNetwork, SegmentationPredictor, evaluate_cases
+from mcseg.evaluation.evaluator import EvalProtocol, Evaluator
+from mcseg.inference.predict import PerNetwork, SegmentationPredictor, evaluate_cases
 from mcseg.metrics.failure import FailureDetection
 from mcseg.metrics.uncertainty import MAPS
 
@@ -55,7 +55,7 @@ def evaluate_split(
     predictor's device) is evaluated in the same pass; its files go to ``out_dir/<name>/`` and its
     headline values, with how it was fitted, to ``summary["posthoc"]``. ``per_network`` (``posthoc.pool=after``):
     per scaler name, each network's own fitted scaler, applied to its members before they are pooled.
-    ``provenance`` (what produced these numbers: :mod:`mcseg.engine.provenance`) goes into every
+    ``provenance`` (what produced these numbers: :mod:`mcseg.evaluation.provenance`) goes into every
     summary.json and into ``out_dir/provenance.json``, the sidecar of per_case.csv and the predictions.
     """
     if not refs:
