@@ -17,7 +17,7 @@ from mcseg.evaluation.ensemble import evaluate_ensemble
 from mcseg.evaluation.split import evaluate_split, format_summary  # noqa: F401  (re-exported for scripts)
 from mcseg.errors import ConfigError
 from mcseg.evaluation.provenance import hydra_overrides
-from mcseg.sweep import find_run_dirs
+from mcseg.rundir import find_run_dirs
 
 log = logging.getLogger(__name__)
 

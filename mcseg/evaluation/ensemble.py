@@ -67,7 +67,7 @@ AGREEMENT = {
 
 def member_paths(entries) -> list[Path]:
     """Checkpoint files of ``ckpt=[...]``: files, run directories (their best.pt), or folders of runs."""
-    from mcseg.sweep import find_run_dirs
+    from mcseg.rundir import find_run_dirs
 
     paths: list[Path] = []
     for entry in entries:

@@ -1,6 +1,6 @@
 """Find the runs under run or sweep directories and read what each one measured.
 
-Run directories are found by :func:`mcseg.sweep.find_run_dirs`. Its identity (configuration, loss, seed) comes from ``result.json``'s
+Run directories are found by :func:`mcseg.rundir.find_run_dirs`. Its identity (configuration, loss, seed) comes from ``result.json``'s
 ``run`` record, else from Hydra's ``.hydra/`` files; its test metrics from
 ``eval/<split>/summary.json`` and ``per_case.csv`` (and ``eval/<split>/<scaler>/`` after
 post-hoc calibration); its validation metrics, by which configurations are selected, from
@@ -20,8 +20,8 @@ import yaml
 
 from mcseg.evaluation.shift import SUMMARY_FILE as SHIFT_SUMMARY
 from mcseg.metrics.statistics import nanmean
-from mcseg.rundir import state_of
-from mcseg.sweep import STATUS_FILE, describe_run, find_run_dirs
+from mcseg.rundir import find_run_dirs, state_of
+from mcseg.sweep import STATUS_FILE, describe_run
 
 log = logging.getLogger(__name__)
 
