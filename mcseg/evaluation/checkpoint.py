@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -35,7 +34,7 @@ from mcseg.data.split import SPLITS
 from mcseg.inference.build import build_predictor, restore_model
 from mcseg.training.checkpoint import load_checkpoint
 from mcseg.training.loader import Splits, build_dataset, record_dataset_facts, resolve_split
-from mcseg.evaluation.split import FAILURE_FILE, PROVENANCE_FILE, evaluate_split, format_summary
+from mcseg.evaluation.split import FAILURE_FILE, PROVENANCE_FILE, clear_evaluation, evaluate_split, format_summary
 from mcseg.evaluation.evaluator import EvalProtocol
 from mcseg.inference.volume import InferenceConfig
 from mcseg.training.relaunch import resume_mismatch
@@ -180,7 +179,7 @@ def output_dir(cfg: DictConfig, ckpt: Path, sha256: str, run_dir: Path | None, s
     or, with a shift suite (``shift=``), reuses it as the clean level (:mod:`mcseg.evaluation.shift`).
     ``variant`` (other members than the run's, :func:`member_tag`) is added to the split's folder name.
 
-    Clears nothing: the caller removes an earlier evaluation (:func:`clear_evaluation`) once every other
+    Clears nothing: the caller removes an earlier evaluation (:func:`~mcseg.evaluation.split.clear_evaluation`) once every other
     check that can refuse this one has passed."""
     if cfg.get("eval_dir"):
         out = Path(cfg.eval_dir).expanduser().resolve()
@@ -204,21 +203,6 @@ def output_dir(cfg: DictConfig, ckpt: Path, sha256: str, run_dir: Path | None, s
 def reuses_clean(cfg: DictConfig, out: Path) -> bool:
     """A shift suite on an existing evaluation without overwrite=true: that evaluation is its level 0."""
     return cfg.get("shift") is not None and (out / "summary.json").exists() and not cfg.get("overwrite")
-
-
-def clear_evaluation(out: Path, refits: bool = True) -> None:
-    """Remove an earlier evaluation's files from ``out`` (only the files an evaluation writes); ``refits``:
-    also a post-hoc refit saved with it (:func:`plan_posthoc`)."""
-    for name in ("summary.json", "per_case.csv", "reliability.csv", "reliability.png", "reliability_histogram.csv",
-                 "reliability_histogram.png", PROVENANCE_FILE, "split.json", FAILURE_FILE):
-        (out / name).unlink(missing_ok=True)
-    if refits:
-        (out / CALIBRATION_FILE).unlink(missing_ok=True)
-        for weights in out.glob("lts-*.pt"):
-            weights.unlink()
-    for name in ("predictions", *SCALER_TYPES):
-        if (out / name).is_dir():
-            shutil.rmtree(out / name)
 
 
 @dataclass

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import logging
 import math
+import shutil
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from mcseg.calibration import Scaler
+from mcseg.calibration import CALIBRATION_FILE, SCALER_TYPES, Scaler
 from mcseg.data.cases import CaseData
 from mcseg.data.base import SegmentationDataset
 from mcseg.data.cases import CaseRef
@@ -152,3 +153,18 @@ def format_summary(summary: dict, class_names: list[str], title: str) -> str:
                      f"ECE {_fmt(after.get('mean_ece'))}   classwise ECE {_fmt(after.get('mean_classwise_ece'))}   "
                      f"NLL {_fmt(summary.get('mean_nll'))} -> {_fmt(after.get('mean_nll'))}")
     return "\n".join(lines)
+
+
+def clear_evaluation(out: Path, refits: bool = True) -> None:
+    """Remove an earlier evaluation's files from ``out`` (only the files an evaluation writes); ``refits``:
+    also a post-hoc refit saved with it (:func:`mcseg.evaluation.checkpoint.plan_posthoc`)."""
+    for name in ("summary.json", "per_case.csv", "reliability.csv", "reliability.png", "reliability_histogram.csv",
+                 "reliability_histogram.png", PROVENANCE_FILE, "split.json", FAILURE_FILE):
+        (out / name).unlink(missing_ok=True)
+    if refits:
+        (out / CALIBRATION_FILE).unlink(missing_ok=True)
+        for weights in out.glob("lts-*.pt"):
+            weights.unlink()
+    for name in ("predictions", *SCALER_TYPES):
+        if (out / name).is_dir():
+            shutil.rmtree(out / name)
