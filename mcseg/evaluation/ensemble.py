@@ -31,13 +31,13 @@ from mcseg.calibration import PosthocConfig
 from mcseg.config import typed
 from mcseg.data.fingerprint import split_content_sha256
 from mcseg.inference.build import build_predictor, restore_model
-from mcseg.training.checkpoint import load_checkpoint
+from mcseg.inference.build import load_checkpoint
 from mcseg.evaluation.checkpoint import (SELECTED, check_compatible, checkpoint_split, clear_evaluation,
                                           member_settings, member_tag, members_as_asked, mirrored_as_asked,
                                           own_splits, plan_posthoc, pooled_after_tag, posthoc_scalers,
                                           refuse_fixed_overrides, resolve_checkpoint_path, reuses_clean,
                                           scored_content)
-from mcseg.training.loader import build_dataset, record_dataset_facts
+from mcseg.data.build import build_dataset, record_dataset_facts
 from mcseg.evaluation.split import PROVENANCE_FILE, evaluate_split, format_summary
 from mcseg.evaluation.shift import clean_to_reuse, evaluate_shift, format_shift, inference_record
 from mcseg.data.shift import shift_config

@@ -1,4 +1,4 @@
-"""Checkpoints: written atomically, read without unpickling code.
+"""Checkpoints: written atomically, read without unpickling code (:mod:`mcseg.inference.build` reads them).
 
 A checkpoint is a dict of tensors, numbers, strings and containers only, so
 ``torch.load(weights_only=True)`` reads it: a file shared between labs cannot run code.
@@ -12,8 +12,8 @@ import numpy as np
 import torch
 
 from mcseg.data.io import atomic_write, torch_save
-
-REQUIRED_KEYS = ("model", "optimizer", "epoch", "config")
+# reading a checkpoint is below training, with the builder of a predictor; importable here too
+from mcseg.inference.build import REQUIRED_KEYS, load_checkpoint, load_model_weights  # noqa: F401
 
 
 def rng_states() -> dict:
@@ -54,43 +54,3 @@ def restore_rng_states(states: dict) -> None:
 def save_checkpoint(path: str | Path, state: dict) -> None:
     """Write ``state`` to ``path`` through a temporary file and a rename."""
     atomic_write(Path(path), lambda tmp: torch_save(state, tmp))
-
-
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
-    """Load a checkpoint with ``weights_only=True`` and check its structure."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {path} does not exist")
-    try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as exc:
-        raise ValueError(f"{path}: not an mcseg checkpoint (a file train.py writes to <run>/checkpoints/); "
-                         f"torch.load(weights_only=True) refused it: {_load_error(exc)}") from exc
-    missing = [k for k in REQUIRED_KEYS if not isinstance(state, dict) or k not in state]
-    if missing:
-        raise ValueError(f"{path}: checkpoint lacks keys {missing}")
-    return state
-
-
-def _load_error(exc: Exception) -> str:
-    """The reason in torch.load's error, without its advice to retry with ``weights_only=False`` (which
-    would run whatever code the file holds)."""
-    text = str(exc)
-    if "WeightsUnpickler error:" in text:
-        text = text.split("WeightsUnpickler error:", 1)[1]
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return f"{type(exc).__name__}: {lines[0] if lines else ''}"
-
-
-def load_model_weights(model: torch.nn.Module, weights: dict, source: str | Path) -> None:
-    """Load ``weights`` into ``model`` strictly, naming mismatched keys and shapes on failure."""
-    own = model.state_dict()
-    bad = [k for k, v in weights.items() if k in own and tuple(own[k].shape) != tuple(v.shape)]
-    missing = [k for k in own if k not in weights]
-    unexpected = [k for k in weights if k not in own]
-    if bad or missing or unexpected:
-        details = [f"shape mismatch {k}: {tuple(weights[k].shape)} vs model {tuple(own[k].shape)}" for k in bad[:3]]
-        details += [f"missing {missing[:3]}"] if missing else []
-        details += [f"unexpected {unexpected[:3]}"] if unexpected else []
-        raise ValueError(f"{source}: weights do not fit the configured model: " + "; ".join(details))
-    model.load_state_dict(weights)
