@@ -53,7 +53,8 @@ from competitor import competitors  # noqa: E402
 from mcseg.data.cases import CaseData  # noqa: E402
 from mcseg.evaluation.evaluator import EvalProtocol, Evaluator  # noqa: E402
 from mcseg.inference.volume import InferenceConfig  # noqa: E402
-from mcseg.inference.predict import SegmentationPredictor, evaluate_cases  # noqa: E402
+from mcseg.evaluation.cases import evaluate_cases  # noqa: E402
+from mcseg.inference.predict import SegmentationPredictor  # noqa: E402
 from mcseg.training.trainer import Trainer  # noqa: E402
 from mcseg.losses.base import target_checks  # noqa: E402
 

@@ -188,7 +188,8 @@ def test_a_multi_case_evaluation_where_one_case_falls_back_matches_one_without(m
     from mcseg.inference import volume as inference
     from mcseg.training.loader import build_dataset, load_cases
     from mcseg.evaluation.evaluator import EvalProtocol, Evaluator
-    from mcseg.inference.predict import SegmentationPredictor, evaluate_cases
+    from mcseg.evaluation.cases import evaluate_cases
+    from mcseg.inference.predict import SegmentationPredictor
 
     dataset = build_dataset(make_cfg(["dataset=synthetic3d", "dataset.n_cases=3", "dataset.shape=[24,24,20]"]).dataset)
     cases = load_cases(dataset, dataset.case_refs(), workers=1)

@@ -30,8 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 from mcseg.calibration import PosthocConfig
 from mcseg.config import typed
 from mcseg.data.fingerprint import split_content_sha256
-from mcseg.inference.build import build_predictor, restore_model
-from mcseg.inference.build import load_checkpoint
+from mcseg.inference.build import build_predictor, load_checkpoint, restore_model
 from mcseg.evaluation.checkpoint import (SELECTED, check_compatible, checkpoint_split, clear_evaluation,
                                           member_settings, member_tag, members_as_asked, mirrored_as_asked,
                                           own_splits, plan_posthoc, pooled_after_tag, posthoc_scalers,

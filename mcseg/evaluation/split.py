@@ -19,7 +19,8 @@ from mcseg.data.base import SegmentationDataset
 from mcseg.data.cases import CaseRef
 from mcseg.data.io import atomic_write, write_json
 from mcseg.evaluation.evaluator import EvalProtocol, Evaluator
-from mcseg.inference.predict import PerNetwork, SegmentationPredictor, evaluate_cases
+from mcseg.evaluation.cases import PerNetwork, evaluate_cases
+from mcseg.inference.predict import SegmentationPredictor
 from mcseg.metrics.failure import FailureDetection
 from mcseg.metrics.uncertainty import MAPS
 

@@ -45,7 +45,8 @@ from mcseg.training.loader import stop_workers, to_device
 from mcseg.training.distributed import DistContext, StopVote, wrap_model
 from mcseg.evaluation.evaluator import EvalProtocol, Evaluator, reliability_figure
 from mcseg.inference.volume import autocast_context
-from mcseg.inference.predict import SegmentationPredictor, evaluate_cases
+from mcseg.evaluation.cases import evaluate_cases
+from mcseg.inference.predict import SegmentationPredictor
 from mcseg.training.relaunch import resume_mismatch
 from mcseg.training.tb_logger import TensorBoardLogger
 from mcseg.training.window import FINITE, WHAT, BadStep, TrainingWindow, nonfinite_code
