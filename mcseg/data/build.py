@@ -1,6 +1,6 @@
 """From the ``dataset`` config node to a dataset, its split, and the checks a run's inputs pass at start.
 
-Below the engine, so that ``mcseg-data`` and the entry points build datasets the same way.
+Below training and evaluation, so that ``mcseg-data`` and the entry points build datasets the same way.
 """
 from __future__ import annotations
 

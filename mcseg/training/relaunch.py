@@ -2,7 +2,7 @@
 
 * ``last.pt`` present: the launch must ask to resume (``trainer.resume``/``auto_resume``);
 * resuming: what the model sees and how it is trained must be the checkpoint's own
-  (:data:`mcseg.config.RESUME_MUST_MATCH`, compared after :func:`~mcseg.training.loader.record_dataset_facts`, so the
+  (:data:`mcseg.config.RESUME_MUST_MATCH`, compared after :func:`~mcseg.data.build.record_dataset_facts`, so the
   class names and channels found in the data are compared too);
 * a finished run (``result.json``) is not trained or evaluated again: ``evaluate.py`` re-evaluates it.
   When its ``status.json`` also says ``completed``, the refusal is :class:`RunFinished`, which a
