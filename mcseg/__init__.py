@@ -1,11 +1,13 @@
 """mcseg: train and evaluate medical segmentation networks with calibration losses (see README.md).
 
-Layers, imports pointing only down: entry points (``train.py``, ``evaluate.py``, ``cli.py``,
-``sweep.py``, ``report/``, ``evaluate_folder.py``) -> engine (``engine/``: trainer, inference,
-evaluation, checkpoints, the builders both entry points share) and post-hoc calibration
-(``calibration/``, which the engine may call, never the reverse) -> ``data/``, ``models/``,
-``losses/``, ``metrics/`` -> config schemas and small utilities (``config.py``, ``errors.py``,
-``targets.py``, ``runtime.py``). Two entry points that need the same construction share a
-builder below them (``engine/build.py``, ``engine/checkpoint_eval.py``) instead of importing
-each other.
+Layers, imports pointing only down and no two modules importing each other: entry points
+(``train.py``, ``evaluate.py``, ``cli.py``, ``sweep.py``, ``report/``, ``evaluate_folder.py``) ->
+``training/`` (the loop, distributed training, checkpoints, relaunch checks) -> ``evaluation/`` (the
+evaluator, a split, a checkpoint, an ensemble, a suite under shift, provenance) -> ``inference/``
+(whole-volume prediction and its members, predictors built from a config or a checkpoint) ->
+``calibration/``, ``data/``, ``metrics/``, ``models/``, ``losses/`` and ``rundir.py`` (run
+directories: ownership, finding them) -> config and runtime (``config.py``, ``errors.py``,
+``targets.py``, ``runtime.py``, ``environment.py``, ``text.py``). Two entry points that need the
+same construction share a builder below them (``inference/build.py``, ``evaluation/checkpoint.py``)
+instead of importing each other. ``tests/test_layers.py`` checks both rules.
 """

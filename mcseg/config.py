@@ -4,7 +4,8 @@ Hydra already refuses command-line overrides of keys that do not exist. These ch
 cover the rest: a misspelt key or a wrong type inside a YAML file (an experiment preset,
 a user's dataset file) fails at start with the full key named, not an hour into a run.
 Nodes with a fixed shape are checked against dataclasses; ``_target_`` nodes are checked
-against the signature of the class or function they name.
+against the signature of the class or function they name. :func:`resume_mismatch` says where two
+resolved configs differ in what decides a checkpoint's model.
 """
 from __future__ import annotations
 
@@ -131,7 +132,7 @@ class InferenceConfig:
     blend_mode: str = "gaussian"
     roi_size: list[int] | None = None  # 3D window; defaults to the training patch size
     mirror_axes: list[int] = field(default_factory=list)  # test-time mirroring (not in training's validation)
-    # members pooled as probabilities (mcseg.engine.members): MC-dropout samples and TTA views
+    # members pooled as probabilities (mcseg.inference.members): MC-dropout samples and TTA views
     mc_samples: int = 0
     tta: list[str] = field(default_factory=list)  # [] | [flips] | [flips, noise] | [noise]
     tta_noise_std: float = 0.1
@@ -219,3 +220,51 @@ def validate_train_config(cfg: DictConfig) -> None:
     typed(cfg.logger, LoggerConfig, "logger")
     typed(cfg.inference, InferenceConfig, "inference")
     typed(cfg.evaluation, EvalProtocol, "evaluation")
+
+
+# What of a config decides a checkpoint's model: compared when a run resumes (mcseg.training.relaunch) and when
+# a checkpoint is evaluated beside its run's own (mcseg.evaluation.checkpoint).
+# Config sections that must match between a checkpoint and the run resuming from it.
+RESUME_MUST_MATCH = ("model", "loss", "optim", "scheduler", "seed", "dataset")
+# Dataset keys that may change on resume: where the data lives and how it is cached and loaded,
+# not what the model sees (the data itself is compared through the facts recorded from it; a
+# resumed run reads its own split.json, whatever split.file says).
+DATASET_MAY_CHANGE = ("root", "split.file", "preprocess.cache", "preprocess.cache_dir", "preprocess.workers",
+                      "sampling.num_workers")
+
+
+def _without(node: dict | None, dotted: tuple[str, ...]) -> dict | None:
+    if not isinstance(node, dict):
+        return node
+    node = {k: dict(v) if isinstance(v, dict) else v for k, v in node.items()}
+    for key in dotted:
+        *parents, leaf = key.split(".")
+        parent = node
+        for name in parents:
+            parent = parent.get(name) if isinstance(parent, dict) else None
+        if isinstance(parent, dict):
+            parent.pop(leaf, None)
+    return node
+
+
+def _first_difference(saved, now, prefix: str) -> str | None:
+    """The first dotted key at which two config nodes differ."""
+    if isinstance(saved, dict) and isinstance(now, dict):
+        for key in sorted(saved.keys() | now.keys()):
+            found = _first_difference(saved.get(key), now.get(key), f"{prefix}.{key}")
+            if found:
+                return found
+        return None
+    return None if saved == now else f"{prefix}={now!r} (checkpoint: {saved!r})"
+
+
+def resume_mismatch(saved: dict, now: dict) -> str | None:
+    """Where the resolved config ``now`` differs from a checkpoint's ``saved`` one in :data:`RESUME_MUST_MATCH`."""
+    for key in RESUME_MUST_MATCH:
+        a, b = saved.get(key), now.get(key)
+        if key == "dataset":
+            a, b = _without(a, DATASET_MAY_CHANGE), _without(b, DATASET_MAY_CHANGE)
+        found = _first_difference(a, b, key)
+        if found:
+            return found
+    return None

@@ -1,7 +1,7 @@
 """``evaluate(cfg)``: re-evaluate a saved checkpoint (``ckpt=``) or every run under a directory (``runs=``).
 
 The entry point of ``evaluate.py``/``mcseg-evaluate``; what a checkpoint evaluation does, where
-it writes and what it records is :mod:`mcseg.engine.checkpoint_eval`.
+it writes and what it records is :mod:`mcseg.evaluation.checkpoint`.
 """
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from pathlib import Path
 from omegaconf import DictConfig, ListConfig
 
 from mcseg.data.io import write_json
-from mcseg.engine.checkpoint_eval import evaluate_checkpoint
-from mcseg.engine.ensemble import evaluate_ensemble
-from mcseg.engine.evaluation import evaluate_split, format_summary  # noqa: F401  (re-exported for scripts)
+from mcseg.evaluation.checkpoint import evaluate_checkpoint
+from mcseg.evaluation.ensemble import evaluate_ensemble
+from mcseg.evaluation.split import evaluate_split, format_summary  # noqa: F401  (re-exported for scripts)
 from mcseg.errors import ConfigError
-from mcseg.engine.provenance import hydra_overrides
-from mcseg.sweep import find_run_dirs
+from mcseg.evaluation.provenance import hydra_overrides
+from mcseg.rundir import find_run_dirs
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from mcseg.data.io import Volume, VolumeError, read_volume, write_nifti
-from mcseg.engine.evaluator import EvalProtocol, Evaluator, entropy_map
+from mcseg.evaluation.evaluator import EvalProtocol, Evaluator, entropy_map
 from mcseg.metrics.regions import REGIONS
 from mcseg.metrics.surface import HD_DEFINITIONS
 
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     except (FolderError, VolumeError, ValueError) as exc:
         print(f"mcseg-evaluate-folder: error: {exc}", file=sys.stderr)
         return 2
-    from mcseg.engine.evaluation import format_summary
+    from mcseg.evaluation.split import format_summary
 
     names = ["background", *summary["classes"]]
     print(format_summary(summary, names, title=f"{args.pred_dir}"))

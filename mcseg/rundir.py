@@ -9,6 +9,8 @@ entry point's pre-flight checks passed), nothing else is written: Hydra's ``.hyd
 written here instead of by Hydra (``hydra.output_subdir: null``) and log records are held in
 memory instead of the run's log file. A refused launch therefore leaves the directory
 byte-identical. A resume keeps the original record and appends to ``.hydra/resumes.yaml``.
+
+Run directories are found here too (:func:`find_run_dirs`), for sweeps, evaluations of ensembles and reports.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import functools
 import json
 import logging
 import logging.handlers
+import math
 import os
 import socket
 import threading
@@ -316,3 +319,30 @@ def state_of(run_dir: Path, status: str) -> str:
         return status
     holder = read_lock(run_dir)
     return "interrupted" if holder is None or holder_gone(holder) else status
+
+
+# What marks a job's or run's directory: Hydra's record, mcseg's status and result files, checkpoints.
+RUN_MARKERS = (".hydra", STATUS_FILE, "result.json", "checkpoints")
+
+
+def find_run_dirs(roots: list[Path]) -> list[Path]:
+    """Job and run directories under (or equal to) each root, without duplicates, in job order.
+
+    Directories below an ``eval/`` folder (evaluation jobs writing into a run) are not runs.
+    """
+    found: dict[Path, None] = {}
+    for root in roots:
+        root = Path(root).resolve()
+        if not root.is_dir():
+            raise FileNotFoundError(f"{root} is not a directory")
+        for marker in RUN_MARKERS:
+            for hit in root.rglob(marker):
+                if "eval" not in hit.parent.relative_to(root).parts:
+                    found.setdefault(hit.parent, None)
+    return sorted(found, key=_job_order)
+
+
+def _job_order(run_dir: Path) -> tuple:
+    """Sweep job directories (``<n>_...``) in job-number order, not string order (10 after 9)."""
+    number, _, _ = run_dir.name.partition("_")
+    return (str(run_dir.parent), int(number) if number.isdigit() else math.inf, run_dir.name)

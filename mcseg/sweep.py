@@ -17,7 +17,6 @@ from __future__ import annotations
 import atexit
 import json
 import logging
-import math
 import os
 import signal
 import sys
@@ -31,7 +30,7 @@ from omegaconf import DictConfig
 
 from mcseg.data.io import atomic_write, write_json
 from mcseg.errors import as_disk_full
-from mcseg.rundir import STATUS_FILE, state_of
+from mcseg.rundir import RUN_MARKERS, STATUS_FILE, find_run_dirs, state_of  # noqa: F401  (importable here too)
 
 log = logging.getLogger("mcseg")
 
@@ -161,7 +160,7 @@ def run_job(fn: Callable[[DictConfig], Any], cfg: DictConfig, checks_itself: boo
     ``status.json``. Returns ``fn``'s value, or ``None`` for a job that failed inside a multirun (an
     Optuna sweeper then marks the trial failed). ``MCSEG_TRACEBACK=1`` re-raises instead.
     Inside a multirun, a job that already completed (a sweep run again with ``trainer.auto_resume=true``:
-    :class:`~mcseg.engine.relaunch.RunFinished`) is skipped with a log line naming it, its directory
+    :class:`~mcseg.training.relaunch.RunFinished`) is skipped with a log line naming it, its directory
     untouched, and returns its recorded ``result.json``.
 
     A full disk ends the job with one line naming the file and the free space
@@ -169,8 +168,8 @@ def run_job(fn: Callable[[DictConfig], Any], cfg: DictConfig, checks_itself: boo
     ``status.json`` keeps reserved (:func:`write_status`).
     """
     from mcseg import rundir
-    from mcseg.engine.distributed import env_context
-    from mcseg.engine.relaunch import RunFinished
+    from mcseg.training.distributed import env_context
+    from mcseg.training.relaunch import RunFinished
     from mcseg.errors import TrainingInterrupted
 
     multirun, overrides, num = _hydra_job()
@@ -278,33 +277,6 @@ def _stop_on_sigterm():
         raise TrainingInterrupted("stopped by SIGTERM")
 
     return signal.signal(signal.SIGTERM, stop)
-
-
-# What marks a job's or run's directory: Hydra's record, mcseg's status and result files, checkpoints.
-RUN_MARKERS = (".hydra", STATUS_FILE, "result.json", "checkpoints")
-
-
-def find_run_dirs(roots: list[Path]) -> list[Path]:
-    """Job and run directories under (or equal to) each root, without duplicates, in job order.
-
-    Directories below an ``eval/`` folder (evaluation jobs writing into a run) are not runs.
-    """
-    found: dict[Path, None] = {}
-    for root in roots:
-        root = Path(root).resolve()
-        if not root.is_dir():
-            raise FileNotFoundError(f"{root} is not a directory")
-        for marker in RUN_MARKERS:
-            for hit in root.rglob(marker):
-                if "eval" not in hit.parent.relative_to(root).parts:
-                    found.setdefault(hit.parent, None)
-    return sorted(found, key=_job_order)
-
-
-def _job_order(run_dir: Path) -> tuple:
-    """Sweep job directories (``<n>_...``) in job-number order, not string order (10 after 9)."""
-    number, _, _ = run_dir.name.partition("_")
-    return (str(run_dir.parent), int(number) if number.isdigit() else math.inf, run_dir.name)
 
 
 def collect_job_status(sweep_dir: Path) -> list[dict]:

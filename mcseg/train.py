@@ -17,20 +17,20 @@ from mcseg.config import LoggerConfig, TrainerConfig, typed, validate_train_conf
 from mcseg.data.io import write_json
 from mcseg.errors import ConfigError
 from mcseg.data.build import check_run_inputs
-from mcseg.engine.build import build_predictor
-from mcseg.engine.data import build_dataset, build_train_loader, load_cases, record_dataset_facts, resolve_split
-from mcseg.engine.distributed import init_distributed, shutdown
-from mcseg.engine.evaluator import EvalProtocol
-from mcseg.engine.inference import InferenceConfig
-from mcseg.engine.tb_logger import TensorBoardLogger
-from mcseg.engine.trainer import HEADLINE, Trainer
-from mcseg.engine.evaluation import evaluate_split, format_summary
+from mcseg.inference.build import build_predictor
+from mcseg.training.loader import build_dataset, build_train_loader, load_cases, record_dataset_facts, resolve_split
+from mcseg.training.distributed import init_distributed, shutdown
+from mcseg.evaluation.evaluator import EvalProtocol
+from mcseg.inference.volume import InferenceConfig
+from mcseg.training.tb_logger import TensorBoardLogger
+from mcseg.training.trainer import HEADLINE, Trainer
+from mcseg.evaluation.split import evaluate_split, format_summary
 from mcseg.data.fingerprint import split_fingerprints
 from mcseg.data.split import SPLITS
-from mcseg.engine.provenance import (checkpoint_identity, classes_unseen_in_training, configuration_sha256,
+from mcseg.evaluation.provenance import (checkpoint_identity, classes_unseen_in_training, configuration_sha256,
                                     content_lookup, dataset_identity,
                                     hydra_overrides, split_case_ids, warn_shared_content)
-from mcseg.engine.relaunch import check_launch
+from mcseg.training.relaunch import check_launch
 from mcseg.sweep import run_identity
 from mcseg.rundir import begin as begin_run
 from mcseg.environment import environment_record

@@ -5,7 +5,7 @@
 Each measurement runs in a process of its own (its peak resident memory is its own): the evaluation of
 ``--cases`` synthetic volumes of the hippocampus crops' size (``--shape``) with the ``hippocampus_cpu``
 network (3D U-Net, channels 8-128, whole volume in one window) through mcseg's one evaluation path
-(:func:`mcseg.engine.predict.evaluate_cases`: inference, the evaluator, failure detection). For K = 1, 3, 5
+(:func:`mcseg.evaluation.cases.evaluate_cases`: inference, the evaluator, failure detection). For K = 1, 3, 5
 members: an ensemble of K networks, K MC-dropout samples, and TTA (flips: 8 views; flips + noise: 16). The
 ratio to K single evaluations shows the pooling's overhead (the issue's bound: 1.15); memory must not grow
 with K. Weights are random: the cost of a pass does not depend on them.
@@ -31,9 +31,10 @@ def one(mode: str, k: int, cases: int, shape: list[int]) -> dict:
 
     from mcseg.config import EvalProtocol
     from mcseg.data.cases import CaseData
-    from mcseg.engine.evaluator import Evaluator
-    from mcseg.engine.inference import InferenceConfig
-    from mcseg.engine.predict import EnsemblePredictor, SegmentationPredictor, evaluate_cases
+    from mcseg.evaluation.evaluator import Evaluator
+    from mcseg.inference.volume import InferenceConfig
+    from mcseg.evaluation.cases import evaluate_cases
+    from mcseg.inference.predict import EnsemblePredictor, SegmentationPredictor
     from mcseg.metrics.failure import FailureDetection
     from mcseg.metrics.uncertainty import MAPS
 

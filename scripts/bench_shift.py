@@ -39,7 +39,7 @@ COMMON = ["save_predictions=false", "evaluation.figures=false", "device=cpu"]
 
 
 def _evaluate(ckpt: Path, out: Path, overrides: list[str]) -> tuple[dict, float]:
-    from mcseg.engine.checkpoint_eval import evaluate_checkpoint
+    from mcseg.evaluation.checkpoint import evaluate_checkpoint
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         cfg = compose(config_name="evaluate", overrides=[*COMMON, *overrides])

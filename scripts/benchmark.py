@@ -51,10 +51,11 @@ from bench_metrics import machine, write_section  # noqa: E402
 from competitor import competitors  # noqa: E402
 
 from mcseg.data.cases import CaseData  # noqa: E402
-from mcseg.engine.evaluator import EvalProtocol, Evaluator  # noqa: E402
-from mcseg.engine.inference import InferenceConfig  # noqa: E402
-from mcseg.engine.predict import SegmentationPredictor, evaluate_cases  # noqa: E402
-from mcseg.engine.trainer import Trainer  # noqa: E402
+from mcseg.evaluation.evaluator import EvalProtocol, Evaluator  # noqa: E402
+from mcseg.inference.volume import InferenceConfig  # noqa: E402
+from mcseg.evaluation.cases import evaluate_cases  # noqa: E402
+from mcseg.inference.predict import SegmentationPredictor  # noqa: E402
+from mcseg.training.trainer import Trainer  # noqa: E402
 from mcseg.losses.base import target_checks  # noqa: E402
 
 JSON_PATH = ROOT / "docs" / "benchmarks.json"
@@ -213,8 +214,8 @@ def end_to_end_rate(trainer: Trainer, epoch: int) -> tuple[float, float]:
 def evaluation_rate(cfg, trainer: Trainer, n_cases: int, out_dir: Path) -> dict:
     """(d): test volumes/s through ``evaluate_split`` (after one untimed volume)."""
     from mcseg.config import typed
-    from mcseg.engine.data import build_dataset, resolve_split
-    from mcseg.engine.evaluation import evaluate_split
+    from mcseg.training.loader import build_dataset, resolve_split
+    from mcseg.evaluation.split import evaluate_split
 
     dataset = build_dataset(cfg.dataset)
     refs = resolve_split(dataset, cfg.dataset, Path(cfg.paths.output_dir))["test"]

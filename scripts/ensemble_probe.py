@@ -24,9 +24,9 @@ from omegaconf import OmegaConf
 
 from mcseg.config import typed
 from mcseg.data.build import build_dataset
-from mcseg.engine.build import build_predictor, restore_model
-from mcseg.engine.checkpoint import load_checkpoint
-from mcseg.engine.inference import InferenceConfig
+from mcseg.inference.build import build_predictor, restore_model
+from mcseg.training.checkpoint import load_checkpoint
+from mcseg.inference.volume import InferenceConfig
 from mcseg.metrics.overlap import dice
 
 

@@ -121,7 +121,7 @@ do_torchrun() {
     [ "$device" = cuda ] || { echo "torchrun trained; NCCL part SKIPPED on $device"; exit 0; }
     cat > "$work/nccl_check.py" <<'EOF'
 import os, torch, torch.distributed as dist
-from mcseg.engine.distributed import DistContext, StopVote
+from mcseg.training.distributed import DistContext, StopVote
 torch.cuda.set_device(0)
 dist.init_process_group("nccl", device_id=torch.device("cuda", 0))
 x = torch.ones(4, device="cuda")

@@ -10,7 +10,7 @@ prediction; and ``posthoc.pool=after``: each network scaled by its own temperatu
 with every flip combination of the networks of ``--tta-seeds`` (temperature fitted on
 their pooled validation prediction); for each run of the dropout sweep (one per loss, trained with
 ``model.dropout``): the network alone and ``--mc-samples`` MC-dropout passes. Every evaluation is mcseg's own
-(``mcseg.engine``), written where ``evaluate.py`` writes it; one that exists is read back, so the study
+(``mcseg.evaluation``), written where ``evaluate.py`` writes it; one that exists is read back, so the study
 resumes. Nothing is selected on the test split. Writes ``<out>/table.md`` and ``<out>/per_evaluation.csv``.
 """
 from __future__ import annotations
@@ -30,8 +30,8 @@ sys.path.insert(0, str(ROOT))
 from hydra import compose, initialize_config_dir  # noqa: E402
 
 from mcseg.config import CONFIG_DIR  # noqa: E402
-from mcseg.engine.checkpoint_eval import evaluate_checkpoint  # noqa: E402
-from mcseg.engine.ensemble import evaluate_ensemble  # noqa: E402
+from mcseg.evaluation.checkpoint import evaluate_checkpoint  # noqa: E402
+from mcseg.evaluation.ensemble import evaluate_ensemble  # noqa: E402
 from mcseg.sweep import find_run_dirs  # noqa: E402
 
 log = logging.getLogger("uncertainty_study")

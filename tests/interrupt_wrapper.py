@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from mcseg.engine import checkpoint, trainer  # noqa: E402
+from mcseg.training import checkpoint, trainer  # noqa: E402
 
 kill_step = int(os.environ.get("MCSEG_KILL_AT_STEP", 0))
 term_step = int(os.environ.get("MCSEG_TERM_AT_STEP", 0))

@@ -1,4 +1,4 @@
-"""What each of two gloo processes sees of :class:`~mcseg.engine.distributed.StopVote` (test_distributed.py);
+"""What each of two gloo processes sees of :class:`~mcseg.training.distributed.StopVote` (test_distributed.py);
 a module of its own so that the spawned processes import little."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import torch.distributed as dist
 
-from mcseg.engine.distributed import DistContext, StopVote
+from mcseg.training.distributed import DistContext, StopVote
 
 
 def vote(rank: int, port: int, out: str) -> None:

@@ -9,11 +9,11 @@ import nibabel as nib
 import pytest
 import torch
 
-from mcseg.engine import inference
-from mcseg.engine.checkpoint import load_checkpoint
+from mcseg.inference import volume as inference
+from mcseg.training.checkpoint import load_checkpoint
 from mcseg.losses.deep_supervision import deep_supervision_loss
-from mcseg.engine.build import build_predictor
-from mcseg.engine.inference import InferenceConfig
+from mcseg.inference.build import build_predictor
+from mcseg.inference.volume import InferenceConfig
 from mcseg.models import MbLSUNet2D, final_output, size_divisor, supervision_outputs
 from mcseg.train import train
 
@@ -72,7 +72,7 @@ def test_every_model_preset_trains_and_evaluates(make_cfg, tmp_path, one_thread,
 @pytest.mark.parametrize("option,heads", [("unetpp", 4), ("dynunet", 2)])
 def test_deep_supervision_trains_every_head_and_evaluates_the_final_output(make_cfg, one_thread, monkeypatch,
                                                                            option, heads):
-    from mcseg.engine import trainer
+    from mcseg.training import trainer
 
     seen = []
 
@@ -184,7 +184,7 @@ def test_unetpp_without_deep_supervision_trains_under_ddp(tmp_path):
     import torch.distributed as dist
     from monai.networks.nets import BasicUNetPlusPlus
 
-    from mcseg.engine.distributed import DistContext, wrap_model
+    from mcseg.training.distributed import DistContext, wrap_model
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:

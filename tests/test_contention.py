@@ -156,7 +156,7 @@ def test_competitors_run_with_torch_defaults_and_report_their_rates(monkeypatch)
 
 
 def test_loader_workers_follow_the_configured_threads_not_a_momentary_reduction(two_threads, monkeypatch):
-    from mcseg.engine import data
+    from mcseg.training import loader as data
 
     fake = FakeScheduler()
     threads = governor(fake)

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from mcseg.data.sampling import EpochSampler
-from mcseg.engine.checkpoint import load_checkpoint
-from mcseg.engine.distributed import DistContext, env_context
+from mcseg.training.checkpoint import load_checkpoint
+from mcseg.training.distributed import DistContext, env_context
 from mcseg.train import train
 
 from .conftest import ROOT, TINY_2D

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mcseg.engine import checkpoint
-from mcseg.engine.trainer import Trainer
+from mcseg.training import checkpoint
+from mcseg.training.trainer import Trainer
 from mcseg.train import train
 
 from .conftest import TINY_2D
@@ -138,7 +138,7 @@ def _fail_first_window_call(monkeypatch, error, fail_on_call: int = 1, stitch=No
     keyword arguments and whether an exception was being handled while it ran."""
     import sys
 
-    from mcseg.engine import inference
+    from mcseg.inference import volume as inference
 
     calls = []
     real = inference.sliding_window_inference
@@ -157,7 +157,7 @@ def _fail_first_window_call(monkeypatch, error, fail_on_call: int = 1, stitch=No
 
 @pytest.mark.parametrize("error", ALLOCATION_FAILURES.values(), ids=ALLOCATION_FAILURES.keys())
 def test_out_of_memory_retries_with_host_stitching_and_returns_logits_on_the_device(monkeypatch, error):
-    from mcseg.engine import inference
+    from mcseg.inference import volume as inference
 
     calls = _fail_first_window_call(
         monkeypatch, error, stitch=lambda inputs, kw: torch.zeros(1, 2, *inputs.shape[2:], device=kw.get("device")))
@@ -171,7 +171,7 @@ def test_out_of_memory_retries_with_host_stitching_and_returns_logits_on_the_dev
 
 
 def test_an_error_that_is_not_an_allocation_failure_is_not_retried(monkeypatch):
-    from mcseg.engine import inference
+    from mcseg.inference import volume as inference
 
     calls = _fail_first_window_call(monkeypatch, lambda: RuntimeError("CUDNN_STATUS_BAD_PARAM"))
     cfg = inference.InferenceConfig(roi_size=[16, 16, 16])
@@ -185,10 +185,11 @@ def test_a_multi_case_evaluation_where_one_case_falls_back_matches_one_without(m
     evaluation without the failure (host stitching by MONAI's buffered path is the same blend), and
     every case's logits reach the loss hook and the evaluator on the predictor's device. (On the CPU
     the retry is allowed here by declaring the CPU an accelerator.)"""
-    from mcseg.engine import inference
-    from mcseg.engine.data import build_dataset, load_cases
-    from mcseg.engine.evaluator import EvalProtocol, Evaluator
-    from mcseg.engine.predict import SegmentationPredictor, evaluate_cases
+    from mcseg.inference import volume as inference
+    from mcseg.training.loader import build_dataset, load_cases
+    from mcseg.evaluation.evaluator import EvalProtocol, Evaluator
+    from mcseg.evaluation.cases import evaluate_cases
+    from mcseg.inference.predict import SegmentationPredictor
 
     dataset = build_dataset(make_cfg(["dataset=synthetic3d", "dataset.n_cases=3", "dataset.shape=[24,24,20]"]).dataset)
     cases = load_cases(dataset, dataset.case_refs(), workers=1)
@@ -217,7 +218,7 @@ def test_a_multi_case_evaluation_where_one_case_falls_back_matches_one_without(m
 @pytest.mark.parametrize(("dims", "shape"), [(2, (1, 20, 28, 6)), (3, (1, 16, 16, 16))], ids=["2d-slices", "3d-window"])
 def test_cudnn_autotuner_is_off_during_inference_and_restored_after(monkeypatch, dims, shape):
     """Validation volumes differ in shape; with ``cudnn.benchmark`` on each new shape is tuned anew."""
-    from mcseg.engine import inference
+    from mcseg.inference import volume as inference
 
     seen = []
 
@@ -265,7 +266,7 @@ def test_workers_threads_and_preprocessing_processes_follow_the_allotment(monkey
     from concurrent import futures
 
     from mcseg.data.synthetic import SyntheticDataset
-    from mcseg.engine.data import default_workers, load_cases
+    from mcseg.training.loader import default_workers, load_cases
     from mcseg.runtime import helper_processes
 
     monkeypatch.setattr("os.cpu_count", lambda: 128)
@@ -275,7 +276,7 @@ def test_workers_threads_and_preprocessing_processes_follow_the_allotment(monkey
     assert default_workers(torch.device("cuda")) == 3  # 4 allotted, one kept by the training step
     assert helper_processes() == 3
     pools = []
-    monkeypatch.setattr("mcseg.engine.data.ThreadPoolExecutor",
+    monkeypatch.setattr("mcseg.training.loader.ThreadPoolExecutor",
                         lambda n: pools.append(n) or futures.ThreadPoolExecutor(n))
     dataset = SyntheticDataset(n_cases=3, shape=[16, 16])
     load_cases(dataset, dataset.case_refs())
@@ -350,7 +351,7 @@ def test_a_waiting_rank_stops_at_once_when_another_failed(monkeypatch, failure):
 
     from torch import distributed
 
-    from mcseg.engine import distributed as mdist
+    from mcseg.training import distributed as mdist
 
     store = distributed.HashStore() if failure == "reported" else _GoneStore()
     monkeypatch.setattr(distributed.distributed_c10d, "_get_default_store", lambda: store)
@@ -368,7 +369,7 @@ def test_a_store_barrier_lets_every_rank_through_once_all_arrived(monkeypatch):
 
     from torch import distributed
 
-    from mcseg.engine import distributed as mdist
+    from mcseg.training import distributed as mdist
 
     store = distributed.HashStore()
     monkeypatch.setattr(distributed.distributed_c10d, "_get_default_store", lambda: store)
@@ -387,7 +388,7 @@ def test_a_store_barrier_lets_every_rank_through_once_all_arrived(monkeypatch):
 
 SUBMITIT_LIKE_JOB = """
 import os, time
-from mcseg.engine.distributed import init_distributed, shutdown
+from mcseg.training.distributed import init_distributed, shutdown
 ctx, _ = init_distributed("cpu")
 try:
     if ctx.rank == 0:  # validating while rank 1 waits at the barrier, then failing

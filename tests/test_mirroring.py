@@ -7,9 +7,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from mcseg.engine import inference
-from mcseg.engine.inference import InferenceConfig, mirror_combinations, predict_logits
-from mcseg.engine.predict import SegmentationPredictor
+from mcseg.inference import volume as inference
+from mcseg.inference.volume import InferenceConfig, mirror_combinations, predict_logits
+from mcseg.inference.predict import SegmentationPredictor
 from mcseg.errors import ConfigError
 from mcseg.evaluate import evaluate
 from mcseg.train import train
@@ -73,7 +73,7 @@ def mirrored_run(tmp_path_factory):
 
     cfg = compose_config("train", [*TINY_3D, "inference.mirror_axes=[0,1]"], run)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("mcseg.engine.predict.predict_logits", spy)
+        mp.setattr("mcseg.inference.predict.predict_logits", spy)
         train(cfg)
     return SimpleNamespace(path=run, seen=seen, epochs=int(cfg.trainer.max_epochs),
                            split=json.loads((run / "split.json").read_text()))

@@ -24,9 +24,9 @@ THEIR_LOG = """\
 """
 MCSEG_LOG = """\
 [2026-12-02 14:18:55,179][mcseg.train][INFO] - device: device cpu, cpu_threads 1
-[2026-12-02 14:18:59,976][mcseg.engine.trainer][INFO] - epoch 1/3 {'train/loss': 1.2181, 'train/lr': 0.001, 'train/samples_per_s': 2.0}
-[2026-12-02 14:19:06,132][mcseg.engine.trainer][INFO] - epoch 2/3 {'train/loss': 1.1928, 'train/samples_per_s': 8.0}
-[2026-12-02 14:19:12,132][mcseg.engine.trainer][INFO] - epoch 3/3 {'train/loss': 1.1, 'train/samples_per_s': 4.0, 'val/mean_ece': 0.35}
+[2026-12-02 14:18:59,976][mcseg.training.trainer][INFO] - epoch 1/3 {'train/loss': 1.2181, 'train/lr': 0.001, 'train/samples_per_s': 2.0}
+[2026-12-02 14:19:06,132][mcseg.training.trainer][INFO] - epoch 2/3 {'train/loss': 1.1928, 'train/samples_per_s': 8.0}
+[2026-12-02 14:19:12,132][mcseg.training.trainer][INFO] - epoch 3/3 {'train/loss': 1.1, 'train/samples_per_s': 4.0, 'val/mean_ece': 0.35}
 """
 
 

@@ -17,7 +17,7 @@ from mcseg.calibration.scalers import FitData, FitOptions, build_scaler
 from mcseg.calibration.scaling import fit_temperature_ece, voxel_ece
 from mcseg.config import EvalProtocol
 from mcseg.data.cases import CaseData
-from mcseg.engine.evaluator import Evaluator
+from mcseg.evaluation.evaluator import Evaluator
 from mcseg.errors import ConfigError
 from tests.conftest import TINY_2D
 from tests.test_calibration import calibrated_logits, softmax_link

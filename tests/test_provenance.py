@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from mcseg.engine.checkpoint import load_checkpoint, save_checkpoint
-from mcseg.engine.provenance import file_sha256
+from mcseg.training.checkpoint import load_checkpoint, save_checkpoint
+from mcseg.evaluation.provenance import file_sha256
 from mcseg.errors import ConfigError
 from mcseg.evaluate import evaluate
 from mcseg.train import train
@@ -193,7 +193,7 @@ def test_sampling_override_on_another_dataset_is_refused(runs, make_cfg, tmp_pat
 @pytest.fixture
 def geometry_spy(monkeypatch):
     """The (dims, slice axis, window) of every prediction made."""
-    import mcseg.engine.predict as predict
+    import mcseg.inference.predict as predict
 
     seen = []
     real = predict.predict_logits
@@ -282,7 +282,7 @@ def test_cli_evaluation_leaves_no_empty_job_directory(runs, tmp_path):
 
 
 def test_train_and_evaluate_do_not_import_each_other():
-    """Structure: entry points share builders below them (mcseg.engine.build), never each other."""
+    """Structure: entry points share builders below them (mcseg.inference.build), never each other."""
     import ast
 
     root = Path(__file__).resolve().parent.parent / "mcseg"
@@ -349,8 +349,8 @@ def test_a_resume_on_data_of_other_content_is_refused_naming_the_cases_and_a_mov
     """#22.1: the same case names with other files (a validation and a test case replaced by a training
     case's) used to resume silently: the names were all the record compared."""
     from mcseg.data.build import build_dataset
-    from mcseg.engine.provenance import content_lookup
-    from mcseg.engine.relaunch import check_launch
+    from mcseg.evaluation.provenance import content_lookup
+    from mcseg.training.relaunch import check_launch
     from mcseg.rundir import LaunchRefused
 
     run = copy_run(runs.run2d, tmp_path / "run")

@@ -17,8 +17,8 @@ from omegaconf import open_dict
 
 from mcseg.config import validate_train_config
 from mcseg.data.sampling import PatchDataset
-from mcseg.engine import checkpoint
-from mcseg.engine.checkpoint import load_checkpoint, save_checkpoint
+from mcseg.training import checkpoint
+from mcseg.training.checkpoint import load_checkpoint, save_checkpoint
 from mcseg.errors import ConfigError, NonFiniteLossError
 from mcseg.train import train
 
@@ -122,7 +122,7 @@ def test_sigterm_during_validation_stops_after_the_case_and_resume_finishes(tmp_
 
 
 def test_a_second_ctrl_c_stops_at_once(make_cfg, monkeypatch):
-    from mcseg.engine.trainer import Trainer
+    from mcseg.training.trainer import Trainer
 
     trainer = Trainer.__new__(Trainer)  # the handler's state only
     trainer._stop_signal = None
@@ -256,7 +256,7 @@ def test_unusable_cuda_is_an_error_when_asked_for_and_a_warning_under_auto(monke
 def test_out_of_memory_on_cuda_stitches_each_case_on_the_cpu_and_frees_the_gpu(caplog):
     """A real CUDA OOM, over several cases: the GPU holds the windows' work but not the stitched volume,
     so each case falls back to CPU stitching, and none leaves GPU memory behind for the next."""
-    from mcseg.engine import inference
+    from mcseg.inference import volume as inference
 
     model = torch.nn.Conv3d(1, 2, 3, padding=1).cuda()
     shape = (1, 256, 256, 256)  # 64 MiB of input; the stitched logits and their weights take 3 times that
@@ -269,7 +269,7 @@ def test_out_of_memory_on_cuda_stitches_each_case_on_the_cpu_and_frees_the_gpu(c
         cfg = inference.InferenceConfig(roi_size=[64, 64, 64], sw_batch_size=2, overlap=0.25)
         for case in range(3):
             image = torch.full(shape, float(case), device="cuda")
-            with caplog.at_level("WARNING", logger="mcseg.engine.inference"):
+            with caplog.at_level("WARNING", logger="mcseg.inference.volume"):
                 out = inference.predict_logits(model, image, 3, 16, cfg)
             assert out.device.type == "cpu" and out.shape == (2, *shape[1:])
             del image, out

@@ -93,7 +93,7 @@ def test_a_default_spelt_out_is_one_configuration_and_two_roots_of_one_preset_tw
 def test_the_configuration_hash_ignores_paths_loggers_workers_and_spelt_out_defaults(make_cfg, tmp_path):
     from omegaconf import OmegaConf
 
-    from mcseg.engine.provenance import configuration_sha256
+    from mcseg.evaluation.provenance import configuration_sha256
 
     def sha(*overrides):
         cfg = make_cfg(list(overrides), output_dir=tmp_path / "x")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from mcseg import rundir
-from mcseg.engine.relaunch import resume_mismatch
+from mcseg.training.relaunch import resume_mismatch
 
 from .conftest import TINY_2D, run_cli
 
@@ -239,7 +239,7 @@ def test_a_full_disk_during_training_is_one_line_with_the_free_space_and_the_run
     from types import SimpleNamespace
 
     from mcseg import sweep
-    from mcseg.engine.trainer import Trainer
+    from mcseg.training.trainer import Trainer
     from mcseg.report.collect import read_run
     from mcseg.train import train
 
@@ -365,7 +365,7 @@ def test_tensorboard_events_that_cannot_be_written_stop_its_logging_with_one_war
     import threading
     from types import SimpleNamespace
 
-    from mcseg.engine import tb_logger
+    from mcseg.training import tb_logger
 
     class FullWriter:
         def add_scalar(self, *args):

@@ -31,7 +31,7 @@ def _evaluate(out: Path, *overrides):
 
 
 def test_a_clean_evaluation_from_before_the_failure_detection_options_is_still_of_the_same_protocol():
-    from mcseg.engine.shift_eval import _same_origin
+    from mcseg.evaluation.shift import _same_origin
 
     now = {"region": "union_foreground", "failure_region": None, "failure_risk": "macro"}
     older = {"protocol": {"region": "union_foreground"}}  # a summary written before the two keys existed

@@ -10,8 +10,8 @@ import pytest
 import torch
 from omegaconf import open_dict
 
-from mcseg.engine.checkpoint import load_checkpoint
-from mcseg.engine.trainer import Trainer
+from mcseg.training.checkpoint import load_checkpoint
+from mcseg.training.trainer import Trainer
 from mcseg.evaluate import evaluate
 from mcseg.rundir import LaunchRefused
 from mcseg.train import train

@@ -218,7 +218,7 @@ def fit_posthoc(predictor, cases: Iterable[CaseData], cfg: PosthocConfig, where:
     """Fit ``cfg.fit`` scalers on the validation ``cases`` and add them to ``<where>/calibration.json``.
 
     ``checkpoint``: the identity of the checkpoint whose predictor this is
-    (:func:`mcseg.engine.provenance.checkpoint_identity`; its ``sha256`` is the record's key);
+    (:func:`mcseg.evaluation.provenance.checkpoint_identity`; its ``sha256`` is the record's key);
     ``provenance``: more of what produced the fit (dataset identity, overrides) for the record;
     ``protocol``: the evaluation protocol (its region for ``voxels: region``, its bins for ``objective: ece``).
     """

@@ -1,6 +1,6 @@
 """From the ``dataset`` config node to a dataset, its split, and the checks a run's inputs pass at start.
 
-Below the engine, so that ``mcseg-data`` and the entry points build datasets the same way.
+Below training and evaluation, so that ``mcseg-data`` and the entry points build datasets the same way.
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import MissingMandatoryValue
 
-from mcseg.config import SplitConfig, typed
+from mcseg.config import SamplingConfig, SplitConfig, typed
 from mcseg.data.base import SegmentationDataset
 from mcseg.data.cases import CaseRef
 from mcseg.data.split import load_split, make_dataset_split, save_split
@@ -88,3 +88,8 @@ def check_run_inputs(cfg: DictConfig, dataset: SegmentationDataset, splits: Spli
                           f"for early stopping), this run fits on {n_val}; give more validation cases "
                           f"(dataset.split.val_fraction, trainer.val_max_cases) or remove lts")
     validate_cases(dataset, splits["all"], "training")
+
+
+def sampling_config(node: DictConfig) -> SamplingConfig:
+    """The typed ``sampling`` node of a ``dataset`` node."""
+    return typed(node.get("sampling"), SamplingConfig, "dataset.sampling")

@@ -24,11 +24,12 @@ from pathlib import Path
 from mcseg.data.cache import default_cache_dir
 from mcseg.data.io import atomic_write
 
-CHUNK = 1 << 20
+CHUNK = 1 << 20  # hash files in 1 MiB reads: a checkpoint never has to fit in memory twice
 DIGITS = 32  # 128 bits of the SHA-256: ample against chance collisions, half the size in every checkpoint
 
 
-def file_digest(path: Path) -> str:
+def file_digest(path: str | Path) -> str:
+    """The SHA-256 of a file's bytes (hex), read in ``CHUNK`` pieces."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(CHUNK), b""):

@@ -1,6 +1,6 @@
 """Backbones: MONAI's networks are built straight from config; only what MONAI lacks lives here.
 
-Besides the networks, what the engine needs to know of any of them: the factor input sizes must
+Besides the networks, what training and inference need to know of any of them: the factor input sizes must
 be a multiple of (:func:`size_divisor`), a fixed input size if it has one (:func:`fixed_input_size`),
 and which of its outputs are the segmentation and which deep-supervision heads (:func:`final_output`,
 :func:`supervision_outputs`).

@@ -35,7 +35,7 @@ def evaluate_missing(runs: list[RunRecord], split: str, scalers: list[str], devi
     from hydra import compose, initialize_config_dir
 
     from mcseg.config import CONFIG_DIR
-    from mcseg.engine.checkpoint_eval import evaluate_checkpoint
+    from mcseg.evaluation.checkpoint import evaluate_checkpoint
 
     out = []
     for run in runs:

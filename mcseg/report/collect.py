@@ -1,11 +1,11 @@
 """Find the runs under run or sweep directories and read what each one measured.
 
-Run directories are found by :func:`mcseg.sweep.find_run_dirs`. Its identity (configuration, loss, seed) comes from ``result.json``'s
+Run directories are found by :func:`mcseg.rundir.find_run_dirs`. Its identity (configuration, loss, seed) comes from ``result.json``'s
 ``run`` record, else from Hydra's ``.hydra/`` files; its test metrics from
 ``eval/<split>/summary.json`` and ``per_case.csv`` (and ``eval/<split>/<scaler>/`` after
 post-hoc calibration); its validation metrics, by which configurations are selected, from
 ``result.json``; its results under shift from ``eval/<split>[-<members>]/shift_summary.json``
-(:mod:`mcseg.engine.shift_eval`).
+(:mod:`mcseg.evaluation.shift`).
 """
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ from pathlib import Path
 
 import yaml
 
-from mcseg.engine.shift_eval import SUMMARY_FILE as SHIFT_SUMMARY
+from mcseg.evaluation.shift import SUMMARY_FILE as SHIFT_SUMMARY
 from mcseg.metrics.statistics import nanmean
-from mcseg.rundir import state_of
-from mcseg.sweep import STATUS_FILE, describe_run, find_run_dirs
+from mcseg.rundir import find_run_dirs, state_of
+from mcseg.sweep import STATUS_FILE, describe_run
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class RunRecord:
     dataset: str = "?"
     duplicate_of: Path | None = None  # same dataset, configuration and seed as that run (set by the table)
     # What the run ran and on which data: the hash of its resolved config and of its split's content
-    # (mcseg.engine.provenance); runs of versions that recorded neither fall back to overrides and name.
+    # (mcseg.evaluation.provenance); runs of versions that recorded neither fall back to overrides and name.
     configuration_key: str = ""
     dataset_key: str = ""
     # other predictors of the run's checkpoint: eval/<split>-<members>/ (TTA, MC dropout) -> summary.json

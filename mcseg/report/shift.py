@@ -3,7 +3,7 @@
 A predictor of a configuration (:func:`mcseg.report.table.predictor_evaluations`: its single networks, their
 variants, its ensembles, each raw and after every post-hoc scaler, named by
 :func:`mcseg.report.table.predictor_names`) has one ``shift_summary.json`` per evaluation ``e`` under a suite
-(:mod:`mcseg.engine.shift_eval`; the evaluations of ``single`` are the configuration's seeds). With
+(:mod:`mcseg.evaluation.shift`; the evaluations of ``single`` are the configuration's seeds). With
 ``m_e(c, s)`` its value of a metric under corruption ``c`` at level ``s`` (a mean over cases; level 0 the
 clean evaluation):
 
@@ -22,7 +22,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 
-from mcseg.engine.shift_eval import METRICS, mean_over_corruptions
+from mcseg.evaluation.shift import METRICS, mean_over_corruptions
 from mcseg.metrics.robustness import suite_robustness
 from mcseg.report.table import ConfigRow, mean_std_n, predictor_evaluations, predictor_names
 

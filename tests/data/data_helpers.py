@@ -14,13 +14,13 @@ TINY_RUN = [
 
 def evaluator_available() -> bool:
     try:
-        import mcseg.engine.evaluator  # noqa: F401
+        import mcseg.evaluation.evaluator  # noqa: F401
     except ImportError:
         return False
     return True
 
 
-needs_engine = pytest.mark.skipif(not evaluator_available(), reason="mcseg.engine.evaluator is not there yet")
+needs_engine = pytest.mark.skipif(not evaluator_available(), reason="mcseg.evaluation.evaluator is not there yet")
 
 
 def perfect_probabilities(label: np.ndarray, num_classes: int, multilabel: bool) -> torch.Tensor:
@@ -92,7 +92,7 @@ ALL_DOWNLOADS = ["acdc", "flare", "brats", "brats_regions", "brats2019", "prosta
 
 def build(make_cfg, overrides):
     """The dataset of the composed training config (as train() builds it)."""
-    from mcseg.engine.data import build_dataset
+    from mcseg.training.loader import build_dataset
 
     cfg = make_cfg(overrides)
     return build_dataset(cfg.dataset), cfg

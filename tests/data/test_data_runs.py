@@ -35,8 +35,8 @@ def test_one_epoch_run_writes_predictions_in_the_original_geometry(make_cfg, tmp
 
 def _perfect_predictor(dataset, cfg):
     """A predictor whose logits are the case's own (network-space) label."""
-    from mcseg.engine.inference import InferenceConfig
-    from mcseg.engine.predict import SegmentationPredictor
+    from mcseg.inference.volume import InferenceConfig
+    from mcseg.inference.predict import SegmentationPredictor
 
     link = torch.sigmoid if dataset.multilabel else (lambda x: torch.softmax(x, 1))
     predictor = SegmentationPredictor(torch.nn.Identity(), cfg.dataset.sampling.dims, 1, link, dataset.multilabel,
@@ -57,7 +57,7 @@ def _perfect_predictor(dataset, cfg):
 def test_evaluation_of_a_perfect_prediction_gives_dice_1_and_hd95_0(make_cfg, tmp_path, name):
     """Through the evaluator: restore() maps probabilities and labels back to each file's grid exactly."""
     from mcseg.config import typed
-    from mcseg.engine.evaluator import EvalProtocol
+    from mcseg.evaluation.evaluator import EvalProtocol
     from mcseg.evaluate import evaluate_split
 
     root, overrides = fake_download(name, tmp_path)
@@ -93,15 +93,15 @@ def test_a_second_run_reuses_the_cache(make_cfg, tmp_path, monkeypatch):
 def _split_hook_wired() -> bool:
     import inspect
 
-    from mcseg.engine.data import resolve_split
+    from mcseg.training.loader import resolve_split
 
     return "make_dataset_split" in inspect.getsource(resolve_split)
 
 
 def test_acdc_run_tests_on_the_testing_patients_and_validates_by_patient(make_cfg, tmp_path):
     if not _split_hook_wired():
-        pytest.skip("mcseg.engine.data.resolve_split does not call make_dataset_split yet")
-    from mcseg.engine.data import resolve_split
+        pytest.skip("mcseg.training.loader.resolve_split does not call make_dataset_split yet")
+    from mcseg.training.loader import resolve_split
 
     root, overrides = fake_download("acdc", tmp_path)
     dataset, cfg = build(make_cfg, overrides)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from mcseg.engine.evaluator import EvalProtocol, Evaluator
+from mcseg.evaluation.evaluator import EvalProtocol, Evaluator
 from mcseg.evaluate_folder import main
 
 from .reference import blobs

@@ -10,7 +10,7 @@ import pytest
 import torch
 from matplotlib.figure import Figure
 
-from mcseg.engine.evaluator import CASE_COLUMNS, ROW_COLUMNS, EvalProtocol, Evaluator, entropy_map, reliability_figure
+from mcseg.evaluation.evaluator import CASE_COLUMNS, ROW_COLUMNS, EvalProtocol, Evaluator, entropy_map, reliability_figure
 from mcseg.errors import ConfigError
 from mcseg.metrics.calibration import case_calibration
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mcseg.engine.distributed import DistContext
+from mcseg.training.distributed import DistContext
 
 FINITE, NONFINITE_LOSS, NONFINITE_GRADIENT = 0, 1, 2
 WHAT = {NONFINITE_LOSS: "loss", NONFINITE_GRADIENT: "gradient"}

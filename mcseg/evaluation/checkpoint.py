@@ -20,29 +20,27 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from mcseg.calibration import CALIBRATION_FILE, SCALER_TYPES, PosthocConfig, Scaler, fit_posthoc, load_calibration, scalers_to_apply
-from mcseg.config import typed
+from mcseg.calibration import CALIBRATION_FILE, PosthocConfig, Scaler, fit_posthoc, load_calibration, scalers_to_apply
+from mcseg.config import resume_mismatch, typed
 from mcseg.data.base import SegmentationDataset
 from mcseg.data.fingerprint import case_fingerprints, seen_in, split_content_sha256
 from mcseg.data.split import SPLITS
-from mcseg.engine.build import build_predictor, restore_model
-from mcseg.engine.checkpoint import load_checkpoint
-from mcseg.engine.data import Splits, build_dataset, record_dataset_facts, resolve_split
-from mcseg.engine.evaluation import FAILURE_FILE, PROVENANCE_FILE, evaluate_split, format_summary
-from mcseg.engine.evaluator import EvalProtocol
-from mcseg.engine.inference import InferenceConfig
-from mcseg.engine.relaunch import resume_mismatch
-from mcseg.engine.shift_eval import SUMMARY_FILE as SHIFT_SUMMARY, clean_to_reuse, evaluate_shift, format_shift, \
+from mcseg.inference.build import build_predictor, restore_model
+from mcseg.inference.build import load_checkpoint
+from mcseg.data.build import Splits, build_dataset, record_dataset_facts, resolve_split
+from mcseg.evaluation.split import PROVENANCE_FILE, clear_evaluation, evaluate_split, format_summary
+from mcseg.evaluation.evaluator import EvalProtocol
+from mcseg.inference.volume import InferenceConfig
+from mcseg.evaluation.shift import SUMMARY_FILE as SHIFT_SUMMARY, clean_to_reuse, evaluate_shift, format_shift, \
     inference_record
 from mcseg.data.shift import shift_config
-from mcseg.engine.provenance import checkpoint_identity, dataset_identity, file_sha256
+from mcseg.evaluation.provenance import checkpoint_identity, dataset_identity, file_sha256
 from mcseg.data.validate import validate_cases
 from mcseg.errors import ConfigError
 from mcseg.rundir import holds_checkpoint_run
@@ -177,10 +175,10 @@ def check_compatible(ckpt: Path, run_cfg: DictConfig, dataset: SegmentationDatas
 def output_dir(cfg: DictConfig, ckpt: Path, sha256: str, run_dir: Path | None, selected: bool,
                other_dataset: str | None, variant: str | None = None) -> Path:
     """Where this evaluation goes (module docstring); refuses to replace an earlier one unless ``overwrite``,
-    or, with a shift suite (``shift=``), reuses it as the clean level (:mod:`mcseg.engine.shift_eval`).
+    or, with a shift suite (``shift=``), reuses it as the clean level (:mod:`mcseg.evaluation.shift`).
     ``variant`` (other members than the run's, :func:`member_tag`) is added to the split's folder name.
 
-    Clears nothing: the caller removes an earlier evaluation (:func:`clear_evaluation`) once every other
+    Clears nothing: the caller removes an earlier evaluation (:func:`~mcseg.evaluation.split.clear_evaluation`) once every other
     check that can refuse this one has passed."""
     if cfg.get("eval_dir"):
         out = Path(cfg.eval_dir).expanduser().resolve()
@@ -204,21 +202,6 @@ def output_dir(cfg: DictConfig, ckpt: Path, sha256: str, run_dir: Path | None, s
 def reuses_clean(cfg: DictConfig, out: Path) -> bool:
     """A shift suite on an existing evaluation without overwrite=true: that evaluation is its level 0."""
     return cfg.get("shift") is not None and (out / "summary.json").exists() and not cfg.get("overwrite")
-
-
-def clear_evaluation(out: Path, refits: bool = True) -> None:
-    """Remove an earlier evaluation's files from ``out`` (only the files an evaluation writes); ``refits``:
-    also a post-hoc refit saved with it (:func:`plan_posthoc`)."""
-    for name in ("summary.json", "per_case.csv", "reliability.csv", "reliability.png", "reliability_histogram.csv",
-                 "reliability_histogram.png", PROVENANCE_FILE, "split.json", FAILURE_FILE):
-        (out / name).unlink(missing_ok=True)
-    if refits:
-        (out / CALIBRATION_FILE).unlink(missing_ok=True)
-        for weights in out.glob("lts-*.pt"):
-            weights.unlink()
-    for name in ("predictions", *SCALER_TYPES):
-        if (out / name).is_dir():
-            shutil.rmtree(out / name)
 
 
 @dataclass

@@ -12,19 +12,10 @@ import logging
 from pathlib import Path
 
 from mcseg.data.base import SegmentationDataset
+from mcseg.data.fingerprint import file_digest as file_sha256  # a checkpoint's sha256, read in 1 MiB chunks
 from mcseg.data.fingerprint import seen_in, split_content_sha256, split_fingerprints
 
 log = logging.getLogger(__name__)
-
-CHUNK = 1 << 20  # hash files in 1 MiB reads: a checkpoint never has to fit in memory twice
-
-
-def file_sha256(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(CHUNK), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def checkpoint_identity(path: str | Path, state: dict, sha256: str | None = None) -> dict:
@@ -64,7 +55,7 @@ def hydra_overrides() -> list[str]:
 
 def content_lookup(dataset: SegmentationDataset):
     """``content_of(ids by split) -> fingerprints by split`` over ``dataset`` (cases it lacks left out), for
-    :func:`mcseg.engine.relaunch.check_launch`."""
+    :func:`mcseg.training.relaunch.check_launch`."""
 
     def content_of(ids_by_split: dict[str, list[str]]) -> dict[str, dict[str, str]]:
         by_id = {r.case_id: r for r in dataset.case_refs()}

@@ -1,7 +1,7 @@
 """The members of one prediction: test-time augmentation views and MC-dropout samples of a network.
 
 A predictor with members (``inference.tta``, ``inference.mc_samples``; an ensemble of checkpoints,
-:class:`mcseg.engine.predict.EnsemblePredictor`) predicts each case once per member, as a whole-volume
+:class:`mcseg.inference.predict.EnsemblePredictor`) predicts each case once per member, as a whole-volume
 pass of the one inference path, and pools the members' **probabilities** (ValUES, Jungo & Reyes; nnU-Net's
 ``inference.mirror_axes`` instead averages logits inside every window, and composes with these).
 

@@ -18,10 +18,10 @@ from torch.utils.data import DataLoader
 from mcseg.config import SamplingConfig, typed
 from mcseg.errors import ConfigError
 from mcseg.data.base import SegmentationDataset
-from mcseg.data.build import Splits, build_dataset, record_dataset_facts, resolve_split  # noqa: F401  (re-exported)
+from mcseg.data.build import Splits, build_dataset, record_dataset_facts, resolve_split, sampling_config  # noqa: F401  (re-exported)
 from mcseg.data.cases import CaseData, CaseRef
 from mcseg.data.sampling import EpochSampler, PatchDataset
-from mcseg.engine.distributed import DistContext
+from mcseg.training.distributed import DistContext
 from mcseg.runtime import available_cpus, torch_threads
 
 log = logging.getLogger(__name__)
@@ -111,10 +111,6 @@ def _stop_workers_at_exit(ref: weakref.ref) -> None:
     loader = ref()
     if loader is not None:
         stop_workers(loader)
-
-
-def sampling_config(node: DictConfig) -> SamplingConfig:
-    return typed(node.get("sampling"), SamplingConfig, "dataset.sampling")
 
 
 def to_device(batch: dict, device: torch.device, channels_last: bool = False) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,16 +1,20 @@
 """Build what training and evaluation both need from a config: the predictor (model + geometry),
-and a trained model restored from a checkpoint's stored config."""
+and a trained model restored from a checkpoint's stored config; checkpoints are read here without unpickling
+code (:mod:`mcseg.training.checkpoint` writes them)."""
 from __future__ import annotations
+
+from pathlib import Path
 
 import torch
 from omegaconf import DictConfig
 
-from mcseg.engine.checkpoint import load_model_weights
-from mcseg.engine.data import sampling_config
-from mcseg.engine.inference import InferenceConfig
-from mcseg.engine.predict import SegmentationPredictor
+from mcseg.data.build import sampling_config
+from mcseg.inference.volume import InferenceConfig
+from mcseg.inference.predict import SegmentationPredictor
 from mcseg.models import TWO_D_ONLY, fixed_input_size, size_divisor
 from mcseg.targets import instantiate_checked
+
+REQUIRED_KEYS = ("model", "optimizer", "epoch", "config")
 
 
 def build_predictor(cfg: DictConfig, model, loss_fn, device, inference: InferenceConfig, precision: str) -> SegmentationPredictor:
@@ -50,3 +54,43 @@ def restore_model(run_cfg: DictConfig, state: dict, source, device: torch.device
     loss_fn = instantiate_checked(run_cfg.loss, "loss").to(device)
     loss_fn.load_state_dict(state.get("loss", {}))
     return model, loss_fn
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
+    """Load a checkpoint with ``weights_only=True`` and check its structure."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:
+        raise ValueError(f"{path}: not an mcseg checkpoint (a file train.py writes to <run>/checkpoints/); "
+                         f"torch.load(weights_only=True) refused it: {_load_error(exc)}") from exc
+    missing = [k for k in REQUIRED_KEYS if not isinstance(state, dict) or k not in state]
+    if missing:
+        raise ValueError(f"{path}: checkpoint lacks keys {missing}")
+    return state
+
+
+def _load_error(exc: Exception) -> str:
+    """The reason in torch.load's error, without its advice to retry with ``weights_only=False`` (which
+    would run whatever code the file holds)."""
+    text = str(exc)
+    if "WeightsUnpickler error:" in text:
+        text = text.split("WeightsUnpickler error:", 1)[1]
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"
+
+
+def load_model_weights(model: torch.nn.Module, weights: dict, source: str | Path) -> None:
+    """Load ``weights`` into ``model`` strictly, naming mismatched keys and shapes on failure."""
+    own = model.state_dict()
+    bad = [k for k, v in weights.items() if k in own and tuple(own[k].shape) != tuple(v.shape)]
+    missing = [k for k in own if k not in weights]
+    unexpected = [k for k in weights if k not in own]
+    if bad or missing or unexpected:
+        details = [f"shape mismatch {k}: {tuple(weights[k].shape)} vs model {tuple(own[k].shape)}" for k in bad[:3]]
+        details += [f"missing {missing[:3]}"] if missing else []
+        details += [f"unexpected {unexpected[:3]}"] if unexpected else []
+        raise ValueError(f"{source}: weights do not fit the configured model: " + "; ".join(details))
+    model.load_state_dict(weights)

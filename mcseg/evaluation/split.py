@@ -1,24 +1,26 @@
 """Evaluate a split with a trained model: per-case files, a summary and its plain-text table.
 
 Used by training (the test split of ``best.pt``) and by the re-evaluation of a saved checkpoint
-(:mod:`mcseg.engine.checkpoint_eval`).
+(:mod:`mcseg.evaluation.checkpoint`).
 """
 from __future__ import annotations
 
 import logging
 import math
+import shutil
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from mcseg.calibration import Scaler
+from mcseg.calibration import CALIBRATION_FILE, SCALER_TYPES, Scaler
 from mcseg.data.cases import CaseData
 from mcseg.data.base import SegmentationDataset
 from mcseg.data.cases import CaseRef
 from mcseg.data.io import atomic_write, write_json
-from mcseg.engine.evaluator import EvalProtocol, Evaluator
-from mcseg.engine.predict import PerNetwork, SegmentationPredictor, evaluate_cases
+from mcseg.evaluation.evaluator import EvalProtocol, Evaluator
+from mcseg.evaluation.cases import PerNetwork, evaluate_cases
+from mcseg.inference.predict import SegmentationPredictor
 from mcseg.metrics.failure import FailureDetection
 from mcseg.metrics.uncertainty import MAPS
 
@@ -55,7 +57,7 @@ def evaluate_split(
     predictor's device) is evaluated in the same pass; its files go to ``out_dir/<name>/`` and its
     headline values, with how it was fitted, to ``summary["posthoc"]``. ``per_network`` (``posthoc.pool=after``):
     per scaler name, each network's own fitted scaler, applied to its members before they are pooled.
-    ``provenance`` (what produced these numbers: :mod:`mcseg.engine.provenance`) goes into every
+    ``provenance`` (what produced these numbers: :mod:`mcseg.evaluation.provenance`) goes into every
     summary.json and into ``out_dir/provenance.json``, the sidecar of per_case.csv and the predictions.
     """
     if not refs:
@@ -153,3 +155,18 @@ def format_summary(summary: dict, class_names: list[str], title: str) -> str:
                      f"ECE {_fmt(after.get('mean_ece'))}   classwise ECE {_fmt(after.get('mean_classwise_ece'))}   "
                      f"NLL {_fmt(summary.get('mean_nll'))} -> {_fmt(after.get('mean_nll'))}")
     return "\n".join(lines)
+
+
+def clear_evaluation(out: Path, refits: bool = True) -> None:
+    """Remove an earlier evaluation's files from ``out`` (only the files an evaluation writes); ``refits``:
+    also a post-hoc refit saved with it (:func:`mcseg.evaluation.checkpoint.plan_posthoc`)."""
+    for name in ("summary.json", "per_case.csv", "reliability.csv", "reliability.png", "reliability_histogram.csv",
+                 "reliability_histogram.png", PROVENANCE_FILE, "split.json", FAILURE_FILE):
+        (out / name).unlink(missing_ok=True)
+    if refits:
+        (out / CALIBRATION_FILE).unlink(missing_ok=True)
+        for weights in out.glob("lts-*.pt"):
+            weights.unlink()
+    for name in ("predictions", *SCALER_TYPES):
+        if (out / name).is_dir():
+            shutil.rmtree(out / name)

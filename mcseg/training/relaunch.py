@@ -2,7 +2,7 @@
 
 * ``last.pt`` present: the launch must ask to resume (``trainer.resume``/``auto_resume``);
 * resuming: what the model sees and how it is trained must be the checkpoint's own
-  (:data:`RESUME_MUST_MATCH`, compared after :func:`~mcseg.engine.data.record_dataset_facts`, so the
+  (:data:`mcseg.config.RESUME_MUST_MATCH`, compared after :func:`~mcseg.data.build.record_dataset_facts`, so the
   class names and channels found in the data are compared too);
 * a finished run (``result.json``) is not trained or evaluated again: ``evaluate.py`` re-evaluates it.
   When its ``status.json`` also says ``completed``, the refusal is :class:`RunFinished`, which a
@@ -15,18 +15,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from mcseg.config import DATASET_MAY_CHANGE, RESUME_MUST_MATCH, resume_mismatch  # noqa: F401  (importable here too)
 from mcseg.data.fingerprint import content_differences
-from mcseg.engine.checkpoint import load_checkpoint
+from mcseg.training.checkpoint import load_checkpoint
 from mcseg.rundir import STATUS_FILE, LaunchRefused
-
-# Config sections that must match between a checkpoint and the run resuming from it.
-RESUME_MUST_MATCH = ("model", "loss", "optim", "scheduler", "seed", "dataset")
-# Dataset keys that may change on resume: where the data lives and how it is cached and loaded,
-# not what the model sees (the data itself is compared through the facts recorded from it; a
-# resumed run reads its own split.json, whatever split.file says).
-DATASET_MAY_CHANGE = ("root", "split.file", "preprocess.cache", "preprocess.cache_dir", "preprocess.workers",
-                      "sampling.num_workers")
-
 
 class RunFinished(LaunchRefused):
     """A resume of a run that completed (``result.json``, ``status.json`` ``completed``) with the same config.
@@ -47,43 +39,6 @@ def completed(run_dir: Path) -> bool:
         return json.loads((Path(run_dir) / STATUS_FILE).read_text()).get("status") == "completed"
     except (OSError, ValueError, AttributeError):
         return False
-
-
-def _without(node: dict | None, dotted: tuple[str, ...]) -> dict | None:
-    if not isinstance(node, dict):
-        return node
-    node = {k: dict(v) if isinstance(v, dict) else v for k, v in node.items()}
-    for key in dotted:
-        *parents, leaf = key.split(".")
-        parent = node
-        for name in parents:
-            parent = parent.get(name) if isinstance(parent, dict) else None
-        if isinstance(parent, dict):
-            parent.pop(leaf, None)
-    return node
-
-
-def _first_difference(saved, now, prefix: str) -> str | None:
-    """The first dotted key at which two config nodes differ."""
-    if isinstance(saved, dict) and isinstance(now, dict):
-        for key in sorted(saved.keys() | now.keys()):
-            found = _first_difference(saved.get(key), now.get(key), f"{prefix}.{key}")
-            if found:
-                return found
-        return None
-    return None if saved == now else f"{prefix}={now!r} (checkpoint: {saved!r})"
-
-
-def resume_mismatch(saved: dict, now: dict) -> str | None:
-    """Where the resolved config ``now`` differs from a checkpoint's ``saved`` one in :data:`RESUME_MUST_MATCH`."""
-    for key in RESUME_MUST_MATCH:
-        a, b = saved.get(key), now.get(key)
-        if key == "dataset":
-            a, b = _without(a, DATASET_MAY_CHANGE), _without(b, DATASET_MAY_CHANGE)
-        found = _first_difference(a, b, key)
-        if found:
-            return found
-    return None
 
 
 def check_launch(run_dir: Path, resume: bool, auto_resume: bool, config: dict,

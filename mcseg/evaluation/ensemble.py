@@ -6,7 +6,7 @@
 * Members must agree on what they predict and from what: input channels, classes and their names,
   multi-label or not, the patch geometry (dimensionality, slice axis, patch size) and their split; when
   they recorded it, also the content of their data. Otherwise one line names the member and the difference.
-* Their softmax (sigmoid) **probabilities** are averaged (:class:`mcseg.engine.predict.EnsemblePredictor`),
+* Their softmax (sigmoid) **probabilities** are averaged (:class:`mcseg.inference.predict.EnsemblePredictor`),
   with each member's own TTA views and MC samples, one case and one member at a time: memory does not grow
   with the number of members.
 * Post-hoc scalers (``posthoc.apply``) are fitted on the pooled prediction of the members' shared validation
@@ -30,21 +30,20 @@ from omegaconf import DictConfig, OmegaConf
 from mcseg.calibration import PosthocConfig
 from mcseg.config import typed
 from mcseg.data.fingerprint import split_content_sha256
-from mcseg.engine.build import build_predictor, restore_model
-from mcseg.engine.checkpoint import load_checkpoint
-from mcseg.engine.checkpoint_eval import (SELECTED, check_compatible, checkpoint_split, clear_evaluation,
+from mcseg.inference.build import build_predictor, load_checkpoint, restore_model
+from mcseg.evaluation.checkpoint import (SELECTED, check_compatible, checkpoint_split, clear_evaluation,
                                           member_settings, member_tag, members_as_asked, mirrored_as_asked,
                                           own_splits, plan_posthoc, pooled_after_tag, posthoc_scalers,
                                           refuse_fixed_overrides, resolve_checkpoint_path, reuses_clean,
                                           scored_content)
-from mcseg.engine.data import build_dataset, record_dataset_facts
-from mcseg.engine.evaluation import PROVENANCE_FILE, evaluate_split, format_summary
-from mcseg.engine.shift_eval import clean_to_reuse, evaluate_shift, format_shift, inference_record
+from mcseg.data.build import build_dataset, record_dataset_facts
+from mcseg.evaluation.split import PROVENANCE_FILE, evaluate_split, format_summary
+from mcseg.evaluation.shift import clean_to_reuse, evaluate_shift, format_shift, inference_record
 from mcseg.data.shift import shift_config
-from mcseg.engine.evaluator import EvalProtocol
-from mcseg.engine.inference import InferenceConfig
-from mcseg.engine.predict import EnsemblePredictor
-from mcseg.engine.provenance import checkpoint_identity, dataset_identity, file_sha256
+from mcseg.evaluation.evaluator import EvalProtocol
+from mcseg.inference.volume import InferenceConfig
+from mcseg.inference.predict import EnsemblePredictor
+from mcseg.evaluation.provenance import checkpoint_identity, dataset_identity, file_sha256
 from mcseg.environment import environment_record
 from mcseg.errors import ConfigError
 from mcseg.runtime import resolve_device
@@ -67,7 +66,7 @@ AGREEMENT = {
 
 def member_paths(entries) -> list[Path]:
     """Checkpoint files of ``ckpt=[...]``: files, run directories (their best.pt), or folders of runs."""
-    from mcseg.sweep import find_run_dirs
+    from mcseg.rundir import find_run_dirs
 
     paths: list[Path] = []
     for entry in entries:
@@ -128,7 +127,7 @@ def ensemble_dir(cfg: DictConfig, members: list[dict]) -> Path:
 
 def ensemble_tag(cfg: DictConfig) -> str | None:
     """What evaluate.py asks of every network beyond one plain pass (``tta-flips``, ``mc8``; see
-    :func:`mcseg.engine.checkpoint_eval.member_tag`) and ``pool-after`` when each is scaled before pooling;
+    :func:`mcseg.evaluation.checkpoint.member_tag`) and ``pool-after`` when each is scaled before pooling;
     None for the plain ensemble."""
     plain = InferenceConfig()
     asked = members_as_asked(cfg, plain)
@@ -137,7 +136,7 @@ def ensemble_tag(cfg: DictConfig) -> str | None:
 
 def evaluate_ensemble(cfg: DictConfig, entries, overrides: list[str] | None = None) -> dict:
     """Evaluate the ensemble of ``entries`` (module docstring); a single member is evaluated as itself."""
-    from mcseg.engine.checkpoint_eval import evaluate_checkpoint
+    from mcseg.evaluation.checkpoint import evaluate_checkpoint
 
     overrides = list(overrides or [])
     paths = member_paths(entries)

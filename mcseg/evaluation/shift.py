@@ -26,8 +26,8 @@ from mcseg.data.base import SegmentationDataset
 from mcseg.data.cases import CaseData, CaseRef
 from mcseg.data.io import atomic_write, write_json
 from mcseg.data.shift import Corruption, ShiftConfig, case_seed, corruption
-from mcseg.engine.evaluation import evaluate_split
-from mcseg.engine.evaluator import EvalProtocol, Evaluator
+from mcseg.evaluation.split import clear_evaluation, evaluate_split
+from mcseg.evaluation.evaluator import EvalProtocol, Evaluator
 from mcseg.metrics.robustness import level_weights, suite_robustness
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ class CaseCorruption:
 
 
 def _protocol_record(dataset: SegmentationDataset, protocol: EvalProtocol, multilabel: bool) -> dict:
-    from mcseg.engine.evaluator import _json_safe
+    from mcseg.evaluation.evaluator import _json_safe
 
     evaluator = Evaluator(dataset.num_classes, dataset.class_names, protocol, multilabel)
     return json.loads(json.dumps(_json_safe(evaluator.protocol_description())))
@@ -116,8 +116,6 @@ def evaluate_shift(shift: ShiftConfig, predictor, dataset: SegmentationDataset, 
                    per_network=None, overwrite: bool = False) -> dict:
     """Evaluate every condition of ``shift`` into ``out_dir/shift/<corruption>/<level>/`` and write the shift
     summary; returns it. ``clean`` is the level-0 summary of ``out_dir``."""
-    from mcseg.engine.checkpoint_eval import clear_evaluation
-
     sha = (provenance.get("checkpoint") or {}).get("sha256") or (provenance.get("ensemble") or "")
     protocol_record = _protocol_record(dataset, protocol, predictor.multilabel)
     summaries: dict[str, dict[int, dict]] = {}

@@ -11,7 +11,7 @@ epoch) continues exactly where the checkpoint was taken. SIGTERM (what SLURM sen
 pre-emption) or SIGINT (Ctrl-C) writes ``last.pt`` at the next step boundary, or after the
 current case of a validation, and stops the run (:class:`~mcseg.errors.TrainingInterrupted`);
 a second Ctrl-C stops at once. Under torchrun the ranks agree on the stop one step after any of
-them was signalled (:class:`~mcseg.engine.distributed.StopVote`).
+them was signalled (:class:`~mcseg.training.distributed.StopVote`).
 
 Epochs are numbered from 1 wherever a user sees them (log, ``history``, ``best_epoch``,
 messages); TensorBoard's x axis is the global step for every scalar, so that a resumed run
@@ -19,13 +19,13 @@ purges what the interrupted one wrote after its checkpoint. Inside, ``epoch`` ar
 0-based and a checkpoint's ``epoch`` is the number of epochs completed.
 
 Throughput: a step never waits for the device. The loss and a per-step non-finite code stay
-on the device (:class:`~mcseg.engine.window.TrainingWindow`) and are read back once per
+on the device (:class:`~mcseg.training.window.TrainingWindow`) and are read back once per
 logging interval and before every checkpoint; with ``trainer.nonfinite=skip`` each step is
 checked on the host instead (one synchronisation per step, the price of skipping exactly the
 bad step). ``trainer.compile`` and ``trainer.channels_last`` apply to the training module
 only; checkpoints and inference use the plain model. Under torchrun (``dist``) the training
 module is wrapped in DistributedDataParallel, and validation, checkpoints and TensorBoard are
-rank 0's while the other ranks wait at a barrier (:mod:`mcseg.engine.distributed`).
+rank 0's while the other ranks wait at a barrier (:mod:`mcseg.training.distributed`).
 """
 from __future__ import annotations
 
@@ -40,15 +40,16 @@ import torch
 from tqdm import tqdm
 
 from mcseg.config import TrainerConfig
-from mcseg.engine.checkpoint import load_checkpoint, load_model_weights, restore_rng_states, rng_states, save_checkpoint
-from mcseg.engine.data import stop_workers, to_device
-from mcseg.engine.distributed import DistContext, StopVote, wrap_model
-from mcseg.engine.evaluator import EvalProtocol, Evaluator, reliability_figure
-from mcseg.engine.inference import autocast_context
-from mcseg.engine.predict import SegmentationPredictor, evaluate_cases
-from mcseg.engine.relaunch import resume_mismatch
-from mcseg.engine.tb_logger import TensorBoardLogger
-from mcseg.engine.window import FINITE, WHAT, BadStep, TrainingWindow, nonfinite_code
+from mcseg.training.checkpoint import load_checkpoint, load_model_weights, restore_rng_states, rng_states, save_checkpoint
+from mcseg.training.loader import stop_workers, to_device
+from mcseg.training.distributed import DistContext, StopVote, wrap_model
+from mcseg.evaluation.evaluator import EvalProtocol, Evaluator, reliability_figure
+from mcseg.inference.volume import autocast_context
+from mcseg.evaluation.cases import evaluate_cases
+from mcseg.inference.predict import SegmentationPredictor
+from mcseg.training.relaunch import resume_mismatch
+from mcseg.training.tb_logger import TensorBoardLogger
+from mcseg.training.window import FINITE, WHAT, BadStep, TrainingWindow, nonfinite_code
 from mcseg.errors import NonFiniteLossError, TrainingInterrupted
 from mcseg.losses.base import target_checks
 from mcseg.losses.deep_supervision import deep_supervision_loss
@@ -322,7 +323,7 @@ class Trainer:
 
     def _train_step(self, batch: dict, epoch: int, step: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         """One optimiser step; returns the detached loss and its non-finite code (device tensors, see
-        :func:`~mcseg.engine.window.nonfinite_code`), or None when ``nonfinite=skip`` skipped the step."""
+        :func:`~mcseg.training.window.nonfinite_code`), or None when ``nonfinite=skip`` skipped the step."""
         image, label = to_device(batch, self.device, self.channels_last)
         self.optimizer.zero_grad(set_to_none=True)
         with target_checks(self.loss_fn, not self._targets_checked):  # a host read: first step only

@@ -1,0 +1,130 @@
+"""Predict a list of cases and feed the evaluator: the one path for validation and evaluation."""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mcseg.data.cases import CaseData
+from mcseg.data.io import write_nifti
+from mcseg.evaluation.evaluator import Evaluator
+from mcseg.inference.predict import SegmentationPredictor
+from mcseg.metrics.failure import FailureDetection, micro_foreground_dice
+from mcseg.metrics.uncertainty import MemberAccumulator, entropy, normalise
+from mcseg.runtime import share_cpu
+
+
+def evaluate_cases(
+    predictor: SegmentationPredictor, cases: Iterable[CaseData], evaluator: Evaluator, restore: Callable,
+    out_dir: Path | None = None, save_predictions: bool = False, save_probabilities: bool = False,
+    save_uncertainty: bool = False, on_logits: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
+    keep: int = 0,
+    posthoc: Mapping[str, tuple[Callable[[torch.Tensor, CaseData], torch.Tensor], Evaluator, bool]] | None = None,
+    failure: FailureDetection | None = None, restore_maps: Callable | None = None,
+) -> list[tuple[CaseData, torch.Tensor]]:
+    """Segment each case, add it to ``evaluator`` and write the requested NIfTI files.
+
+    ``restore(case, probs)`` maps probabilities back to the original geometry (the dataset's
+    :meth:`~mcseg.data.base.SegmentationDataset.restore`). ``on_logits(logits, label)``
+    receives ``1 x K x *S`` logits and the ``1 x *S`` label
+    (the loss's validation hook). ``posthoc`` maps a name to ``(transform, evaluator, keeps_argmax)``:
+    the case's logits, transformed (``transform(logits, case)``, e.g. divided by a temperature), also go to
+    that evaluator, one probability tensor at a time; with ``keeps_argmax`` it scores the raw prediction
+    (with a large T, float32 probabilities of nearly equal classes can round to a tie and move the arg-max). Returns the first ``keep`` cases with their predicted label
+    maps and normalised predictive entropy (for image logging).
+
+    ``failure`` receives each case's normalised uncertainty maps (:func:`uncertainty_maps` on the label's grid:
+    ``restore_maps`` maps several members' back, as ``restore`` does probabilities), its error voxels inside
+    ``failure.region`` and its risk (``failure.risk``: 1 - the macro or micro foreground Dice); ``save_uncertainty``
+    writes the maps (in nats) as NIfTI.
+    """
+    predictor.eval()
+    after = {name: t.transforms for name, (t, _, _) in (posthoc or {}).items() if isinstance(t, PerNetwork)}
+    kept = []
+    pred_dir = (out_dir / "predictions") if out_dir is not None else None
+    for case in cases:
+        share_cpu(predictor.device)  # a busy machine: fewer torch threads (mcseg.runtime.AdaptiveThreads)
+        logits, members, pooled_after = predictor.predict(case, after)
+        if on_logits is not None:
+            on_logits(logits[None], torch.from_numpy(case.label).to(logits.device)[None])
+        probs = predictor.probabilities(logits)
+        if not posthoc:  # never more than two volume-sized K x *S tensors: logits and probabilities, briefly
+            del logits  # (post-hoc scalers need the logits again, once these probabilities are freed)
+        if len(kept) < keep:  # for image logging, in the network's space: prediction and normalised entropy
+            entropy_map = (members.maps(normalised=True)["predictive_entropy"] if members is not None else
+                           normalise({"predictive_entropy": entropy(probs, predictor.multilabel)}, probs.shape[0],
+                                     predictor.multilabel)["predictive_entropy"])
+            kept.append((case, predictor.label_map(probs).cpu(), entropy_map.cpu()))
+        probs, label, spacing, affine = restore(case, probs)
+        label = torch.as_tensor(label, device=probs.device)
+        row = evaluator.add_case(case.case_id, probs, label, spacing)
+        pred = predictor.label_map(probs)
+        maps = None
+        if failure is not None or (pred_dir is not None and save_uncertainty):
+            maps = uncertainty_maps(case, probs, members, restore_maps, predictor.multilabel)
+        if failure is not None:
+            errors = (pred != label).any(0) if predictor.multilabel else pred != label
+            dice = (row["mean_foreground_dice"] if failure.risk == "macro" else
+                    micro_foreground_dice(pred, label, predictor.multilabel))
+            failure.add_case(case.case_id, normalise(maps, probs.shape[0], predictor.multilabel), errors,
+                             evaluator.region_of(label, pred, spacing, failure.region), 1.0 - dice)
+        ref = case.meta.get("ref") if case.meta else None
+        source = ref.image_paths[0] if ref is not None and ref.image_paths else None  # its header is copied
+        if pred_dir is not None and save_predictions:
+            arr = pred.cpu().numpy()
+            write_nifti(pred_dir / f"{case.case_id}.nii.gz", _channel_last(arr) if predictor.multilabel else arr,
+                        affine, source)
+        if pred_dir is not None and save_probabilities:
+            write_nifti(pred_dir / f"{case.case_id}_probs.nii.gz", _channel_last(probs.float().cpu().numpy()), affine,
+                        source)
+        if pred_dir is not None and save_uncertainty:  # the predictive entropy; EE and MI too with members
+            for name, suffix in UNCERTAINTY_FILES.items():
+                if members is not None or name == "predictive_entropy":
+                    write_nifti(pred_dir / f"{case.case_id}_{suffix}.nii.gz", maps[name].float().cpu().numpy(),
+                                affine, source)
+        del probs, maps
+        for name, (transform, extra_evaluator, keeps_argmax) in (posthoc or {}).items():
+            z = pooled_after[name] if name in pooled_after else transform(logits, case)
+            scaled, label, spacing, _ = restore(case, predictor.probabilities(z))
+            extra_evaluator.add_case(case.case_id, scaled, torch.as_tensor(label, device=scaled.device), spacing,
+                                     prediction=pred if keeps_argmax else None)
+            del scaled
+        del pred
+    return kept
+
+
+@dataclasses.dataclass
+class PerNetwork:
+    """A post-hoc entry of :func:`evaluate_cases` applied before pooling (``posthoc.pool=after``): one logit
+    transform ``(logits, case)`` per network of the predictor (an ensemble's members, in order)."""
+
+    transforms: list[Callable[[torch.Tensor, CaseData], torch.Tensor]]
+
+
+# uncertainty map -> file name suffix (``<case>_<suffix>.nii.gz``); a single network writes the first only
+UNCERTAINTY_FILES = {"predictive_entropy": "entropy", "expected_entropy": "expected_entropy",
+                     "mutual_information": "mutual_information"}
+
+
+def uncertainty_maps(case: CaseData, probs: torch.Tensor, members: MemberAccumulator | None,
+                     restore_maps: Callable | None, multilabel: bool) -> dict[str, torch.Tensor]:
+    """The case's uncertainty maps (nats) on the label's grid: a single network's from its restored
+    probabilities (mutual information 0), several members' from their accumulator, mapped back."""
+    if members is None:
+        single = MemberAccumulator(multilabel)
+        single.add(probs)
+        return single.maps()
+    maps = members.maps()
+    if restore_maps is None:
+        return maps
+    names = list(maps)
+    restored = restore_maps(case, torch.stack([maps[n] for n in names]))
+    return {name: restored[i] for i, name in enumerate(names)}
+
+
+def _channel_last(arr: np.ndarray) -> np.ndarray:
+    """``C x *S`` to ``*S x C``: NIfTI keeps channels (time, components) on the last axis."""
+    return np.moveaxis(arr, 0, -1)

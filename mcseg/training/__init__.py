@@ -1,0 +1,8 @@
+"""Training: the loop and its step window (``trainer``, ``window``), distributed training
+(``distributed``), checkpoints written and resumed (``checkpoint``), the pre-flight checks of a
+relaunch (``relaunch``), the loaders it builds (``loader``) and the TensorBoard logger (``tb_logger``).
+
+May import: evaluation, inference, the layer below them (calibration, data, metrics, models, losses,
+``rundir``) and config/runtime; never an entry point (``train.py``, ``evaluate.py``, ``sweep.py``,
+``cli.py``, ``report/``). Validation during training uses the evaluation path, not a second one.
+"""
