@@ -89,7 +89,7 @@ def test_tta_flips_pool_the_flipped_back_probabilities_of_every_view():
 @pytest.mark.parametrize("region, risk", [(None, "macro"), ("all", "micro")])
 def test_failure_detection_scores_its_own_region_with_its_own_risk(region, risk):
     from mcseg.evaluation.evaluator import EvalProtocol, Evaluator
-    from mcseg.inference.predict import evaluate_cases
+    from mcseg.evaluation.cases import evaluate_cases
     from mcseg.metrics.failure import FailureDetection, micro_foreground_dice
     from mcseg.metrics.uncertainty import MAPS
 
