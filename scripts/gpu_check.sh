@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU acceptance check: one script, one GPU, no network, at most about 8 minutes.
+# The GPU acceptance check: one script, one GPU, no network, at most about 9 minutes (5 to 6 on an H200).
 #
 #   bash scripts/gpu_check.sh [DATA]      # DATA: MSD Task04 hippocampus (default ../shared/data/hippocampus)
 #
@@ -146,7 +146,10 @@ do_benchmark() {
     echo "benchmark ran ($bench_str); without --no-write its rows are in docs/benchmarks.md"
 }
 
-limits_cuda=(setup:60 cuda-tests:45 train:75 sigterm:105 torchrun:45 oom:30 benchmark:120)  # 8 minutes
+# Limits from the first H200 run (issue #39, docs/benchmarks.md): setup 27 s, cuda-tests 41 s, train 30 s,
+# sigterm 48 s, torchrun 33 s, oom 16-23 s; the benchmark's measurements took 76 s, but its process then took
+# another 84 s to exit (not yet explained; 120 s cut it off after it had written its rows).
+limits_cuda=(setup:60 cuda-tests:60 train:75 sigterm:105 torchrun:45 oom:30 benchmark:180)  # 9 minutes
 echo "gpu_check: device $device, data $data, runs in $work"
 for entry in "${limits_cuda[@]}"; do
     name=${entry%%:*}; limit=${entry##*:}

@@ -12,7 +12,7 @@ with the natural log and :math:`0 \\ln 0 := 0`:
 :math:`\\sum_m \\sum_c p_{mc}\\ln p_{mc}`), so memory does not grow with M. ``normalised=True`` divides the
 entropies by :math:`\\ln C` (C classes), into [0, 1], where a fixed threshold needs it (UEO's 11 thresholds).
 Multi-label (sigmoid) outputs: the entropies are those of C independent Bernoulli variables, summed over the
-C regions, and the top-label map is :math:`\max_c \min(\bar p_c, 1 - \bar p_c)`.
+C regions, and the top-label map is :math:`\\max_c \\min(\\bar p_c, 1 - \\bar p_c)`.
 """
 from __future__ import annotations
 
