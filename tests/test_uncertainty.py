@@ -198,6 +198,15 @@ def test_evaluate_mc_dropout_and_tta_of_a_checkpoint_beside_its_own_evaluation(r
     assert again["mean_foreground_dice"] == mc["mean_foreground_dice"] and again["mean_ece"] == mc["mean_ece"]
 
 
+@pytest.mark.parametrize("value", ["2.5", "1", "-2"])
+def test_mc_samples_that_are_not_a_whole_number_of_passes_are_one_line_naming_the_key(runs, make_cfg, tmp_path, value):
+    """Issue #34 section 3, mc_samples: 2.5 was accepted, recorded as 2.5 and reported as "mc2.5" while 2 samples
+    were drawn; an integer >= 2 (or 0, off) is expected, anything else is one line naming the key."""
+    with pytest.raises(ConfigError, match=rf"config key 'mc_samples'={value}: expected an integer >= 2"):
+        _evaluate(make_cfg, tmp_path / "job", f"ckpt={runs.dropout}", f"mc_samples={value}")
+    assert not list((runs.dropout / "eval").glob("test-mc*"))  # refused before anything was written
+
+
 def test_tta_in_3d_pools_eight_views(make_cfg, tmp_path):
     summary = train(make_cfg(TINY_3D + ["trainer.max_epochs=1", "inference.tta=[flips]", "posthoc.fit=[]",
                                         "posthoc.apply=[]", "evaluation.bootstrap_samples=10"]))
