@@ -330,6 +330,10 @@ def members_as_asked(cfg: DictConfig, inference: InferenceConfig) -> InferenceCo
     """The run's inference settings with evaluate.py's ``mc_samples``, ``tta``, ``tta_noise_std`` and
     ``member_seed`` where given (null: the run's)."""
     asked = {k: cfg.get(k) for k in MEMBER_KEYS if cfg.get(k) is not None}
+    mc = asked.get("mc_samples")
+    if mc is not None and (isinstance(mc, bool) or not isinstance(mc, int) or mc < 0 or mc == 1):
+        raise ConfigError(f"config key 'mc_samples'={mc}: expected an integer >= 2 (MC-dropout passes), "
+                          "or 0 for none")
     if "tta" in asked:
         asked["tta"] = [str(t) for t in asked["tta"]]
     return replace(inference, **asked) if asked else inference
