@@ -119,6 +119,6 @@ def test_runs_left_out_keep_one_table_row_per_run_whatever_their_error():
             RunRecord(Path("sweep/1_ce"), "c", "ce", {}, 0, "failed", error="ValueError: one line")]
     lines = [line for line in cli.failure_lines(runs) if line]
     assert lines[:3] == ["## Runs left out", "| run | status | error |", "|---|---|---|"]
-    assert len(lines) == 5 and all(line.startswith("| ") and line.endswith(" |") for line in lines[1:])
+    assert len(lines) == 5 and all(line.startswith("| ") and line.endswith(" |") for line in lines[3:])
     assert lines[3] == ("| sweep/0_margin | failed | ConfigError: loss=margin: loss.margin=-1: expected > 0 "
                         "loss.alpha=2 / 3: expected a number |")
