@@ -413,8 +413,11 @@ def test_a_checkpoint_copied_from_a_run_of_another_configuration_is_refused(runs
     state["config"]["loss"] = {"_target_": "mcseg.losses.FocalLoss", "gamma": 3.0}
     save_checkpoint(run / "checkpoints/focal.pt", state)
     calibration = (run / "calibration.json").read_bytes()
-    with pytest.raises(ValueError, match="its configuration is not its run's .*loss"):
+    with pytest.raises(ValueError, match="its configuration is not its run's .*loss") as refused:
         evaluate_with(make_cfg, tmp_path, [f"ckpt={run}/checkpoints/focal.pt"])
+    # issue #34 section 3 (smaller): the run's own value was labelled "checkpoint:"; each value names its owner
+    assert "loss._target_='mcseg.losses.FocalLoss' in the checkpoint, 'mcseg.losses." in str(refused.value)
+    assert f"in {run / 'checkpoints/best.pt'}" in str(refused.value) and "(checkpoint:" not in str(refused.value)
     assert (run / "calibration.json").read_bytes() == calibration
     summary = evaluate_with(make_cfg, tmp_path, [f"ckpt={run}/checkpoints/focal.pt", f"eval_dir={tmp_path / 'elsewhere'}"])
     assert summary["provenance"]["run_dir"] is None
