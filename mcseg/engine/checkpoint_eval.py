@@ -156,7 +156,7 @@ def other_runs_config(ckpt: Path, state: dict, run_dir: Path) -> str | None:
     reference = next((p for p in own if p.is_file() and p.resolve() != ckpt.resolve()), None)
     if reference is None or ckpt.resolve() == own[0].resolve():
         return None
-    return resume_mismatch(load_checkpoint(reference)["config"], state["config"])
+    return resume_mismatch(state["config"], load_checkpoint(reference)["config"], ("the checkpoint", str(reference)))
 
 
 def check_compatible(ckpt: Path, run_cfg: DictConfig, dataset: SegmentationDataset) -> None:
