@@ -159,16 +159,22 @@ def other_runs_config(ckpt: Path, state: dict, run_dir: Path) -> str | None:
     return resume_mismatch(state["config"], load_checkpoint(reference)["config"], ("the checkpoint", str(reference)))
 
 
-def check_compatible(ckpt: Path, run_cfg: DictConfig, dataset: SegmentationDataset) -> None:
-    """One line when the model's input channels or classes differ from the dataset's (before any inference)."""
+def check_compatible(ckpt: Path, run_cfg: DictConfig, dataset: SegmentationDataset, multilabel: bool) -> None:
+    """One line when the model's input channels or outputs differ from the dataset's (before any inference).
+
+    ``multilabel``: whether the model predicts overlapping regions (its loss's link, what training checked
+    against its data); the stored ``dataset.multilabel`` may be null (nnU-Net: read from dataset.json)."""
     trained = run_cfg.dataset
-    want = (trained.get("in_channels"), trained.get("num_classes"), bool(trained.get("multilabel", False)))
+
+    def outputs(n, regions: bool) -> str:
+        return f"{n} regions (multi-label, one sigmoid each)" if regions else f"{n} classes (softmax)"
+
+    want = (trained.get("in_channels"), trained.get("num_classes"), bool(multilabel))
     have = (dataset.in_channels, dataset.num_classes, dataset.multilabel)
     if want != have:
-        raise ValueError(f"{ckpt}: the model takes {want[0]} input channel(s) and predicts {want[1]} classes"
-                         f"{' (multi-label)' if want[2] else ''}, but dataset {dataset.name} has {have[0]} channel(s) "
-                         f"and {have[1]} classes{' (multi-label)' if have[2] else ''}: evaluate it on a dataset "
-                         f"with the channels and classes it was trained on")
+        raise ValueError(f"{ckpt}: the model takes {want[0]} input channel(s) and predicts {outputs(*want[1:])}, "
+                         f"but dataset {dataset.name} has {have[0]} channel(s) and {outputs(*have[1:])}: evaluate "
+                         f"it on a dataset with the channels and outputs it was trained on")
     if list(trained.get("class_names") or []) != list(dataset.class_names):
         log.warning("%s: classes trained as %s are scored as %s of dataset %s", ckpt,
                     list(trained.get("class_names") or []), dataset.class_names, dataset.name)
@@ -390,13 +396,13 @@ def _evaluate_state(cfg: DictConfig, ckpt: Path, state: dict, overrides: list[st
             eval_cfg.dataset[key] = run_cfg.dataset.get(key)
     dataset = build_dataset(eval_cfg.dataset)
     record_dataset_facts(eval_cfg, dataset)
-    check_compatible(ckpt, run_cfg, dataset)
     if not other and split is None:
         raise ValueError(f"{ckpt} holds no split (written before checkpoints stored theirs) and sits in no run "
                          f"directory with a split.json: evaluate it inside its run, or on another dataset with dataset=")
     # everything that can be refused is, before the first file is written or replaced
     device = resolve_device(cfg.device)
     model, loss_fn = restore_model(run_cfg, state, ckpt, device)
+    check_compatible(ckpt, run_cfg, dataset, bool(getattr(loss_fn, "multilabel", False)))
     trained_inference = typed(run_cfg.inference, InferenceConfig, "inference")
     inference = members_as_asked(cfg, mirrored_as_asked(cfg, trained_inference))
     variant = member_tag(inference) if member_settings(inference) != member_settings(trained_inference) else None

@@ -172,7 +172,7 @@ def evaluate_ensemble(cfg: DictConfig, entries, overrides: list[str] | None = No
         state.pop("optimizer", None), state.pop("model", None)  # the ensemble keeps a member's model, not these
     dataset = build_dataset(first_cfg.dataset)
     record_dataset_facts(first_cfg, dataset)
-    check_compatible(paths[0], first_cfg, dataset)
+    check_compatible(paths[0], first_cfg, dataset, predictors[0].multilabel)
     splits = own_splits(paths[0], dataset, split)
     ensemble = EnsemblePredictor(predictors)
     protocol = typed(cfg.evaluation, EvalProtocol, "evaluation")
