@@ -140,3 +140,34 @@ def test_the_report_aggregates_shift_over_seeds_and_ensembles_and_draws_severity
     assert "### rood_mri: Dice (higher is better)" in text and "### ct: ECE (lower is better)" in text
     assert f"{float(dice['mean']):.3f} ± {float(dice['std']):.3f}" in text
     assert (out / "shift_severity.png").stat().st_size > 0  # the ct suite has no single network: one figure
+
+
+def test_a_clean_evaluation_of_another_protocol_is_refused_naming_each_key_and_both_values(tiny_run, tmp_path):
+    """Issue #34 section 3, shift on a debug=fast run: the refusal said "another evaluation protocol
+    (evaluation.*); pass overwrite=true" without naming the keys that differ or their two values."""
+    official = (tiny_run / "eval/test/summary.json").read_bytes()
+    with pytest.raises(FileExistsError) as refused:
+        _evaluate(tmp_path / "job", f"ckpt={tiny_run}", "shift=rood_mri", "shift.corruptions=[ghosting]",
+                  "shift.levels=[1]", "evaluation.bootstrap_samples=30", "evaluation.n_bins=10")
+    message = str(refused.value)
+    assert "evaluation.bootstrap_samples: 10 stored, 30 requested" in message
+    assert "evaluation.n_bins: 15 stored, 10 requested" in message and "overwrite=true" in message
+    assert "\n" not in message and "figures" not in message  # what only changes which files are written
+    assert (tiny_run / "eval/test/summary.json").read_bytes() == official
+
+
+def test_evaluate_takes_the_evaluation_part_of_a_debug_preset(tiny_run, tmp_path):
+    """Issue #34 section 3: evaluate.py --help lists debug=fast, which evaluate refused (+debug=fast too). It now
+    applies the preset's evaluation settings (those a debug=fast run was evaluated with), so the README's shift
+    example runs on such a run with debug=fast; its training settings do not apply to an evaluation."""
+    from mcseg.evaluate import evaluate
+
+    cfg = compose_config("evaluate", ["debug=fast", f"ckpt={tiny_run}", "save_predictions=false",
+                                      f"eval_dir={tmp_path / 'fast'}"], tmp_path / "job")
+    assert cfg.evaluation.bootstrap_samples == 20 and cfg.evaluation.figures is False
+    summary = evaluate(cfg)
+    assert summary["protocol"]["bootstrap_samples"] == 20 and not (tmp_path / "fast/reliability.png").exists()
+    assert summary["provenance"]["split"]["cases"] == json.loads((tiny_run / "split.json").read_text())["test"]
+    with pytest.raises(Exception, match="trainer.max_epochs"):  # a training key named on the command line: refused
+        evaluate(compose_config("evaluate", ["debug=fast", f"ckpt={tiny_run}", "trainer.max_epochs=3",
+                                             f"eval_dir={tmp_path / 'refused'}"], tmp_path / "job2"))
