@@ -20,6 +20,7 @@ import json
 import logging
 import math
 import time
+from dataclasses import fields
 from pathlib import Path
 
 from mcseg.data.base import SegmentationDataset
@@ -70,8 +71,13 @@ def _same_origin(summary: dict, sha256: str, protocol: dict, inference: dict | N
     def numbers(record: dict | None) -> dict:  # what the figures depend on, not which files are written
         return {k: v for k, v in (record or {}).items() if k not in ("figures", "save_uncertainty")}
 
-    if numbers(summary.get("protocol")) != numbers(protocol):
-        return "another evaluation protocol (evaluation.*)"
+    stored, requested = numbers(summary.get("protocol")), numbers(protocol)
+    if stored != requested:
+        keys = [k for k in sorted(stored.keys() | requested.keys()) if stored.get(k) != requested.get(k)]
+        named = {f.name for f in fields(EvalProtocol)}
+        return "another evaluation protocol (" + "; ".join(
+            f"{'evaluation.' if k in named else 'protocol.'}{k}: {stored.get(k)!r} stored, {requested.get(k)!r} "
+            f"requested" for k in keys) + ")"
     if inference is not None and prov.get("inference") is not None:
         keys = ("mirror_axes", "mc_samples", "tta", "tta_noise_std", "member_seed")
         if any(prov["inference"].get(k) != inference.get(k) for k in keys):
