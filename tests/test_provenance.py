@@ -444,3 +444,18 @@ def test_a_class_without_a_voxel_in_the_training_split_is_warned_of_and_marked(r
     summary = read(tmp_path / "run/eval/test/summary.json")
     assert summary["provenance"]["classes_unseen_in_training"] == ["core"]
     assert "(no voxel of it in the training split)" in capsys.readouterr().out
+
+
+def test_a_shift_suite_of_another_modality_is_refused_naming_both(runs, make_cfg, tmp_path):
+    """Issue #34 section 3, shift=ct on MRI: it ran without a word, adding noise and window shifts defined in
+    Hounsfield units to MRI intensities (the window shift then degraded nothing). Each preset states its modality;
+    a dataset of another one is refused naming both, before anything is written."""
+    before = sorted(p for p in runs.run3d.rglob("*") if p.is_file())
+    with pytest.raises(ConfigError, match=r"shift=ct is defined for CT .* dataset msd is MRI"):
+        evaluate_with(make_cfg, tmp_path, [f"ckpt={runs.run3d}", "shift=ct", "shift.levels=[1]"])
+    assert sorted(p for p in runs.run3d.rglob("*") if p.is_file()) == before
+    from mcseg.data.shift import modality_of  # MSD's modality and nnU-Net's channel_names, read
+
+    assert modality_of(["T1", "T2"]) == modality_of(["FLAIR"]) == modality_of(["MRI"]) == "MRI"
+    assert modality_of(["CT"]) == modality_of(["non-contrast CT"]) == "CT"
+    assert modality_of(["PET", "CT"]) is None and modality_of(["noise"]) is None
