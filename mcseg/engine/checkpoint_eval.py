@@ -41,7 +41,7 @@ from mcseg.engine.inference import InferenceConfig
 from mcseg.engine.relaunch import resume_mismatch
 from mcseg.engine.shift_eval import SUMMARY_FILE as SHIFT_SUMMARY, clean_to_reuse, evaluate_shift, format_shift, \
     inference_record
-from mcseg.data.shift import shift_config
+from mcseg.data.shift import check_modality, shift_config
 from mcseg.engine.provenance import checkpoint_identity, dataset_identity, file_sha256
 from mcseg.data.validate import validate_cases
 from mcseg.errors import ConfigError
@@ -403,6 +403,8 @@ def _evaluate_state(cfg: DictConfig, ckpt: Path, state: dict, overrides: list[st
     device = resolve_device(cfg.device)
     model, loss_fn = restore_model(run_cfg, state, ckpt, device)
     check_compatible(ckpt, run_cfg, dataset, bool(getattr(loss_fn, "multilabel", False)))
+    shift = shift_config(cfg.get("shift"))
+    check_modality(shift, dataset)
     trained_inference = typed(run_cfg.inference, InferenceConfig, "inference")
     inference = members_as_asked(cfg, mirrored_as_asked(cfg, trained_inference))
     variant = member_tag(inference) if member_settings(inference) != member_settings(trained_inference) else None
@@ -426,7 +428,6 @@ def _evaluate_state(cfg: DictConfig, ckpt: Path, state: dict, overrides: list[st
                         fit_identity, evaluation_dir=out_dir)
     if not other:
         validate_cases(dataset, splits[cfg.split], "scoring")  # the same header checks as training and mcseg-data
-    shift = shift_config(cfg.get("shift"))
     reuse = reuses_clean(cfg, out_dir)
     if (out_dir / "summary.json").exists() and not reuse:  # overwrite=true, nothing refused it: the earlier one goes
         # without a run directory, out's calibration.json is the checkpoint's fit on record: kept

@@ -42,7 +42,7 @@ from mcseg.engine.checkpoint_eval import (SELECTED, check_compatible, checkpoint
 from mcseg.engine.data import build_dataset, record_dataset_facts
 from mcseg.engine.evaluation import PROVENANCE_FILE, evaluate_split, format_summary
 from mcseg.engine.shift_eval import clean_to_reuse, evaluate_shift, format_shift, inference_record
-from mcseg.data.shift import shift_config
+from mcseg.data.shift import check_modality, shift_config
 from mcseg.engine.evaluator import EvalProtocol
 from mcseg.engine.inference import InferenceConfig
 from mcseg.engine.predict import EnsemblePredictor
@@ -211,6 +211,7 @@ def evaluate_ensemble(cfg: DictConfig, entries, overrides: list[str] | None = No
     dataset = build_dataset(first_cfg.dataset)
     record_dataset_facts(first_cfg, dataset)
     check_compatible(paths[0], first_cfg, dataset, predictors[0].multilabel)
+    check_modality(shift_config(cfg.get("shift")), dataset)
     splits = own_splits(paths[0], dataset, split)
     ensemble = EnsemblePredictor(predictors)
     protocol = typed(cfg.evaluation, EvalProtocol, "evaluation")
