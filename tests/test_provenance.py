@@ -405,6 +405,27 @@ def test_an_evaluation_on_another_root_that_holds_training_cases_warns_and_recor
     assert rows[0].seen_in_training == [str(run)]
 
 
+def test_a_checkpoint_without_content_fingerprints_compares_case_ids_and_says_content_was_not_checked(
+        runs, make_cfg, tmp_path, caplog):
+    """Issue #34 section 3, no fingerprints: a checkpoint without content fingerprints (older, or stripped)
+    evaluated on a folder that holds its training cases recorded seen_in_training {} and said nothing; when
+    content cannot be compared, case ids are, and the evaluation says that content was not checked."""
+    run = copy_run(runs.run2d, tmp_path / "run")
+    state = load_checkpoint(run / "checkpoints/best.pt")
+    del state["content"]
+    save_checkpoint(run / "checkpoints/best.pt", state)
+    split = _split_of(run)
+    other = shutil.copytree(runs.msd_a, tmp_path / "other")  # the same cases, under the same names
+    with caplog.at_level(logging.WARNING):
+        summary = evaluate_with(make_cfg, tmp_path, [f"ckpt={run}", "dataset=msd", f"dataset.root={other}",
+                                                     "split=all"])
+    seen = summary["provenance"]["seen_in_training"]
+    assert seen == {part: {c: c for c in split[part]} for part in ("train", "val")}
+    assert summary["provenance"]["content_checked"] is False
+    assert any("no content fingerprints" in r.message and "by case id" in r.message and "content not checked"
+               in r.message for r in caplog.records)
+
+
 def test_a_checkpoint_copied_from_a_run_of_another_configuration_is_refused(runs, make_cfg, tmp_path):
     """#22.2: a focal run's checkpoint copied into this CE run's checkpoints/ has the same split and was taken
     for another checkpoint of the run (its fit joined this run's calibration.json)."""
