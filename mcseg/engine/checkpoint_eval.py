@@ -124,12 +124,23 @@ def scored_content(ckpt: Path, state: dict, dataset: SegmentationDataset, refs: 
     """Which scored cases are, by content, cases the checkpoint was trained or validated on
     (``{part: {scored case: the checkpoint's case}}``; on its own split the part scored itself is not
     counted), and which cases of its own split now hold other content than it recorded; both warned of
-    loudly; and the scored cases' fingerprints. A checkpoint that recorded no content (older versions) is
-    not compared."""
+    loudly; and the scored cases' fingerprints. A checkpoint that recorded no content (older versions, or
+    stripped) is compared by case id with the split it stored, and the log says that content was not checked
+    (``provenance.content_checked``)."""
     scored = case_fingerprints(dataset, refs)
     recorded = state.get("content")
     if not recorded:
-        return {}, [], scored
+        ids = {part: set(cases) for part, cases in (state.get("split") or {}).items()}
+        seen = {part: {c: c for c in scored if c in ids.get(part, ())} for part in ("train", "val")
+                if own_split not in (part, "all")}
+        seen = {part: hits for part, hits in seen.items() if hits}
+        found = "; ".join(f"{len(h)} are ids of its {part} split ({', '.join(list(h)[:5])}"
+                          f"{' ...' if len(h) > 5 else ''})" for part, h in seen.items())
+        log.warning("WARNING: %s has no content fingerprints (an older or stripped checkpoint): the %d scored cases "
+                    "were compared with its split by case id only, content not checked: %s", ckpt, len(refs),
+                    found + " (recorded in provenance.seen_in_training)" if found else "none is one of its training "
+                    "or validation cases by name, but a copy under another name would not be found")
+        return seen, [], scored
     seen = {part: hits for part, hits in seen_in(recorded, scored).items() if own_split not in (part, "all")}
     for part, hits in seen.items():
         pairs = ", ".join(f"{case} = {theirs}" for case, theirs in list(hits.items())[:5])
@@ -450,7 +461,7 @@ def _evaluate_state(cfg: DictConfig, ckpt: Path, state: dict, overrides: list[st
         "overrides": overrides, "output_dir": str(out_dir), "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "environment": environment_record(device, deterministic),
         "scored_content_sha256": split_content_sha256({str(cfg.split): scored}),
-        "seen_in_training": seen, "content_changed": changed,
+        "seen_in_training": seen, "content_changed": changed, "content_checked": bool(state.get("content")),
         "classes_unseen_in_training": list(state.get("classes_unseen_in_training") or []),
     }
     fit_provenance = {"dataset": provenance["trained_on"], "overrides": overrides}

@@ -242,7 +242,7 @@ def evaluate_ensemble(cfg: DictConfig, entries, overrides: list[str] | None = No
         "overrides": overrides, "output_dir": str(out_dir), "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "environment": environment_record(device, bool(first_cfg.trainer.get("deterministic", False))),
         "scored_content_sha256": split_content_sha256({str(cfg.split): scored}),
-        "seen_in_training": seen, "content_changed": changed,
+        "seen_in_training": seen, "content_changed": changed, "content_checked": bool(first_state.get("content")),
         "classes_unseen_in_training": list(first_state.get("classes_unseen_in_training") or []),
     }
     fit_provenance = {"dataset": provenance["trained_on"], "overrides": overrides}
