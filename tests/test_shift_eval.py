@@ -171,3 +171,22 @@ def test_evaluate_takes_the_evaluation_part_of_a_debug_preset(tiny_run, tmp_path
     with pytest.raises(Exception, match="trainer.max_epochs"):  # a training key named on the command line: refused
         evaluate(compose_config("evaluate", ["debug=fast", f"ckpt={tiny_run}", "trainer.max_epochs=3",
                                              f"eval_dir={tmp_path / 'refused'}"], tmp_path / "job2"))
+
+
+def test_the_shift_summary_covers_every_condition_on_disk_of_the_checkpoint_and_protocol(tiny_run, tmp_path):
+    """Issue #34 section 3, subsets of a suite: evaluating a subset replaced shift_summary.json with that subset;
+    the conditions evaluated earlier stayed on disk but dropped out of the summary and the report."""
+    out = tmp_path / "eval"
+    _evaluate(tmp_path / "j1", f"ckpt={tiny_run}", "shift=rood_mri", "shift.corruptions=[ghosting]", "shift.levels=[1]",
+              f"eval_dir={out}")
+    result = _evaluate(tmp_path / "j2", f"ckpt={tiny_run}", "shift=rood_mri", "shift.corruptions=[smoothing]",
+                       "shift.levels=[2]", f"eval_dir={out}")
+    summary = json.loads((out / "shift_summary.json").read_text())
+    assert summary == json.loads(json.dumps(result["shift"]))
+    assert summary["corruptions"] == ["smoothing", "ghosting"] and summary["levels"] == [0, 1, 2]
+    assert summary["corruption_levels"] == {"smoothing": [0, 2], "ghosting": [0, 1]}
+    dice = summary["predictors"]["raw"]["dice"]
+    ghosting = json.loads((out / "shift/ghosting/1/summary.json").read_text())["mean_foreground_dice"]
+    assert dice["values"]["ghosting"] == {"0": result["mean_foreground_dice"], "1": ghosting}
+    assert dice["per_corruption"]["ghosting"]["overall"] is not None and dice["corruptions_scored"] == 2
+    assert "| ghosting |" in (out / "shift_summary.md").read_text()
