@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -180,6 +181,8 @@ def test_the_shift_summary_covers_every_condition_on_disk_of_the_checkpoint_and_
     """Issue #34 section 3, subsets of a suite: evaluating a subset replaced shift_summary.json with that subset;
     the conditions evaluated earlier stayed on disk but dropped out of the summary and the report."""
     out = tmp_path / "eval"
+    out.mkdir()
+    shutil.copy(tiny_run / "eval/test/summary.json", out)  # the run's clean evaluation, reused as level 0
     _evaluate(tmp_path / "j1", f"ckpt={tiny_run}", "shift=rood_mri", "shift.corruptions=[ghosting]", "shift.levels=[1]",
               f"eval_dir={out}")
     result = _evaluate(tmp_path / "j2", f"ckpt={tiny_run}", "shift=rood_mri", "shift.corruptions=[smoothing]",
