@@ -106,6 +106,9 @@ def weights_sha256(model_state: dict) -> str:
     digest = hashlib.sha256()
     for name in sorted(model_state):
         tensor = model_state[name]
+        if not torch.is_tensor(tensor):  # a module's extra state
+            digest.update(f"{name}:{tensor!r}".encode())
+            continue
         digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
         digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
@@ -118,8 +121,10 @@ def finished(path: Path, state: dict, run_dir: Path | None) -> bool | None:
         return None
     if (run_dir / "result.json").is_file():
         return True
-    status = json.loads((run_dir / "status.json").read_text()).get("status") \
-        if (run_dir / "status.json").is_file() else None
+    try:
+        status = json.loads((run_dir / "status.json").read_text()).get("status")
+    except (OSError, ValueError, AttributeError):  # absent or unreadable: the warning says less
+        status = None
     log.warning("%s: its run has not finished training (no result.json%s): the checkpoint it holds now, epoch %s, "
                 "is pooled", path, f"; status.json: {status}" if status else "", state.get("epoch"))
     return False
