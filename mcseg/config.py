@@ -247,24 +247,30 @@ def _without(node: dict | None, dotted: tuple[str, ...]) -> dict | None:
     return node
 
 
-def _first_difference(saved, now, prefix: str) -> str | None:
-    """The first dotted key at which two config nodes differ."""
+def _first_difference(saved, now, prefix: str, owners: tuple[str, str] | None = None) -> str | None:
+    """The first dotted key at which two config nodes differ; ``owners`` names whose each value is
+    (``saved``'s, ``now``'s), else ``now`` is the launch's and ``saved`` the checkpoint's."""
     if isinstance(saved, dict) and isinstance(now, dict):
         for key in sorted(saved.keys() | now.keys()):
-            found = _first_difference(saved.get(key), now.get(key), f"{prefix}.{key}")
+            found = _first_difference(saved.get(key), now.get(key), f"{prefix}.{key}", owners)
             if found:
                 return found
         return None
-    return None if saved == now else f"{prefix}={now!r} (checkpoint: {saved!r})"
+    if saved == now:
+        return None
+    if owners:
+        return f"{prefix}={saved!r} in {owners[0]}, {now!r} in {owners[1]}"
+    return f"{prefix}={now!r} (checkpoint: {saved!r})"
 
 
-def resume_mismatch(saved: dict, now: dict) -> str | None:
-    """Where the resolved config ``now`` differs from a checkpoint's ``saved`` one in :data:`RESUME_MUST_MATCH`."""
+def resume_mismatch(saved: dict, now: dict, owners: tuple[str, str] | None = None) -> str | None:
+    """Where the resolved config ``now`` differs from a checkpoint's ``saved`` one in :data:`RESUME_MUST_MATCH`
+    (``owners``: whose each config is, for two configs of which neither is the launch's)."""
     for key in RESUME_MUST_MATCH:
         a, b = saved.get(key), now.get(key)
         if key == "dataset":
             a, b = _without(a, DATASET_MAY_CHANGE), _without(b, DATASET_MAY_CHANGE)
-        found = _first_difference(a, b, key)
+        found = _first_difference(a, b, key, owners)
         if found:
             return found
     return None

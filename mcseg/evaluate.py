@@ -9,7 +9,7 @@ import logging
 import shutil
 from pathlib import Path
 
-from omegaconf import DictConfig, ListConfig
+from omegaconf import DictConfig, ListConfig, open_dict
 
 from mcseg.data.io import write_json
 from mcseg.evaluation.checkpoint import evaluate_checkpoint
@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 
 def evaluate(cfg: DictConfig) -> dict:
     """Evaluate ``cfg.ckpt``, or the ``cfg.checkpoint`` of every run under ``cfg.runs`` (a run or sweep directory)."""
+    cfg = without_training_settings(cfg, hydra_overrides())
     if bool(cfg.get("ckpt")) == bool(cfg.get("runs")):
         raise ConfigError("evaluate: set exactly one of ckpt=<run>/checkpoints/best.pt (one checkpoint) "
                           "or runs=<run or sweep directory> (every run under it)")
@@ -32,6 +33,31 @@ def evaluate(cfg: DictConfig) -> dict:
     if cfg.get("ckpt"):
         return evaluate_checkpoint(cfg, Path(cfg.ckpt).expanduser().resolve(), hydra_overrides())
     return evaluate_runs(cfg, Path(cfg.runs).expanduser().resolve())
+
+
+# Nodes a debug preset (configs/debug/, shared with training) sets that an evaluation takes from the checkpoint.
+TRAINING_NODES = ("trainer", "logger")
+
+
+def without_training_settings(cfg: DictConfig, overrides: list[str]) -> DictConfig:
+    """``cfg`` without what a debug preset (``debug=fast``) sets for training (``trainer``, ``logger``,
+    ``dataset.sampling``): an evaluation takes those from the checkpoint and keeps the preset's ``evaluation``.
+    A key named on the command line is kept, and refused as before (it sets what the checkpoint fixes)."""
+    named = {o.lstrip("+~").split("=")[0].split(".")[0] for o in overrides}
+    drop = [k for k in TRAINING_NODES if k in cfg and k not in named]
+    preset_only_dataset = cfg.get("dataset") is not None and set(cfg.dataset) <= {"sampling"} \
+        and "dataset" not in named
+    if not drop and not preset_only_dataset:
+        return cfg
+    cfg = cfg.copy()
+    with open_dict(cfg):
+        for key in drop:
+            del cfg[key]
+        if preset_only_dataset:
+            cfg.dataset = None
+    log.info("evaluate: the debug preset's training settings (%s) do not apply to an evaluation; its evaluation.* "
+             "settings do", ", ".join(drop + (["dataset.sampling"] if preset_only_dataset else [])))
+    return cfg
 
 
 def find_runs(root: Path, checkpoint: str = "best.pt") -> list[Path]:

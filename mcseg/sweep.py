@@ -215,6 +215,7 @@ def run_job(fn: Callable[[DictConfig], Any], cfg: DictConfig, checks_itself: boo
         return fail(exc)
     owner.on_begin.append(lambda: write_status(out_dir / STATUS_FILE, record))
     previous = _stop_on_sigterm()
+    ignored_sigint = _stop_on_sigint()
     try:
         if not checks_itself:
             owner.begin(resumed=False)
@@ -252,6 +253,8 @@ def run_job(fn: Callable[[DictConfig], Any], cfg: DictConfig, checks_itself: boo
         rundir.release(owner)
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+        if ignored_sigint:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 # Why this process's sweep is ending before its last job (read by SweepSummary at exit).
@@ -277,6 +280,19 @@ def _stop_on_sigterm():
         raise TrainingInterrupted("stopped by SIGTERM")
 
     return signal.signal(signal.SIGTERM, stop)
+
+
+def _stop_on_sigint() -> bool:
+    """A process started from a shell that ignores SIGINT (a script's background job) inherits SIG_IGN, and
+    Python then leaves Ctrl-C ignored; the training loop installs its own handler and stops, so every job
+    does: SIGINT raises KeyboardInterrupt for the job's duration. True when it was ignored (restored after)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        return False
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    return True
 
 
 def collect_job_status(sweep_dir: Path) -> list[dict]:

@@ -405,6 +405,27 @@ def test_an_evaluation_on_another_root_that_holds_training_cases_warns_and_recor
     assert rows[0].seen_in_training == [str(run)]
 
 
+def test_a_checkpoint_without_content_fingerprints_compares_case_ids_and_says_content_was_not_checked(
+        runs, make_cfg, tmp_path, caplog):
+    """Issue #34 section 3, no fingerprints: a checkpoint without content fingerprints (older, or stripped)
+    evaluated on a folder that holds its training cases recorded seen_in_training {} and said nothing; when
+    content cannot be compared, case ids are, and the evaluation says that content was not checked."""
+    run = copy_run(runs.run2d, tmp_path / "run")
+    state = load_checkpoint(run / "checkpoints/best.pt")
+    del state["content"]
+    save_checkpoint(run / "checkpoints/best.pt", state)
+    split = _split_of(run)
+    other = shutil.copytree(runs.msd_a, tmp_path / "other")  # the same cases, under the same names
+    with caplog.at_level(logging.WARNING):
+        summary = evaluate_with(make_cfg, tmp_path, [f"ckpt={run}", "dataset=msd", f"dataset.root={other}",
+                                                     "split=all"])
+    seen = summary["provenance"]["seen_in_training"]
+    assert seen == {part: {c: c for c in split[part]} for part in ("train", "val")}
+    assert summary["provenance"]["content_checked"] is False
+    assert any("no content fingerprints" in r.message and "by case id" in r.message and "content not checked"
+               in r.message for r in caplog.records)
+
+
 def test_a_checkpoint_copied_from_a_run_of_another_configuration_is_refused(runs, make_cfg, tmp_path):
     """#22.2: a focal run's checkpoint copied into this CE run's checkpoints/ has the same split and was taken
     for another checkpoint of the run (its fit joined this run's calibration.json)."""
@@ -413,8 +434,11 @@ def test_a_checkpoint_copied_from_a_run_of_another_configuration_is_refused(runs
     state["config"]["loss"] = {"_target_": "mcseg.losses.FocalLoss", "gamma": 3.0}
     save_checkpoint(run / "checkpoints/focal.pt", state)
     calibration = (run / "calibration.json").read_bytes()
-    with pytest.raises(ValueError, match="its configuration is not its run's .*loss"):
+    with pytest.raises(ValueError, match="its configuration is not its run's .*loss") as refused:
         evaluate_with(make_cfg, tmp_path, [f"ckpt={run}/checkpoints/focal.pt"])
+    # issue #34 section 3 (smaller): the run's own value was labelled "checkpoint:"; each value names its owner
+    assert "loss._target_='mcseg.losses.FocalLoss' in the checkpoint, 'mcseg.losses." in str(refused.value)
+    assert f"in {run / 'checkpoints/best.pt'}" in str(refused.value) and "(checkpoint:" not in str(refused.value)
     assert (run / "calibration.json").read_bytes() == calibration
     summary = evaluate_with(make_cfg, tmp_path, [f"ckpt={run}/checkpoints/focal.pt", f"eval_dir={tmp_path / 'elsewhere'}"])
     assert summary["provenance"]["run_dir"] is None
@@ -441,3 +465,18 @@ def test_a_class_without_a_voxel_in_the_training_split_is_warned_of_and_marked(r
     summary = read(tmp_path / "run/eval/test/summary.json")
     assert summary["provenance"]["classes_unseen_in_training"] == ["core"]
     assert "(no voxel of it in the training split)" in capsys.readouterr().out
+
+
+def test_a_shift_suite_of_another_modality_is_refused_naming_both(runs, make_cfg, tmp_path):
+    """Issue #34 section 3, shift=ct on MRI: it ran without a word, adding noise and window shifts defined in
+    Hounsfield units to MRI intensities (the window shift then degraded nothing). Each preset states its modality;
+    a dataset of another one is refused naming both, before anything is written."""
+    before = sorted(p for p in runs.run3d.rglob("*") if p.is_file())
+    with pytest.raises(ConfigError, match=r"shift=ct is defined for CT .* dataset msd is MRI"):
+        evaluate_with(make_cfg, tmp_path, [f"ckpt={runs.run3d}", "shift=ct", "shift.levels=[1]"])
+    assert sorted(p for p in runs.run3d.rglob("*") if p.is_file()) == before
+    from mcseg.data.shift import modality_of  # MSD's modality and nnU-Net's channel_names, read
+
+    assert modality_of(["T1", "T2"]) == modality_of(["FLAIR"]) == modality_of(["MRI"]) == "MRI"
+    assert modality_of(["CT"]) == modality_of(["non-contrast CT"]) == "CT"
+    assert modality_of(["PET", "CT"]) is None and modality_of(["noise"]) is None

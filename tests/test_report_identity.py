@@ -105,3 +105,20 @@ def test_the_configuration_hash_ignores_paths_loggers_workers_and_spelt_out_defa
     assert sha("logger=none", "dataset.sampling.num_workers=3", "trainer.progress_bar=false", "seed=7",
                "+dataset.root=/elsewhere") == base
     assert sha(f"optim.lr={lr * 2}") != base and sha("loss=focal") != base
+
+
+def test_runs_left_out_keep_one_table_row_per_run_whatever_their_error():
+    """Issue #34 section 3 (smaller): the "Runs left out" table broke on multi-line errors (every bad loss
+    argument gives one): each run is one row, its error on one line."""
+    from pathlib import Path
+
+    from mcseg.report.collect import RunRecord
+
+    error = "ConfigError: loss=margin:\n  loss.margin=-1: expected > 0\n  loss.alpha=2 | 3: expected a number"
+    runs = [RunRecord(Path("sweep/0_margin"), "c", "margin", {}, 0, "failed", error=error),
+            RunRecord(Path("sweep/1_ce"), "c", "ce", {}, 0, "failed", error="ValueError: one line")]
+    lines = [line for line in cli.failure_lines(runs) if line]
+    assert lines[:3] == ["## Runs left out", "| run | status | error |", "|---|---|---|"]
+    assert len(lines) == 5 and all(line.startswith("| ") and line.endswith(" |") for line in lines[3:])
+    assert lines[3] == ("| sweep/0_margin | failed | ConfigError: loss=margin: loss.margin=-1: expected > 0 "
+                        "loss.alpha=2 / 3: expected a number |")

@@ -389,3 +389,29 @@ def test_tensorboard_events_that_cannot_be_written_stop_its_logging_with_one_war
     threading.excepthook(SimpleNamespace(exc_value=OSError(errno.ENOSPC, "full"), thread=writer_thread()))
     threading.excepthook(SimpleNamespace(exc_value=OSError(errno.ENOSPC, "full"), thread=threading.Thread()))
     assert len(seen) == 1 and not type(seen[0].thread).__module__.startswith("tensorboard")  # only others' threads
+
+
+def test_a_job_stops_on_ctrl_c_even_when_the_shell_that_launched_it_ignores_sigint(make_cfg, tmp_path):
+    """Issue #34 section 3 (smaller): a job started from a shell that ignores SIGINT (a background job of a
+    script) inherits SIG_IGN; training installs its own handler and stops, an evaluation ignored Ctrl-C."""
+    import signal
+    import time
+
+    from mcseg import sweep
+
+    def evaluation(cfg):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(3)  # the signal is delivered here: a KeyboardInterrupt, unless it is ignored
+        return "not stopped"
+
+    run = tmp_path / "eval"
+    run.mkdir()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            sweep.run_job(evaluation, _job_cfg(make_cfg, run))
+        assert stopped.value.code == 130
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # the launcher's choice is back after the job
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert json.loads((run / "status.json").read_text())["status"] == "interrupted"

@@ -216,6 +216,36 @@ def test_ensemble_members_that_disagree_or_repeat_are_refused_naming_them(runs, 
         _evaluate(make_cfg, tmp_path / "job", f"ckpt=[{runs.root / 'sweep'}]")
 
 
+def test_an_ensemble_of_copies_is_refused_and_a_member_still_training_is_warned_of(runs, make_cfg, tmp_path,
+                                                                                    caplog):
+    """Issue #34 section 3, identical members: two runs of one configuration and seed (bitwise equal weights) were
+    evaluated as an "ensemble of 2" with the single network's figures, without a word; a member whose run is
+    still training was pooled silently with the checkpoint it held at that moment."""
+    import logging
+    import shutil
+
+    twin = tmp_path / "twin" / "checkpoints" / "best.pt"
+    twin.parent.mkdir(parents=True)
+    state = load_checkpoint(runs.s0 / "checkpoints/best.pt")
+    state["epoch"] = state["epoch"] + 1  # another file (another sha256), the same weights
+    save_checkpoint(twin, state)
+    with pytest.raises(ConfigError, match=f"{runs.s0}/checkpoints/best.pt and {twin} hold identical weights"):
+        _evaluate(make_cfg, tmp_path / "job", f"ckpt=[{runs.s0},{twin}]", f"eval_dir={tmp_path / 'copies'}")
+    assert not (tmp_path / "copies").exists()
+
+    training = tmp_path / "training"
+    shutil.copytree(runs.s1, training, ignore=shutil.ignore_patterns("eval", "tensorboard"))
+    (training / "result.json").unlink()
+    (training / "status.json").write_text(json.dumps({"status": "running"}))
+    with caplog.at_level(logging.WARNING):
+        summary = _evaluate(make_cfg, tmp_path / "job2", f"ckpt=[{runs.s0},{training}]", "posthoc.apply=[]",
+                            f"eval_dir={tmp_path / 'still'}")
+    epoch = load_checkpoint(training / "checkpoints/best.pt")["epoch"]
+    assert f"{training}/checkpoints/best.pt: its run has not finished training" in caplog.text
+    assert f"epoch {epoch}" in caplog.text
+    assert [m["finished"] for m in summary["provenance"]["members"]] == [True, False]
+
+
 def test_evaluate_mc_dropout_and_tta_of_a_checkpoint_beside_its_own_evaluation(runs, make_cfg, tmp_path):
     with pytest.raises(ValueError, match="has no dropout module"):
         _evaluate(make_cfg, tmp_path / "j0", f"ckpt={runs.s0}", "mc_samples=3")
@@ -229,6 +259,15 @@ def test_evaluate_mc_dropout_and_tta_of_a_checkpoint_beside_its_own_evaluation(r
     again = _evaluate(make_cfg, tmp_path / "j2", f"ckpt={runs.dropout}", "mc_samples=3", "tta=[flips]",
                       f"eval_dir={tmp_path / 'again'}")
     assert again["mean_foreground_dice"] == mc["mean_foreground_dice"] and again["mean_ece"] == mc["mean_ece"]
+
+
+@pytest.mark.parametrize("value", ["2.5", "1", "-2"])
+def test_mc_samples_that_are_not_a_whole_number_of_passes_are_one_line_naming_the_key(runs, make_cfg, tmp_path, value):
+    """Issue #34 section 3, mc_samples: 2.5 was accepted, recorded as 2.5 and reported as "mc2.5" while 2 samples
+    were drawn; an integer >= 2 (or 0, off) is expected, anything else is one line naming the key."""
+    with pytest.raises(ConfigError, match=rf"config key 'mc_samples'={value}: expected an integer >= 2"):
+        _evaluate(make_cfg, tmp_path / "job", f"ckpt={runs.dropout}", f"mc_samples={value}")
+    assert not list((runs.dropout / "eval").glob("test-mc*"))  # refused before anything was written
 
 
 def test_tta_in_3d_pools_eight_views(make_cfg, tmp_path):

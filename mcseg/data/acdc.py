@@ -46,6 +46,8 @@ class ACDCDataset(SegmentationDataset):
             patient from every patient found.
     """
 
+    MODALITY = "MRI"
+
     def __init__(self, root: str, name: str = "acdc", frames: Sequence[str] = FRAMES,
                  official_split: bool = True, **kwargs) -> None:
         path = resolve_root(root)

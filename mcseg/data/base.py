@@ -53,6 +53,13 @@ class SegmentationDataset(ABC):
             (``{WT: [1, 2, 3], TC: [1, 3], ET: [3]}``); labels become ``R x *S`` masks.
     """
 
+    MODALITY: str | None = None  # "CT" | "MRI" where the kind of dataset fixes it (read by shift suites)
+
+    @property
+    def modality(self) -> str | None:
+        """``CT`` or ``MRI`` where the dataset says (its kind, or its dataset.json), else None."""
+        return self.MODALITY
+
     def __init__(
         self,
         name: str,

@@ -36,6 +36,8 @@ class BraTSDataset(SegmentationDataset):
         label_suffix: file suffix of the label map.
     """
 
+    MODALITY = "MRI"
+
     def __init__(self, root: str, name: str = "brats", modalities: Sequence[str] = MODALITIES,
                  label_suffix: str = "seg", **kwargs) -> None:
         self.root = resolve_root(root)

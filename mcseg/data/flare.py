@@ -21,6 +21,8 @@ class FLAREDataset(SegmentationDataset):
         image_dir, label_dir: their names, for re-packaged copies.
     """
 
+    MODALITY = "CT"
+
     def __init__(self, root: str, name: str = "flare", image_dir: str = "TrainingImg",
                  label_dir: str = "TrainingMask", file_ending: str = ".nii.gz", **kwargs) -> None:
         self.root = resolve_root(root)

@@ -49,6 +49,8 @@ class MRBrainSDataset(SegmentationDataset):
         edition: ``2013``, ``2018`` or ``auto`` (from the folder layout).
     """
 
+    MODALITY = "MRI"
+
     def __init__(self, root: str, name: str = "mrbrains", edition: str = "auto", **kwargs) -> None:
         self.root = resolve_root(root)
         self.edition, self.subjects_dir = self._detect(str(edition), root)

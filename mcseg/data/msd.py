@@ -55,6 +55,13 @@ class MSDDataset(SegmentationDataset):
         self.label_classes = len(declared_names)
         self._finalise_classes()
 
+    @property
+    def modality(self) -> str | None:
+        """``CT`` or ``MRI`` from dataset.json's channel names, when they say (:func:`mcseg.data.shift.modality_of`)."""
+        from mcseg.data.shift import modality_of
+
+        return modality_of((self.description.get("modality") or self.description.get("channel_names") or {}).values())
+
     def case_refs(self) -> list[CaseRef]:
         refs = []
         for entry in self.description["training"]:

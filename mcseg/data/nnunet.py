@@ -71,6 +71,13 @@ class NnUNetDataset(SegmentationDataset):
         self.label_classes = max(ints) + 1
         self._finalise_classes()
 
+    @property
+    def modality(self) -> str | None:
+        """``CT`` or ``MRI`` from dataset.json's channel names, when they say (:func:`mcseg.data.shift.modality_of`)."""
+        from mcseg.data.shift import modality_of
+
+        return modality_of((self.description.get("channel_names") or self.description.get("modality") or {}).values())
+
     def scan(self) -> tuple[list[CaseRef], list[str]]:
         listed = self.description.get("dataset")
         if isinstance(listed, dict):

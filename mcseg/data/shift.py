@@ -70,6 +70,46 @@ class ShiftConfig:
     alpha: float = 2 / 3  # ROOD-MRI's level weight base: w_s = alpha ** s
     save_predictions: bool = False  # segmentations of every corrupted case (many files)
     definitions: dict[str, CorruptionSpec] = field(default_factory=dict)
+    modality: str | None = None  # CT | MRI: the data the suite is defined for (others refused); null: any
+
+
+MODALITIES = ("CT", "MRI")
+MR_CHANNELS = ("MR", "T1", "T2", "FLAIR", "ADC", "DWI", "PD", "SWI", "DIXON", "CINE")
+
+
+def modality_of(channel_names) -> str | None:
+    """``CT`` or ``MRI`` from channel names (MSD's ``modality``, nnU-Net's ``channel_names``: ``CT``,
+    ``non-contrast CT``, ``MRI``, ``T2``, ``FLAIR``, ``ADC`` ...) when they all say the same, else None."""
+    import re
+
+    kinds = set()
+    for name in channel_names:
+        words = re.findall(r"[A-Z0-9]+", str(name).upper())
+        if "CT" in words:
+            kinds.add("CT")
+        elif any(w.startswith(MR_CHANNELS) for w in words):
+            kinds.add("MRI")
+        else:
+            return None
+    return kinds.pop() if len(kinds) == 1 else None
+
+
+def check_modality(shift: "ShiftConfig | None", dataset) -> None:
+    """A suite defined for one modality (``shift.modality``) refuses data of another, naming both: CT's noise and
+    window shifts are in Hounsfield units, ROOD-MRI's artefacts are MRI's. Data that do not say are warned of."""
+    import logging
+
+    if shift is None or shift.modality is None:
+        return
+    have = getattr(dataset, "modality", None)
+    if have is None:
+        logging.getLogger(__name__).warning(
+            "shift=%s is defined for %s; dataset %s does not say its modality: its corruptions are applied as they "
+            "are", shift.suite, shift.modality, dataset.name)
+    elif have != shift.modality:
+        raise ConfigError(f"shift={shift.suite} is defined for {shift.modality} but dataset {dataset.name} is {have}: "
+                          f"choose a suite for {have} (shift={'ct' if have == 'CT' else 'rood_mri'}), or pass "
+                          "shift.modality=null to apply it anyway")
 
 
 def shift_config(node) -> ShiftConfig | None:
@@ -81,6 +121,9 @@ def shift_config(node) -> ShiftConfig | None:
     cfg = typed(node, ShiftConfig, "shift")
     if not cfg.definitions:
         raise ConfigError("config key 'shift.definitions' is empty: choose a suite, e.g. shift=rood_mri")
+    if cfg.modality not in (None, *MODALITIES):
+        raise ConfigError(f"config key 'shift.modality'={cfg.modality}: expected one of {', '.join(MODALITIES)} "
+                          "or null (any data)")
     unknown = [c for c in cfg.corruptions if c not in cfg.definitions]
     if unknown:
         raise ConfigError(f"config key 'shift.corruptions': {unknown} not in suite {cfg.suite} "

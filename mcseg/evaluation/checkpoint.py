@@ -39,7 +39,7 @@ from mcseg.evaluation.evaluator import EvalProtocol
 from mcseg.inference.volume import InferenceConfig
 from mcseg.evaluation.shift import SUMMARY_FILE as SHIFT_SUMMARY, clean_to_reuse, evaluate_shift, format_shift, \
     inference_record
-from mcseg.data.shift import shift_config
+from mcseg.data.shift import check_modality, shift_config
 from mcseg.evaluation.provenance import checkpoint_identity, dataset_identity, file_sha256
 from mcseg.data.validate import validate_cases
 from mcseg.errors import ConfigError
@@ -122,12 +122,23 @@ def scored_content(ckpt: Path, state: dict, dataset: SegmentationDataset, refs: 
     """Which scored cases are, by content, cases the checkpoint was trained or validated on
     (``{part: {scored case: the checkpoint's case}}``; on its own split the part scored itself is not
     counted), and which cases of its own split now hold other content than it recorded; both warned of
-    loudly; and the scored cases' fingerprints. A checkpoint that recorded no content (older versions) is
-    not compared."""
+    loudly; and the scored cases' fingerprints. A checkpoint that recorded no content (older versions, or
+    stripped) is compared by case id with the split it stored, and the log says that content was not checked
+    (``provenance.content_checked``)."""
     scored = case_fingerprints(dataset, refs)
     recorded = state.get("content")
     if not recorded:
-        return {}, [], scored
+        ids = {part: set(cases) for part, cases in (state.get("split") or {}).items()}
+        seen = {part: {c: c for c in scored if c in ids.get(part, ())} for part in ("train", "val")
+                if own_split not in (part, "all")}
+        seen = {part: hits for part, hits in seen.items() if hits}
+        found = "; ".join(f"{len(h)} are ids of its {part} split ({', '.join(list(h)[:5])}"
+                          f"{' ...' if len(h) > 5 else ''})" for part, h in seen.items())
+        log.warning("WARNING: %s has no content fingerprints (an older or stripped checkpoint): the %d scored cases "
+                    "were compared with its split by case id only, content not checked: %s", ckpt, len(refs),
+                    found + " (recorded in provenance.seen_in_training)" if found else "none is one of its training "
+                    "or validation cases by name, but a copy under another name would not be found")
+        return seen, [], scored
     seen = {part: hits for part, hits in seen_in(recorded, scored).items() if own_split not in (part, "all")}
     for part, hits in seen.items():
         pairs = ", ".join(f"{case} = {theirs}" for case, theirs in list(hits.items())[:5])
@@ -154,19 +165,25 @@ def other_runs_config(ckpt: Path, state: dict, run_dir: Path) -> str | None:
     reference = next((p for p in own if p.is_file() and p.resolve() != ckpt.resolve()), None)
     if reference is None or ckpt.resolve() == own[0].resolve():
         return None
-    return resume_mismatch(load_checkpoint(reference)["config"], state["config"])
+    return resume_mismatch(state["config"], load_checkpoint(reference)["config"], ("the checkpoint", str(reference)))
 
 
-def check_compatible(ckpt: Path, run_cfg: DictConfig, dataset: SegmentationDataset) -> None:
-    """One line when the model's input channels or classes differ from the dataset's (before any inference)."""
+def check_compatible(ckpt: Path, run_cfg: DictConfig, dataset: SegmentationDataset, multilabel: bool) -> None:
+    """One line when the model's input channels or outputs differ from the dataset's (before any inference).
+
+    ``multilabel``: whether the model predicts overlapping regions (its loss's link, what training checked
+    against its data); the stored ``dataset.multilabel`` may be null (nnU-Net: read from dataset.json)."""
     trained = run_cfg.dataset
-    want = (trained.get("in_channels"), trained.get("num_classes"), bool(trained.get("multilabel", False)))
+
+    def outputs(n, regions: bool) -> str:
+        return f"{n} regions (multi-label, one sigmoid each)" if regions else f"{n} classes (softmax)"
+
+    want = (trained.get("in_channels"), trained.get("num_classes"), bool(multilabel))
     have = (dataset.in_channels, dataset.num_classes, dataset.multilabel)
     if want != have:
-        raise ValueError(f"{ckpt}: the model takes {want[0]} input channel(s) and predicts {want[1]} classes"
-                         f"{' (multi-label)' if want[2] else ''}, but dataset {dataset.name} has {have[0]} channel(s) "
-                         f"and {have[1]} classes{' (multi-label)' if have[2] else ''}: evaluate it on a dataset "
-                         f"with the channels and classes it was trained on")
+        raise ValueError(f"{ckpt}: the model takes {want[0]} input channel(s) and predicts {outputs(*want[1:])}, "
+                         f"but dataset {dataset.name} has {have[0]} channel(s) and {outputs(*have[1:])}: evaluate "
+                         f"it on a dataset with the channels and outputs it was trained on")
     if list(trained.get("class_names") or []) != list(dataset.class_names):
         log.warning("%s: classes trained as %s are scored as %s of dataset %s", ckpt,
                     list(trained.get("class_names") or []), dataset.class_names, dataset.name)
@@ -313,6 +330,10 @@ def members_as_asked(cfg: DictConfig, inference: InferenceConfig) -> InferenceCo
     """The run's inference settings with evaluate.py's ``mc_samples``, ``tta``, ``tta_noise_std`` and
     ``member_seed`` where given (null: the run's)."""
     asked = {k: cfg.get(k) for k in MEMBER_KEYS if cfg.get(k) is not None}
+    mc = asked.get("mc_samples")
+    if mc is not None and (isinstance(mc, bool) or not isinstance(mc, int) or mc < 0 or mc == 1):
+        raise ConfigError(f"config key 'mc_samples'={mc}: expected an integer >= 2 (MC-dropout passes), "
+                          "or 0 for none")
     if "tta" in asked:
         asked["tta"] = [str(t) for t in asked["tta"]]
     return replace(inference, **asked) if asked else inference
@@ -369,13 +390,15 @@ def _evaluate_state(cfg: DictConfig, ckpt: Path, state: dict, overrides: list[st
             eval_cfg.dataset[key] = run_cfg.dataset.get(key)
     dataset = build_dataset(eval_cfg.dataset)
     record_dataset_facts(eval_cfg, dataset)
-    check_compatible(ckpt, run_cfg, dataset)
     if not other and split is None:
         raise ValueError(f"{ckpt} holds no split (written before checkpoints stored theirs) and sits in no run "
                          f"directory with a split.json: evaluate it inside its run, or on another dataset with dataset=")
     # everything that can be refused is, before the first file is written or replaced
     device = resolve_device(cfg.device)
     model, loss_fn = restore_model(run_cfg, state, ckpt, device)
+    check_compatible(ckpt, run_cfg, dataset, bool(getattr(loss_fn, "multilabel", False)))
+    shift = shift_config(cfg.get("shift"))
+    check_modality(shift, dataset)
     trained_inference = typed(run_cfg.inference, InferenceConfig, "inference")
     inference = members_as_asked(cfg, mirrored_as_asked(cfg, trained_inference))
     variant = member_tag(inference) if member_settings(inference) != member_settings(trained_inference) else None
@@ -399,7 +422,6 @@ def _evaluate_state(cfg: DictConfig, ckpt: Path, state: dict, overrides: list[st
                         fit_identity, evaluation_dir=out_dir)
     if not other:
         validate_cases(dataset, splits[cfg.split], "scoring")  # the same header checks as training and mcseg-data
-    shift = shift_config(cfg.get("shift"))
     reuse = reuses_clean(cfg, out_dir)
     if (out_dir / "summary.json").exists() and not reuse:  # overwrite=true, nothing refused it: the earlier one goes
         # without a run directory, out's calibration.json is the checkpoint's fit on record: kept
@@ -422,7 +444,7 @@ def _evaluate_state(cfg: DictConfig, ckpt: Path, state: dict, overrides: list[st
         "overrides": overrides, "output_dir": str(out_dir), "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "environment": environment_record(device, deterministic),
         "scored_content_sha256": split_content_sha256({str(cfg.split): scored}),
-        "seen_in_training": seen, "content_changed": changed,
+        "seen_in_training": seen, "content_changed": changed, "content_checked": bool(state.get("content")),
         "classes_unseen_in_training": list(state.get("classes_unseen_in_training") or []),
     }
     fit_provenance = {"dataset": provenance["trained_on"], "overrides": overrides}

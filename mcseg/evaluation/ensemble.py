@@ -6,6 +6,8 @@
 * Members must agree on what they predict and from what: input channels, classes and their names,
   multi-label or not, the patch geometry (dimensionality, slice axis, patch size) and their split; when
   they recorded it, also the content of their data. Otherwise one line names the member and the difference.
+* Members must differ in their weights (hashed: :func:`weights_sha256`): copies of one network (or runs of one
+  configuration and seed) are refused; a member whose run has not finished training is warned of (:func:`finished`).
 * Their softmax (sigmoid) **probabilities** are averaged (:class:`mcseg.inference.predict.EnsemblePredictor`),
   with each member's own TTA views and MC samples, one case and one member at a time: memory does not grow
   with the number of members.
@@ -39,7 +41,7 @@ from mcseg.evaluation.checkpoint import (SELECTED, check_compatible, checkpoint_
 from mcseg.data.build import build_dataset, record_dataset_facts
 from mcseg.evaluation.split import PROVENANCE_FILE, evaluate_split, format_summary
 from mcseg.evaluation.shift import clean_to_reuse, evaluate_shift, format_shift, inference_record
-from mcseg.data.shift import shift_config
+from mcseg.data.shift import check_modality, shift_config
 from mcseg.evaluation.evaluator import EvalProtocol
 from mcseg.inference.volume import InferenceConfig
 from mcseg.inference.predict import EnsemblePredictor
@@ -93,6 +95,38 @@ def member_paths(entries) -> list[Path]:
         raise ConfigError("ckpt: a member is listed twice: " + ", ".join(
             str(p) for p in dict.fromkeys(p for p in paths if paths.count(p) > 1)))
     return unique
+
+
+def weights_sha256(model_state: dict) -> str:
+    """A hash of a network's weights (names, dtypes, shapes and bytes of its state dict): two files of one
+    network (another epoch counter, optimiser state or time) have the same one."""
+    import torch
+
+    digest = hashlib.sha256()
+    for name in sorted(model_state):
+        tensor = model_state[name]
+        if not torch.is_tensor(tensor):  # a module's extra state
+            digest.update(f"{name}:{tensor!r}".encode())
+            continue
+        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
+        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def finished(path: Path, state: dict, run_dir: Path | None) -> bool | None:
+    """Whether the member's run finished training (its ``result.json``); warned of when not: the checkpoint it
+    holds now is pooled, and another evaluation later may pool another. None: not in a run directory."""
+    if run_dir is None:
+        return None
+    if (run_dir / "result.json").is_file():
+        return True
+    try:
+        status = json.loads((run_dir / "status.json").read_text()).get("status")
+    except (OSError, ValueError, AttributeError):  # absent or unreadable: the warning says less
+        status = None
+    log.warning("%s: its run has not finished training (no result.json%s): the checkpoint it holds now, epoch %s, "
+                "is pooled", path, f"; status.json: {status}" if status else "", state.get("epoch"))
+    return False
 
 
 def _disagreement(first: dict, other: dict) -> str | None:
@@ -165,13 +199,23 @@ def evaluate_ensemble(cfg: DictConfig, entries, overrides: list[str] | None = No
         inference = members_as_asked(cfg, mirrored_as_asked(cfg, typed(run_cfg.inference, InferenceConfig,
                                                                          "inference")))
         predictors.append(build_predictor(run_cfg, model, loss_fn, device, inference, run_cfg.trainer.precision))
+        run_dir = path.parent.parent if path.parent.name == "checkpoints" else None
         identities.append({**checkpoint_identity(path, state, file_sha256(path)),
-                           "run_dir": str(path.parent.parent) if path.parent.name == "checkpoints" else None,
-                           "seed": state["config"].get("seed")})
+                           "run_dir": str(run_dir) if run_dir is not None else None,
+                           "seed": state["config"].get("seed"), "weights_sha256": weights_sha256(state["model"]),
+                           "finished": finished(path, state, run_dir)})
         state.pop("optimizer", None), state.pop("model", None)  # the ensemble keeps a member's model, not these
+    copies = {}
+    for path, member in zip(paths, identities):
+        if member["weights_sha256"] in copies:
+            raise ConfigError(f"ckpt: {copies[member['weights_sha256']]} and {path} hold identical weights (sha256 "
+                              f"{member['weights_sha256'][:8]}): an ensemble of copies is the single network; pool "
+                              "networks trained apart (other seeds)")
+        copies[member["weights_sha256"]] = path
     dataset = build_dataset(first_cfg.dataset)
     record_dataset_facts(first_cfg, dataset)
-    check_compatible(paths[0], first_cfg, dataset)
+    check_compatible(paths[0], first_cfg, dataset, predictors[0].multilabel)
+    check_modality(shift_config(cfg.get("shift")), dataset)
     splits = own_splits(paths[0], dataset, split)
     ensemble = EnsemblePredictor(predictors)
     protocol = typed(cfg.evaluation, EvalProtocol, "evaluation")
@@ -202,7 +246,7 @@ def evaluate_ensemble(cfg: DictConfig, entries, overrides: list[str] | None = No
         "overrides": overrides, "output_dir": str(out_dir), "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "environment": environment_record(device, bool(first_cfg.trainer.get("deterministic", False))),
         "scored_content_sha256": split_content_sha256({str(cfg.split): scored}),
-        "seen_in_training": seen, "content_changed": changed,
+        "seen_in_training": seen, "content_changed": changed, "content_checked": bool(first_state.get("content")),
         "classes_unseen_in_training": list(first_state.get("classes_unseen_in_training") or []),
     }
     fit_provenance = {"dataset": provenance["trained_on"], "overrides": overrides}

@@ -9,7 +9,9 @@ and every case's seed and draws). The cases are corrupted as read, before prepro
 
 ``<eval dir>/shift_summary.json`` (and ``.md``) holds, per predictor (the raw one and each post-hoc
 scaler), for Dice, HD95, ECE, classwise ECE and NLL (and failure detection where evaluated) the value
-per corruption and level and ROOD-MRI's robustness scores (:mod:`mcseg.metrics.robustness`).
+per corruption and level and ROOD-MRI's robustness scores (:mod:`mcseg.metrics.robustness`), over every
+condition of the suite in ``<eval dir>/shift/`` of the same checkpoint, protocol and members: an earlier subset's
+conditions stay in it (:func:`add_conditions_on_disk`).
 
 A condition evaluated before with the same definition, seed, checkpoint and protocol is reused (an
 interrupted suite resumes); one of another definition is refused unless ``overwrite=true``.
@@ -20,6 +22,7 @@ import json
 import logging
 import math
 import time
+from dataclasses import fields
 from pathlib import Path
 
 from mcseg.data.base import SegmentationDataset
@@ -28,6 +31,7 @@ from mcseg.data.io import atomic_write, write_json
 from mcseg.data.shift import Corruption, ShiftConfig, case_seed, corruption
 from mcseg.evaluation.split import clear_evaluation, evaluate_split
 from mcseg.evaluation.evaluator import EvalProtocol, Evaluator
+from mcseg.errors import ConfigError
 from mcseg.metrics.robustness import level_weights, suite_robustness
 
 log = logging.getLogger(__name__)
@@ -72,8 +76,13 @@ def _same_origin(summary: dict, sha256: str, protocol: dict, inference: dict | N
         record = {"failure_region": None, "failure_risk": "macro", **(record or {})}
         return {k: v for k, v in record.items() if k not in ("figures", "save_uncertainty")}
 
-    if numbers(summary.get("protocol")) != numbers(protocol):
-        return "another evaluation protocol (evaluation.*)"
+    stored, requested = numbers(summary.get("protocol")), numbers(protocol)
+    if stored != requested:
+        keys = [k for k in sorted(stored.keys() | requested.keys()) if stored.get(k) != requested.get(k)]
+        named = {f.name for f in fields(EvalProtocol)}
+        return "another evaluation protocol (" + "; ".join(
+            f"{'evaluation.' if k in named else 'protocol.'}{k}: {stored.get(k)!r} stored, {requested.get(k)!r} "
+            f"requested" for k in keys) + ")"
     if inference is not None and prov.get("inference") is not None:
         keys = ("mirror_axes", "mc_samples", "tta", "tta_noise_std", "member_seed")
         if any(prov["inference"].get(k) != inference.get(k) for k in keys):
@@ -150,13 +159,50 @@ def evaluate_shift(shift: ShiftConfig, predictor, dataset: SegmentationDataset, 
             log.info("shift %d/%d: %s level %d %s", i * len(shift.levels) + j + 1, total, name, level, c.params)
             summaries[name][level] = evaluate_split(predictor, view, refs, protocol, cond, shift.save_predictions,
                                                     False, scalers, prov, progress=False, per_network=per_network)
-    result = shift_summary(shift, summaries, [*(scalers or {}), *(per_network or {})])
+    names = [*(scalers or {}), *(per_network or {})]
+    add_conditions_on_disk(shift, summaries, out_dir, refs, clean, sha, protocol_record,
+                           inference_record(predictor), names)
+    result = shift_summary(shift, summaries, names)
     result["output_dir"], result["clean_evaluation"] = str(out_dir / SHIFT_DIR), str(out_dir)
     result["seconds"] = round(time.perf_counter() - started, 1)
     write_json(out_dir / SUMMARY_FILE, result)
     atomic_write(out_dir / TABLE_FILE, lambda tmp: tmp.write_text(shift_table(result)))
     log.info("shift summary written to %s", out_dir / SUMMARY_FILE)
     return result
+
+
+def add_conditions_on_disk(shift: ShiftConfig, summaries: dict[str, dict[int, dict]], out_dir: Path,
+                           refs: list[CaseRef], clean: dict, sha: str, protocol_record: dict, inference: dict,
+                           scaler_names) -> None:
+    """Add to ``summaries`` the conditions of ``shift``'s suite already in ``out_dir/shift/`` (an earlier
+    subset): the summary covers every condition on disk of the same checkpoint, protocol, members, definition
+    and seed. One that differs is left out with a warning; another suite's conditions are left alone."""
+    for done in sorted((out_dir / SHIFT_DIR).glob("*/*/summary.json")):
+        name, level = done.parent.parent.name, done.parent.name
+        if not level.isdigit() or int(level) < 1 or int(level) in summaries.get(name, {}) \
+                or name not in shift.definitions:
+            continue
+        level = int(level)
+        earlier = json.loads(done.read_text())
+        before = {k: v for k, v in ((earlier.get("provenance") or {}).get("shift") or {}).items() if k != "cases"}
+        if before.get("suite") != shift.suite:
+            continue
+        try:
+            c = corruption(name, shift.definitions[name], level)
+        except (ConfigError, IndexError, ValueError) as exc:
+            log.warning("shift: %s is left out of the summary: level %d is not in suite %s (%s)", done.parent, level,
+                        shift.suite, exc)
+            continue
+        record = condition_record(shift, c, {r.case_id: case_seed(shift.seed, r.case_id, name, level) for r in refs})
+        missing = sorted(set(scaler_names) - set(earlier.get("posthoc") or {}))
+        why = _same_origin(earlier, sha, protocol_record, inference) or (
+            None if before == json.loads(json.dumps(record)) else "another definition or seed") or (
+            f"without the post-hoc scaler(s) {missing}" if missing else None)
+        if why:
+            log.warning("shift: %s is left out of the summary: it was evaluated with %s", done.parent, why)
+            continue
+        log.info("shift: %s level %d, evaluated earlier in %s, is in the summary", name, level, done.parent)
+        summaries.setdefault(name, {0: clean})[level] = earlier
 
 
 def _get(summary: dict, path) -> float | None:
@@ -189,14 +235,16 @@ def shift_summary(shift: ShiftConfig, summaries: dict[str, dict[int, dict]], sca
                                "corruptions_scored": scores["corruptions_scored"],
                                "per_corruption": scores["per_corruption"]}
         predictors[predictor] = metrics
-    return {"suite": shift.suite, "seed": shift.seed, "corruptions": list(shift.corruptions),
-            "levels": [0, *shift.levels], "alpha": shift.alpha,
-            "level_weights": {str(k): v for k, v in level_weights(shift.levels, shift.alpha).items()},
+    levels = sorted({int(s) for by_level in summaries.values() for s in by_level} - {0})
+    return {"suite": shift.suite, "seed": shift.seed, "corruptions": list(summaries),
+            "levels": [0, *levels], "corruption_levels": {n: sorted(t) for n, t in summaries.items()},
+            "alpha": shift.alpha,
+            "level_weights": {str(k): v for k, v in level_weights(levels, shift.alpha).items()},
             "scores": "ROOD-MRI (Boone et al. 2023): overall = (m0 + sum w_s m_s) / (1 + sum w_s); degradation = "
                       "sum w_s (m0 - m_s) / sum w_s (higher is better; m_s - m0 otherwise), w_s = alpha^s, over "
                       "the levels evaluated, then averaged over corruptions; m_s: mean over cases",
             "definitions": {n: {"kind": shift.definitions[n].kind, "levels": dict(shift.definitions[n].levels),
-                                "fixed": dict(shift.definitions[n].fixed)} for n in shift.corruptions},
+                                "fixed": dict(shift.definitions[n].fixed)} for n in summaries},
             "predictors": predictors}
 
 

@@ -73,8 +73,9 @@ def seeded(seed: int, device: torch.device):
 
 def check_members(mc_samples: int, tta: list[str], noise_std: float, model: torch.nn.Module) -> None:
     """One line naming the key for member settings that cannot work."""
-    if int(mc_samples) < 0:
-        raise ValueError(f"inference.mc_samples={mc_samples}: expected 0 (off) or a number of samples")
+    if isinstance(mc_samples, bool) or int(mc_samples) != mc_samples or mc_samples < 0 or mc_samples == 1:
+        raise ValueError(f"inference.mc_samples={mc_samples}: expected an integer >= 2 (MC-dropout passes), "
+                         "or 0 for none")
     if int(mc_samples) > 0 and not dropout_modules(model):
         raise ValueError(f"inference.mc_samples={mc_samples}: {type(model).__name__} has no dropout module with p > 0; "
                          "train it with model.dropout=<p> (unet, attention_unet, unetpp; segresnet: "

@@ -97,7 +97,7 @@ def failure_lines(runs: list[RunRecord]) -> list[str]:
         error = r.error or ""
         if r.duplicate_of:
             state, error = "duplicate seed", f"dataset, configuration and seed {r.seed} of {r.duplicate_of}"
-        lines.append(f"| {r.path} | {state} | {error.replace('|', '/')} |")
+        lines.append(f"| {r.path} | {state} | {' '.join(error.replace('|', '/').split())} |")  # one row per run
     return ["", *lines, ""]
 
 

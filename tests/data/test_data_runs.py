@@ -112,3 +112,19 @@ def test_acdc_run_tests_on_the_testing_patients_and_validates_by_patient(make_cf
     train_patients = {r.case_id[:10] for r in split["train"]}
     assert len(val_patients) == 2 and not val_patients & train_patients
     assert len(split["val"]) == 4 and len(split["train"]) == 16
+
+
+def test_a_region_based_nnunet_run_is_evaluated_again(make_cfg, tmp_path):
+    """Issue #34 section 3, region-based nnU-Net: training evaluated its test split, but evaluate.py refused the
+    run ("the model takes 2 input channel(s) and predicts 3 classes, but dataset nnunet has 2 channel(s) and 3
+    classes (multi-label)"): its stored config says multilabel: null (read from dataset.json), taken for false."""
+    from mcseg.evaluate import evaluate
+    from mcseg.train import train
+
+    _, overrides = fake_download("nnunet_regions", tmp_path)
+    train(make_cfg(overrides + TINY_RUN + ["evaluation.bootstrap_samples=10"]))
+    run = tmp_path / "run"
+    summary = evaluate(make_cfg(["evaluation.bootstrap_samples=10", "save_predictions=false", f"ckpt={run}",
+                                 "split=val", "posthoc.apply=[]"], config_name="evaluate", output_dir=tmp_path / "job"))
+    assert summary["provenance"]["output_dir"] == str(run / "eval" / "val")
+    assert "whole" in summary["per_class"] and math.isfinite(summary["mean_ece"])
