@@ -1,0 +1,49 @@
+"""Several raters of one case: their label maps as one ``K x *S`` stack, and the hard label derived from them.
+
+A dataset whose cases carry K label maps (QUBIQ, CURVAS, LIDC) keeps them all (``CaseData.raters``); the
+metrics read them as references (:mod:`mcseg.metrics.raters`). Where one hard label map is needed (the
+``label`` of a case: sampling, the single-reference figures) it is derived as ``dataset.raters.target`` says:
+
+- ``majority``: per voxel the class most raters gave; a tie goes to the lowest class value (background
+  first), so with an even K a voxel two of four raters marked stays background.
+- ``<rater name>``: that rater's map (``seg01``, ``annotation_2``, ``l0``...); a case without that rater is
+  an error naming the case.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+RATER_KEYS = ("target",)
+HARD_TARGETS = ("majority",)
+
+
+def rater_config(node: Mapping | None) -> dict:
+    """The ``dataset.raters`` node, checked: ``{target: majority | <rater name>}``."""
+    node = dict(node or {})
+    unknown = sorted(set(node) - set(RATER_KEYS))
+    if unknown:
+        raise ValueError(f"dataset.raters: unknown keys {unknown}; expected {list(RATER_KEYS)}")
+    target = node.get("target") or "majority"
+    if not isinstance(target, str):
+        raise ValueError(f"dataset.raters.target={target!r}: expected majority or a rater's name")
+    return {"target": target}
+
+
+def majority_vote(raters: np.ndarray, num_classes: int) -> np.ndarray:
+    """``K x *S`` label maps to the ``*S`` map of the most frequent class per voxel (ties: lowest class)."""
+    raters = np.asarray(raters)
+    votes = np.stack([(raters == k).sum(axis=0) for k in range(num_classes)])
+    return votes.argmax(axis=0).astype(raters.dtype)
+
+
+def hard_label(raters: np.ndarray, names: Sequence[str], target: str, num_classes: int, case_id: str) -> np.ndarray:
+    """The case's hard label from its raters' maps, by ``dataset.raters.target`` (module docstring)."""
+    if target == "majority":
+        return majority_vote(raters, num_classes)
+    names = list(names)
+    if target not in names:
+        raise ValueError(f"dataset.raters.target={target}: case {case_id} has no rater of that name "
+                         f"(its raters: {', '.join(names)}); use majority or one of them")
+    return np.asarray(raters[names.index(target)])
