@@ -101,6 +101,11 @@ class EvalProtocol:
     # evaluation on 2 cores, so debug=fast, which the tests use, turns them off
     figures: bool = True
     seed: int = 0
+    # datasets with several raters (docs/protocol.md, "Several raters"): QUBIQ's thresholds (a preset, qubiq
+    # or curvas2025, or a list), the volume CRPS (normal | curvas_code) and the voxels of CURVAS's ECE
+    rater_thresholds: Any = "qubiq"
+    rater_volume_crps: str = "normal"
+    rater_ece_crop: str = "all"
 
     def __post_init__(self) -> None:
         checks = {
@@ -110,6 +115,8 @@ class EvalProtocol:
             "hd_percentile": (0 <= self.hd_percentile <= 100, "a percentile in [0, 100]"),
             "hd_definition": (self.hd_definition in HD_DEFINITIONS, f"one of {', '.join(HD_DEFINITIONS)}"),
             "bootstrap_samples": (self.bootstrap_samples >= 0, "an integer >= 0"),
+            "rater_volume_crps": (self.rater_volume_crps in ("normal", "curvas_code"), "normal or curvas_code"),
+            "rater_ece_crop": (self.rater_ece_crop in ("all", "curvas2025"), "all or curvas2025"),
         }
         for key, (ok, expected) in checks.items():
             if not ok:

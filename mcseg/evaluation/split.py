@@ -86,7 +86,8 @@ def evaluate_split(
     cases = (dataset.load(ref) for ref in tqdm(refs, desc=f"evaluating {len(refs)} cases", leave=False,
                                                 dynamic_ncols=True, disable=not progress))  # one in memory at a time
     evaluate_cases(predictor, cases, evaluator, dataset.restore, out_dir, save_predictions, save_probabilities,
-                   protocol.save_uncertainty, posthoc=posthoc, failure=failure, restore_maps=dataset.restore_maps)
+                   protocol.save_uncertainty, posthoc=posthoc, failure=failure, restore_maps=dataset.restore_maps,
+                   raters=dataset.original_raters if any(r.raters for r in refs) else None)
     after = {}
     for name, (_, scaled_evaluator, _) in posthoc.items():
         if name in described:  # pooled after: each network's own fit

@@ -16,7 +16,13 @@ from mcseg.metrics.calibration import (
 )
 from mcseg.metrics.empty import StructureStatus, status_counts, structure_status, worst_case_distance
 from mcseg.metrics.overlap import DiceMetric, OverlapCounts, dice, dice_score, overlap_counts
-from mcseg.metrics.rater_calibration import SoftCalibration, curvas2024_crop, curvas2025_crop, curvas_ece, soft_calibration
+from mcseg.metrics.rater_calibration import (
+    SoftCalibration,
+    curvas2024_crop,
+    curvas2025_crop,
+    curvas_ece,
+    soft_calibration,
+)
 from mcseg.metrics.raters import (
     CURVAS2025_THRESHOLDS,
     QUBIQ_THRESHOLDS,

@@ -36,7 +36,7 @@ from mcseg.metrics.surface import surface_distances
 
 __all__ = [
     "QUBIQ_THRESHOLDS", "CURVAS2025_THRESHOLDS", "THRESHOLD_PRESETS", "thresholds_of",
-    "check_raters", "rater_mean", "consensus_regions", "per_rater_dice", "per_rater_hd", "consensus_dice", "curvas_row_dice",
+    "binary_dice", "check_raters", "rater_mean", "consensus_regions", "per_rater_dice", "per_rater_hd", "consensus_dice", "curvas_row_dice",
     "staple_reference", "thresholded_dice",
 ]
 
@@ -97,7 +97,8 @@ def per_rater_hd(pred: torch.Tensor, raters: torch.Tensor, num_classes: int, spa
                         for rater in raters])
 
 
-def _dice_or_nan(pred: torch.Tensor, ref: torch.Tensor) -> float:
+def binary_dice(pred: torch.Tensor, ref: torch.Tensor) -> float:
+    """Dice of two boolean masks; NaN when both are empty."""
     inter, total = int((pred & ref).sum()), int(pred.sum()) + int(ref.sum())
     return 2.0 * inter / total if total else math.nan
 
@@ -109,7 +110,7 @@ def consensus_dice(pred: torch.Tensor, raters: torch.Tensor, num_classes: int) -
     out = torch.full((num_classes,), math.nan, dtype=torch.float64)
     for k in range(1, num_classes):
         full, dissensus = consensus_regions(raters, k)
-        out[k] = _dice_or_nan((pred == k) & ~dissensus, full)
+        out[k] = binary_dice((pred == k) & ~dissensus, full)
     return out
 
 
