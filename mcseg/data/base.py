@@ -237,6 +237,8 @@ class SegmentationDataset(ABC):
                 "normalization": self.normalization,
                 "preprocess": self.preprocess.settings(),
             }
+            if self.raters["target"] != "majority":  # the cached label is derived from the raters by it
+                settings["rater_target"] = self.raters["target"]
             label = Path(str(root)).name if root is not None else self.name
             self._cache = CaseCache(self.preprocess.cache_dir, settings, label)
         return self._cache

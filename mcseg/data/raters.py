@@ -6,8 +6,16 @@ metrics read them as references (:mod:`mcseg.metrics.raters`). Where one hard la
 
 - ``majority``: per voxel the class most raters gave; a tie goes to the lowest class value (background
   first), so with an even K a voxel two of four raters marked stays background.
+- ``staple``: SimpleITK's STAPLE consensus (two classes: its probability > 0.5) or MultiLabelSTAPLE (more
+  classes; undecided voxels take the majority vote; :func:`mcseg.metrics.raters.staple_reference`), computed
+  when a case is read (training loads each case once) and kept in the preprocessing cache when there is one.
+- ``random``: one rater drawn per training sample and iteration, seeded by the sample's identity
+  (:class:`~mcseg.data.sampling.PatchDataset`); the case's own label (validation, the centres of
+  foreground samples) is the majority vote.
 - ``<rater name>``: that rater's map (``seg01``, ``annotation_2``, ``l0``...); a case without that rater is
   an error naming the case.
+
+``mean`` (the soft rater mean as a training target) is refused: mcseg's losses take hard labels.
 """
 from __future__ import annotations
 
@@ -16,7 +24,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 RATER_KEYS = ("target",)
-HARD_TARGETS = ("majority",)
+TARGETS = ("majority", "staple", "random")  # or a rater's name
 
 
 def rater_config(node: Mapping | None) -> dict:
@@ -27,7 +35,10 @@ def rater_config(node: Mapping | None) -> dict:
         raise ValueError(f"dataset.raters: unknown keys {unknown}; expected {list(RATER_KEYS)}")
     target = node.get("target") or "majority"
     if not isinstance(target, str):
-        raise ValueError(f"dataset.raters.target={target!r}: expected majority or a rater's name")
+        raise ValueError(f"dataset.raters.target={target!r}: expected {', '.join(TARGETS)} or a rater's name")
+    if target == "mean":
+        raise ValueError("dataset.raters.target=mean: training on the soft rater mean is not available (mcseg's "
+                         f"losses take hard labels); use {', '.join(TARGETS)} or a rater's name")
     return {"target": target}
 
 
@@ -40,8 +51,12 @@ def majority_vote(raters: np.ndarray, num_classes: int) -> np.ndarray:
 
 def hard_label(raters: np.ndarray, names: Sequence[str], target: str, num_classes: int, case_id: str) -> np.ndarray:
     """The case's hard label from its raters' maps, by ``dataset.raters.target`` (module docstring)."""
-    if target == "majority":
+    if target in ("majority", "random"):
         return majority_vote(raters, num_classes)
+    if target == "staple":
+        from mcseg.metrics.raters import staple_reference
+
+        return staple_reference(raters, num_classes).astype(np.asarray(raters).dtype)
     names = list(names)
     if target not in names:
         raise ValueError(f"dataset.raters.target={target}: case {case_id} has no rater of that name "

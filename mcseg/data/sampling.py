@@ -53,12 +53,15 @@ class PatchDataset(Dataset):
         intensity: amplitude of random intensity scale (1 +- a) and shift (+- a); 0 disables.
         augment: MONAI rotation/scaling/gamma/noise (:class:`~mcseg.data.augment.AugmentConfig`
             or its mapping); ``None`` disables.
+        rater_target: ``dataset.raters.target``; with ``random`` a sample of a case with several raters takes
+            the map of one rater, drawn from the sample's own seed (:mod:`mcseg.data.raters`).
     """
 
     def __init__(
         self, cases: list[CaseData], dims: int, patch_size: Sequence[int], samples_per_epoch: int,
         foreground_ratio: float = 0.33, flip_axes: Sequence[int] = (), intensity: float = 0.0,
         slice_axis: int = -1, seed: int = 0, augment: AugmentConfig | dict | None = None,
+        rater_target: str = "majority",
     ) -> None:
         if dims not in (2, 3) or len(patch_size) != dims:
             raise ValueError(f"dataset.sampling: patch_size={list(patch_size)} does not match dims={dims}")
@@ -72,6 +75,7 @@ class PatchDataset(Dataset):
         self.samples_per_epoch, self.foreground_ratio = int(samples_per_epoch), float(foreground_ratio)
         self.flip_axes, self.intensity, self.seed = tuple(flip_axes), float(intensity), int(seed)
         self.slice_axis = slice_axis
+        self.random_rater = rater_target == "random"
         cfg = augment_config(augment)
         self.augmenter = Augmenter(cfg, dims) if cfg is not None else None
         rng = np.random.default_rng(seed)
@@ -111,6 +115,8 @@ class PatchDataset(Dataset):
         c = int(rng.integers(len(self.cases)))
         case, points = self.cases[c], self.fg_points[c]
         image, label = case.image, case.label
+        if self.random_rater and case.raters is not None:  # one rater per sample and iteration
+            label = case.raters[int(rng.integers(len(case.raters)))]
         lead = 1 if _has_channels(case) else 0  # label axes before the spatial ones
         centre = None
         if points and rng.random() < self.foreground_ratio:

@@ -199,3 +199,39 @@ def test_fingerprints_cover_every_rater(make_cfg, downloads, tmp_path):
     pickled = _dataset(make_cfg, "lidc_pickle", downloads["lidc_pickle"])
     prints = split_fingerprints(pickled, {"all": pickled.case_refs()})["all"]
     assert len(set(prints.values())) == len(prints)
+
+
+def test_staple_target_is_cached_apart_from_majority(make_cfg, downloads):
+    from mcseg.metrics.raters import staple_reference
+
+    majority = _dataset(make_cfg, "nnunet", downloads["nnunet"])
+    staple = _dataset(make_cfg, "nnunet", downloads["nnunet"], "dataset.raters.target=staple")
+    assert staple.cache.dir != majority.cache.dir  # the cached label depends on the target
+    ref = staple.case_refs()[0]
+    case = staple.load(ref)
+    np.testing.assert_array_equal(case.label, staple_reference(case.raters, 4))
+    np.testing.assert_array_equal(staple.load(ref).label, case.label)  # from the cache
+
+
+def test_random_target_draws_one_rater_per_sample_and_iteration(make_cfg, downloads):
+    from mcseg.data.sampling import PatchDataset
+
+    dataset = _dataset(make_cfg, "qubiq", downloads["qubiq"], "dataset.raters.target=random")
+    case = dataset.load(dataset.case_refs()[1])
+    np.testing.assert_array_equal(case.label, majority_vote(case.raters, 2))  # validation's label
+    samples = PatchDataset([case], 2, (40, 36), 24, foreground_ratio=0.0, rater_target="random")
+    drawn = []
+    for i in range(24):
+        label = samples[i]["label"].numpy()
+        hits = [r for r in range(len(case.raters)) if np.array_equal(label, case.raters[r])]
+        assert hits
+        drawn.append(hits[0])
+        np.testing.assert_array_equal(samples[i]["label"].numpy(), label)  # seeded by the sample
+    assert len(set(drawn)) > 2
+    np.testing.assert_array_equal(PatchDataset([case], 2, (40, 36), 4)[0]["label"].numpy(), case.label)
+
+
+def test_mean_target_is_refused_in_one_line(make_cfg, downloads):
+    with pytest.raises(Exception, match="dataset.raters.target=mean: training on the soft rater mean is not "
+                                        "available .* use majority, staple, random or a rater's name"):
+        _dataset(make_cfg, "curvas", downloads["curvas"], "dataset.raters.target=mean")
