@@ -68,9 +68,10 @@ def evaluate_cases(
         probs, label, spacing, affine = restore(case, probs)
         label = torch.as_tensor(label, device=probs.device)
         rater_maps = raters(case) if raters is not None else None
-        row = evaluator.add_case(case.case_id, probs, label, spacing, **(
-            {} if rater_maps is None else {"raters": rater_maps, "rater_names": getattr(ref_of(case), "rater_names", None),
-                                           "samples": member_labels(case, members, restore_maps, probs.shape[0])}))
+        against = {} if rater_maps is None else {  # the figures against several raters
+            "raters": rater_maps, "rater_names": getattr(ref_of(case), "rater_names", None),
+            "samples": member_labels(case, members, restore_maps, probs.shape[0])}
+        row = evaluator.add_case(case.case_id, probs, label, spacing, **against)
         pred = predictor.label_map(probs)
         maps = None
         if failure is not None or (pred_dir is not None and save_uncertainty):
@@ -97,8 +98,9 @@ def evaluate_cases(
         for name, (transform, extra_evaluator, keeps_argmax) in (posthoc or {}).items():
             z = pooled_after[name] if name in pooled_after else transform(logits, case)
             scaled, label, spacing, _ = restore(case, predictor.probabilities(z))
+            scaled_against = against if keeps_argmax else {**against, "samples": None}  # members' maps: unscaled
             extra_evaluator.add_case(case.case_id, scaled, torch.as_tensor(label, device=scaled.device), spacing,
-                                     prediction=pred if keeps_argmax else None)
+                                     prediction=pred if keeps_argmax else None, **scaled_against)
             del scaled
         del pred
     return kept

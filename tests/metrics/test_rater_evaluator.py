@@ -92,3 +92,5 @@ def test_a_run_on_a_multi_rater_dataset_reports_the_figures_with_members(make_cf
     assert raters["case"]["ged"]["n"] == 2 and raters["case"]["hm_iou"]["n"] == 2
     assert raters["per_class"]["task01"]["thresholded_dice"]["n"] == 2
     assert set(raters["per_rater"]) == {f"task01_seg{r:02d}" for r in range(1, 7)}
+    scaled = sorted((tmp_path / "run/eval/test").glob("*/summary.json"))  # post-hoc calibrated evaluations
+    assert scaled and all(json.loads(p.read_text())["raters"]["n_cases"] == 2 for p in scaled)
