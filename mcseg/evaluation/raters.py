@@ -27,6 +27,8 @@ __all__ = ["RaterFigures", "CLASS_FIGURES", "CASE_FIGURES", "RATER_COLUMNS"]
 # per case and class
 CLASS_FIGURES = ("dice_rater_mean", "hd95_rater_mean_mm", "consensus_dice", "curvas2024_row_dice", "staple_dice",
                  "thresholded_dice", "volume_crps", "volume_predicted", "volume_rater_mean", "volume_rater_std")
+# per case, the mean over foreground classes (summary "foreground")
+FOREGROUND_FIGURES = CLASS_FIGURES[:7]
 # per case
 CASE_FIGURES = ("n_raters", "ece_mean", "classwise_ece_mean", "nll_mean", "brier_mean", "ece_curvas_rater_mean",
                 "ged", "hm_iou", "diversity", "n_samples")
@@ -115,8 +117,7 @@ class RaterFigures:
         per_class = {self.class_names[j]: {key: describe([c[key][j] for c in cases], n_boot, seed)
                                            for key in CLASS_FIGURES}
                      for j in range(1, self.num_classes)}
-        foreground = {key: describe([nanmean(c[key][1:]) for c in cases], n_boot, seed)
-                      for key in CLASS_FIGURES if key.endswith("dice") or key.endswith("_mm") or key == "volume_crps"}
+        foreground = {key: describe([nanmean(c[key][1:]) for c in cases], n_boot, seed) for key in FOREGROUND_FIGURES}
         case_level = {key: describe([c[key] for c in cases], n_boot, seed) for key in CASE_FIGURES
                       if key not in ("n_raters", "n_samples")}
         by_rater: dict[str, dict[str, list[float]]] = {}

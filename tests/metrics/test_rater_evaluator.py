@@ -60,6 +60,13 @@ def test_every_rater_figure_reaches_the_summary_and_the_csvs(tmp_path):
     assert set(raters["per_rater"]) == {"r1", "r2", "r3"}
     assert "thresholded_dice" in raters["protocol"] and "0.24" in raters["protocol"]["thresholded_dice"]
     assert raters["per_class"]["a"]["consensus_dice"]["n"] == 2
+    assert set(raters["foreground"]) == {"dice_rater_mean", "hd95_rater_mean_mm", "consensus_dice",
+                                         "curvas2024_row_dice", "staple_dice", "thresholded_dice", "volume_crps"}
+    assert raters["foreground"]["dice_rater_mean"]["n"] == 2
+    from mcseg.evaluation.split import format_summary
+
+    text = format_summary(on_disk, ["background", "a", "b"], "t")
+    assert "against 3-3 raters: Dice per rater 0." in text and "samples [0, 2]: GED" in text
     assert summary["raters"]["pooled"]["n_voxels"] == 2 * 8 * 7 * 5
     with open(tmp_path / "per_case_raters.csv") as f:
         rows = list(csv.DictReader(f))
