@@ -7,7 +7,7 @@ metrics read them as references (:mod:`mcseg.metrics.raters`). Where one hard la
 - ``majority``: per voxel the class most raters gave; a tie goes to the lowest class value (background
   first), so with an even K a voxel two of four raters marked stays background.
 - ``staple``: SimpleITK's STAPLE consensus (two classes: its probability > 0.5) or MultiLabelSTAPLE (more
-  classes; undecided voxels take the majority vote; :func:`mcseg.metrics.raters.staple_reference`), computed
+  classes; undecided voxels take the majority vote; :func:`staple_reference`), computed
   when a case is read (training loads each case once) and kept in the preprocessing cache when there is one.
 - ``random``: one rater drawn per training sample and iteration, seeded by the sample's identity
   (:class:`~mcseg.data.sampling.PatchDataset`); the case's own label (validation, the centres of
@@ -54,11 +54,29 @@ def hard_label(raters: np.ndarray, names: Sequence[str], target: str, num_classe
     if target in ("majority", "random"):
         return majority_vote(raters, num_classes)
     if target == "staple":
-        from mcseg.metrics.raters import staple_reference
-
         return staple_reference(raters, num_classes).astype(np.asarray(raters).dtype)
     names = list(names)
     if target not in names:
         raise ValueError(f"dataset.raters.target={target}: case {case_id} has no rater of that name "
                          f"(its raters: {', '.join(names)}); use majority or one of them")
     return np.asarray(raters[names.index(target)])
+
+
+def staple_reference(raters, num_classes: int, threshold: float = 0.5) -> np.ndarray:
+    """The STAPLE consensus of ``K x *S`` rater maps (an array or a tensor) as a label map: SimpleITK's STAPLE
+    for two classes (its probability > ``threshold``; 0.5 is CURVAS 2025's), MultiLabelSTAPLE for more
+    (undecided voxels take the majority vote)."""
+    import SimpleITK as sitk
+
+    maps = np.asarray(raters.cpu() if hasattr(raters, "cpu") else raters).astype(np.uint8)
+    images = [sitk.GetImageFromArray(m) for m in maps]
+    if num_classes == 2:
+        if not maps.any():
+            return np.zeros(maps.shape[1:], dtype=np.int64)
+        prob = sitk.GetArrayFromImage(sitk.STAPLE(images, 1.0))
+        return (prob > threshold).astype(np.int64)
+    undecided = num_classes  # a value no rater uses
+    filt = sitk.MultiLabelSTAPLEImageFilter()
+    filt.SetLabelForUndecidedPixels(undecided)
+    out = sitk.GetArrayFromImage(filt.Execute(images)).astype(np.int64)
+    return np.where(out == undecided, majority_vote(maps, num_classes).astype(np.int64), out)

@@ -14,9 +14,10 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from mcseg.data.raters import staple_reference
 from mcseg.metrics.rater_calibration import SoftCalibration, curvas2025_crop, curvas_ece, soft_calibration
 from mcseg.metrics.raters import (
-    binary_dice, consensus_dice, curvas_row_dice, per_rater_dice, per_rater_hd, staple_reference, thresholded_dice, thresholds_of,
+    binary_dice, consensus_dice, curvas_row_dice, per_rater_dice, per_rater_hd, thresholded_dice, thresholds_of,
 )
 from mcseg.metrics.samples import generalised_energy_distance, hungarian_matched_iou
 from mcseg.metrics.statistics import describe, nanmean

@@ -31,7 +31,6 @@ from mcseg.metrics.raters import (
     per_rater_dice,
     per_rater_hd,
     rater_mean,
-    staple_reference,
     thresholded_dice,
 )
 from mcseg.metrics.regions import REGIONS, boundary_band, region_mask
@@ -58,7 +57,7 @@ __all__ = [
     "REGIONS", "boundary_band", "region_mask",
     "SoftCalibration", "curvas2024_crop", "curvas2025_crop", "curvas_ece", "soft_calibration",
     "CURVAS2025_THRESHOLDS", "QUBIQ_THRESHOLDS", "consensus_dice", "curvas_row_dice", "per_rater_dice",
-    "per_rater_hd", "rater_mean", "staple_reference", "thresholded_dice",
+    "per_rater_hd", "rater_mean", "thresholded_dice",
     "generalised_energy_distance", "hungarian_matched_iou", "linear_assignment",
     "crps_curvas_code", "crps_normal", "volume_crps",
     "reliability_figure", "reliability_table",

@@ -16,9 +16,7 @@ Part A); figures that reproduce a quirk of a challenge's code carry its name.
   "background") and scores 1D Dices along the last; a row with an empty consensus reference is NaN and
   skipped; the mean is MONAI's two-stage one (over rows per slice, then over slices with a defined row).
   mcseg arrays are NIfTI order (x, y, z); the code's arrays are SimpleITK's (z, y, x): ``axes=(2, 1, 0)``.
-* :func:`staple_reference`: SimpleITK's STAPLE (two classes; its probability > 0.5, CURVAS 2025's threshold)
-  or MultiLabelSTAPLE (more classes; undecided voxels take the majority vote); STAPLE Dice is mcseg's Dice
-  against it.
+* STAPLE Dice is mcseg's Dice against the STAPLE consensus (:func:`mcseg.data.raters.staple_reference`).
 * :func:`thresholded_dice` (QUBIQ): per foreground class, Dice(p_c > t, m_c > t) averaged over thresholds t
   (strict comparisons; both masks empty: Dice 1, as CURVAS 2025's code). ``QUBIQ_THRESHOLDS`` (0.1 .. 0.9)
   is the documented default, ``CURVAS2025_THRESHOLDS`` = linspace(0.1, 0.8, 6) its preset.
@@ -37,7 +35,7 @@ from mcseg.metrics.surface import surface_distances
 __all__ = [
     "QUBIQ_THRESHOLDS", "CURVAS2025_THRESHOLDS", "THRESHOLD_PRESETS", "thresholds_of",
     "binary_dice", "check_raters", "rater_mean", "consensus_regions", "per_rater_dice", "per_rater_hd", "consensus_dice", "curvas_row_dice",
-    "staple_reference", "thresholded_dice",
+    "thresholded_dice",
 ]
 
 QUBIQ_THRESHOLDS = tuple(round(0.1 * i, 10) for i in range(1, 10))
@@ -134,25 +132,6 @@ def curvas_row_dice(pred: torch.Tensor, raters: torch.Tensor, num_classes: int,
         slices = defined.any(1)
         out[k] = float(per_slice[slices].sum() / slices.sum()) if bool(slices.any()) else 0.0
     return out
-
-
-def staple_reference(raters: np.ndarray | torch.Tensor, num_classes: int, threshold: float = 0.5) -> np.ndarray:
-    """The STAPLE consensus of ``K x *S`` rater maps as a label map (SimpleITK; module docstring)."""
-    import SimpleITK as sitk
-
-    maps = np.asarray(raters.cpu() if isinstance(raters, torch.Tensor) else raters).astype(np.uint8)
-    images = [sitk.GetImageFromArray(m) for m in maps]
-    if num_classes == 2:
-        if not maps.any():
-            return np.zeros(maps.shape[1:], dtype=np.int64)
-        prob = sitk.GetArrayFromImage(sitk.STAPLE(images, 1.0))
-        return (prob > threshold).astype(np.int64)
-    undecided = num_classes  # a value no rater uses
-    filt = sitk.MultiLabelSTAPLEImageFilter()
-    filt.SetLabelForUndecidedPixels(undecided)
-    out = sitk.GetArrayFromImage(filt.Execute(images)).astype(np.int64)
-    vote = rater_mean(torch.from_numpy(maps.astype(np.int64)), num_classes).argmax(0).numpy()  # ties: lowest class
-    return np.where(out == undecided, vote, out)
 
 
 def thresholded_dice(probs: torch.Tensor, raters: torch.Tensor, num_classes: int,

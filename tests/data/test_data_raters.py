@@ -12,7 +12,7 @@ import pytest
 from mcseg.data.check import check_case
 from mcseg.data.fingerprint import DigestCache, combine, split_fingerprints
 from mcseg.data.io import VolumeError
-from mcseg.data.raters import hard_label, majority_vote
+from mcseg.data.raters import hard_label, majority_vote, staple_reference
 from mcseg.data.split import make_dataset_split
 from mcseg.data.validate import validate_cases
 from tests import fake_datasets as fd
@@ -126,6 +126,15 @@ def test_majority_ties_go_to_background():
     np.testing.assert_array_equal(majority_vote(raters, 3), [0, 0, 0, 1])
 
 
+def test_staple_keeps_unanimous_voxels():
+    raters = np.array([[[1, 1, 0, 0], [0, 1, 1, 0]], [[1, 1, 0, 0], [0, 1, 0, 0]], [[1, 0, 0, 0], [0, 1, 1, 0]]])
+    ref = staple_reference(raters, 2)
+    assert ref.shape == (2, 4) and ref[0, 0] == 1 and ref[1, 1] == 1 and ref[0, 3] == 0
+    multi = staple_reference(raters * np.array([[1], [2]]), 3)
+    assert multi[0, 0] == 1 and multi[1, 1] == 2 and multi[0, 3] == 0
+    assert staple_reference(np.zeros((3, 2, 2), dtype=np.int64), 2).sum() == 0
+
+
 def _copy(src, dst):
     import shutil
 
@@ -202,8 +211,6 @@ def test_fingerprints_cover_every_rater(make_cfg, downloads, tmp_path):
 
 
 def test_staple_target_is_cached_apart_from_majority(make_cfg, downloads):
-    from mcseg.metrics.raters import staple_reference
-
     majority = _dataset(make_cfg, "nnunet", downloads["nnunet"])
     staple = _dataset(make_cfg, "nnunet", downloads["nnunet"], "dataset.raters.target=staple")
     assert staple.cache.dir != majority.cache.dir  # the cached label depends on the target

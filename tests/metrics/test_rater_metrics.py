@@ -13,7 +13,7 @@ from mcseg.metrics.calibration import case_calibration
 from mcseg.metrics.rater_calibration import curvas2024_crop, curvas2025_crop, curvas_ece, soft_calibration
 from mcseg.metrics.raters import (
     CURVAS2025_THRESHOLDS, QUBIQ_THRESHOLDS, consensus_dice, curvas_row_dice, per_rater_dice, per_rater_hd,
-    rater_mean, staple_reference, thresholded_dice, thresholds_of,
+    rater_mean, thresholded_dice, thresholds_of,
 )
 from mcseg.metrics.samples import generalised_energy_distance, hungarian_matched_iou, linear_assignment
 from mcseg.metrics.volume import crps_curvas_code, crps_normal, rater_volumes, volume_crps
@@ -75,15 +75,6 @@ def test_curvas_row_dice_by_hand():
     pred = torch.zeros(3, 2, 1, dtype=torch.long)
     pred[:2, 1, 0] = 1
     assert curvas_row_dice(pred, raters, 2)[1].item() == pytest.approx(2 / 3)
-
-
-def test_staple_keeps_unanimous_voxels():
-    raters = torch.tensor([[[1, 1, 0, 0], [0, 1, 1, 0]], [[1, 1, 0, 0], [0, 1, 0, 0]], [[1, 0, 0, 0], [0, 1, 1, 0]]])
-    ref = staple_reference(raters, 2)
-    assert ref.shape == (2, 4) and ref[0, 0] == 1 and ref[1, 1] == 1 and ref[0, 3] == 0
-    multi = staple_reference(raters * torch.tensor([[1], [2]]), 3)
-    assert multi[0, 0] == 1 and multi[1, 1] == 2 and multi[0, 3] == 0
-    assert staple_reference(torch.zeros(3, 2, 2, dtype=torch.long), 2).sum() == 0
 
 
 def test_thresholded_dice_by_hand():
