@@ -14,8 +14,9 @@ metrics read them as references (:mod:`mcseg.metrics.raters`). Where one hard la
   foreground samples) is the majority vote.
 - ``<rater name>``: that rater's map (``seg01``, ``annotation_2``, ``l0``...); a case without that rater is
   an error naming the case.
-
-``mean`` (the soft rater mean as a training target) is refused: mcseg's losses take hard labels.
+- ``mean``: training samples carry the soft rater mean (``C x *S``: the fraction of raters that gave each
+  class; :class:`~mcseg.data.sampling.PatchDataset`), for the losses defined on soft targets (the others
+  refuse it at start, :func:`mcseg.losses.base.hard_label_only`); the case's own label is the majority vote.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 RATER_KEYS = ("target",)
-TARGETS = ("majority", "staple", "random")  # or a rater's name
+TARGETS = ("majority", "staple", "random", "mean")  # or a rater's name
 
 
 def rater_config(node: Mapping | None) -> dict:
@@ -36,9 +37,6 @@ def rater_config(node: Mapping | None) -> dict:
     target = node.get("target") or "majority"
     if not isinstance(target, str):
         raise ValueError(f"dataset.raters.target={target!r}: expected {', '.join(TARGETS)} or a rater's name")
-    if target == "mean":
-        raise ValueError("dataset.raters.target=mean: training on the soft rater mean is not available (mcseg's "
-                         f"losses take hard labels); use {', '.join(TARGETS)} or a rater's name")
     return {"target": target}
 
 
@@ -49,9 +47,15 @@ def majority_vote(raters: np.ndarray, num_classes: int) -> np.ndarray:
     return votes.argmax(axis=0).astype(raters.dtype)
 
 
+def soft_target(raters: np.ndarray, num_classes: int) -> np.ndarray:
+    """``K x *S`` label maps to the ``C x *S`` float32 rater mean (each voxel's fractions sum to 1)."""
+    raters = np.asarray(raters)
+    return np.stack([(raters == k).mean(axis=0) for k in range(num_classes)]).astype(np.float32)
+
+
 def hard_label(raters: np.ndarray, names: Sequence[str], target: str, num_classes: int, case_id: str) -> np.ndarray:
     """The case's hard label from its raters' maps, by ``dataset.raters.target`` (module docstring)."""
-    if target in ("majority", "random"):
+    if target in ("majority", "random", "mean"):
         return majority_vote(raters, num_classes)
     if target == "staple":
         return staple_reference(raters, num_classes).astype(np.asarray(raters).dtype)

@@ -8,6 +8,7 @@ import pickle
 import nibabel as nib
 import numpy as np
 import pytest
+import torch
 
 from mcseg.data.check import check_case
 from mcseg.data.fingerprint import DigestCache, combine, split_fingerprints
@@ -238,7 +239,22 @@ def test_random_target_draws_one_rater_per_sample_and_iteration(make_cfg, downlo
     np.testing.assert_array_equal(PatchDataset([case], 2, (40, 36), 4)[0]["label"].numpy(), case.label)
 
 
-def test_mean_target_is_refused_in_one_line(make_cfg, downloads):
-    with pytest.raises(Exception, match="dataset.raters.target=mean: training on the soft rater mean is not "
-                                        "available .* use majority, staple, random or a rater's name"):
-        _dataset(make_cfg, "curvas", downloads["curvas"], "dataset.raters.target=mean")
+def test_mean_target_gives_soft_samples_and_hard_label_losses_refuse_it(make_cfg, downloads, tmp_path):
+    from mcseg.data.raters import soft_target
+    from mcseg.data.sampling import PatchDataset
+    from mcseg.errors import ConfigError
+    from mcseg.train import train
+
+    dataset = _dataset(make_cfg, "qubiq", downloads["qubiq"], "dataset.raters.target=mean")
+    case = dataset.load(dataset.case_refs()[1])
+    np.testing.assert_array_equal(case.label, majority_vote(case.raters, 2))  # validation's label
+    sample = PatchDataset([case], 2, (40, 36), 2, foreground_ratio=0.0, rater_target="mean", num_classes=2)[0]
+    assert sample["label"].dtype == torch.float32 and sample["label"].shape == (2, 40, 36)
+    np.testing.assert_allclose(sample["label"].numpy(), soft_target(case.raters, 2))
+    assert set(np.unique(sample["label"][1].numpy() * 6).round(6)) <= set(range(7))  # sixths of 6 raters
+    cfg = make_cfg([f"dataset=qubiq", f"dataset.root={downloads['qubiq']}", "dataset.raters.target=mean",
+                    "loss=ce_dice", "trainer.device=cpu"])
+    with pytest.raises(ConfigError, match="^loss CEDiceLoss needs a hard label per voxel and refuses "
+                                          "dataset.raters.target=mean .*=majority, staple, random or a rater's name$"):
+        train(cfg)
+    assert not (tmp_path / "run" / "split.json").exists()  # refused before anything is written

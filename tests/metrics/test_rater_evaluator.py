@@ -84,14 +84,15 @@ def test_bad_thresholds_and_multilabel_are_refused():
 
 
 @pytest.mark.slow
-def test_a_run_on_a_multi_rater_dataset_reports_the_figures_with_members(make_cfg, tmp_path, one_thread):
+def test_a_run_trained_on_the_rater_mean_reports_the_figures_with_members(make_cfg, tmp_path, one_thread):
     from mcseg.train import train
     from tests import fake_datasets as fd
     from tests.data.data_helpers import TINY_RUN
 
     root = fd.write_qubiq(tmp_path / "qubiq", n_train=6, n_val=2)
     cfg = make_cfg([f"dataset=qubiq", f"dataset.root={root}", "dataset.preprocess.workers=1",
-                    "dataset.sampling.patch_size=[32,32]", "inference.tta=[flips]", *TINY_RUN])
+                    "dataset.sampling.patch_size=[32,32]", "inference.tta=[flips]", "dataset.raters.target=mean",
+                    "loss=ce", *TINY_RUN])  # trained on the soft rater mean
     train(cfg)
     summary = json.loads((tmp_path / "run/eval/test/summary.json").read_text())
     raters = summary["raters"]
