@@ -1,12 +1,13 @@
-"""Soft targets (dataset.raters.target=mean): CE, label smoothing and Brier take class probabilities; one-hot
+"""Soft targets (dataset.raters.target=mean): CE, label smoothing, focal, SVLS and Brier take class probabilities; one-hot
 soft targets give the hard loss; CE on the rater mean is the mean of the raters' CEs; the other losses refuse
-soft targets in one line naming the loss and the targets it accepts."""
+soft targets in one line naming the loss and the targets it accepts. Focal and SVLS are linear in the
+target too, so on the rater mean they are the mean of the raters' losses."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from mcseg.losses import BrierLoss, CELoss, LabelSmoothingLoss
+from mcseg.losses import BrierLoss, CELoss, FocalLoss, LabelSmoothingLoss, SVLSLoss
 from mcseg.losses.base import hard_label_only
 from mcseg.losses import CEDiceLoss
 
@@ -19,14 +20,18 @@ def _case(seed: int = 0, k: int = 3):
     return logits, raters, q
 
 
-@pytest.mark.parametrize("loss", [CELoss(), LabelSmoothingLoss(alpha=0.2), BrierLoss()])
+SOFT = [CELoss(), LabelSmoothingLoss(alpha=0.2), BrierLoss(), FocalLoss(gamma=2.0), SVLSLoss(sigma=1.0)]
+
+
+@pytest.mark.parametrize("loss", SOFT, ids=lambda loss: type(loss).__name__)
 def test_one_hot_soft_targets_give_the_hard_loss(loss):
     logits, raters, _ = _case()
     onehot = torch.nn.functional.one_hot(raters[0], 3).movedim(-1, 1).double()
     assert loss(logits, onehot).item() == pytest.approx(loss(logits, raters[0]).item(), rel=1e-12)
 
 
-@pytest.mark.parametrize("loss", [CELoss(), LabelSmoothingLoss(alpha=0.2)])
+@pytest.mark.parametrize("loss", [CELoss(), LabelSmoothingLoss(alpha=0.2), FocalLoss(gamma=2.0), SVLSLoss()],
+                         ids=lambda loss: type(loss).__name__)
 def test_ce_on_the_rater_mean_is_the_mean_of_the_raters_ce(loss):
     logits, raters, q = _case(1, k=4)
     assert loss(logits, q).item() == pytest.approx(torch.stack([loss(logits, r) for r in raters]).mean().item(),
