@@ -41,14 +41,13 @@ log = logging.getLogger(__name__)
 
 
 def check_soft_targets(loss_node: DictConfig) -> None:
-    """``dataset.raters.target=mean`` trains on soft targets: the configured loss must be defined for them."""
-    from hydra.utils import get_class
-
+    """``dataset.raters.target=mean`` trains on soft targets: the configured loss must be defined for them
+    (built here once to ask, before anything is loaded or written)."""
     from mcseg.losses.base import hard_label_only
 
-    loss_class = get_class(loss_node._target_)
-    if not getattr(loss_class, "soft_targets", False):
-        raise ConfigError(hard_label_only(loss_class))
+    loss = instantiate_checked(loss_node, "loss")
+    if not getattr(loss, "soft_targets", False):
+        raise ConfigError(hard_label_only(loss))
 
 
 def train(cfg: DictConfig) -> dict:

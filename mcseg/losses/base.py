@@ -192,7 +192,8 @@ def is_soft_target(logits: Tensor, target: Tensor) -> bool:
 def hard_label_only(loss) -> str:
     """The one-line refusal of soft targets by a loss (class or instance) that needs a hard label."""
     name = loss.__name__ if isinstance(loss, type) else type(loss).__name__
-    return (f"loss {name} needs a hard label per voxel and refuses dataset.raters.target=mean (the soft rater "
+    reason = "" if isinstance(loss, type) else getattr(loss, "hard_label_reason", "")
+    return (f"loss {name}{reason} needs a hard label per voxel and refuses dataset.raters.target=mean (the soft rater "
             "mean); it accepts dataset.raters.target=majority, staple, random or a rater's name")
 
 

@@ -63,3 +63,23 @@ def test_a_hard_label_loss_refuses_soft_targets_in_one_line():
     with pytest.raises(ValueError, match="loss CEDiceLoss needs a hard label per voxel and refuses "
                                          "dataset.raters.target=mean"):
         CEDiceLoss()(logits, q)
+
+
+def test_dice_semimetric_and_ace_take_soft_targets():
+    from mcseg.losses import DiceSemimetricLoss, L1ACELoss
+
+    logits, raters, q = _case(5, k=4)
+    onehot = torch.nn.functional.one_hot(raters[0], 3).movedim(-1, 1).double()
+    dml = DiceSemimetricLoss(lambda_ce=0.25, active_classes="present")
+    assert dml(logits, onehot).item() == pytest.approx(dml(logits, raters[0]).item(), rel=1e-12)
+    # DML is a semimetric: 0 exactly where the prediction is the (soft) target
+    positive = (q + 0.1) / (q + 0.1).sum(1, keepdim=True)
+    assert DiceSemimetricLoss(smooth=0.0)(positive.log(), positive).item() == pytest.approx(0.0, abs=1e-12)
+    for binning in ("hard", "soft"):
+        ace = L1ACELoss(binning=binning, lambda_ce=0.5)
+        assert ace(logits, onehot).item() == pytest.approx(ace(logits, raters[0]).item(), rel=1e-12)
+        assert torch.isfinite(ace(logits, q))
+    with_dice = L1ACELoss(lambda_dice=0.5)
+    assert not with_dice.soft_targets
+    with pytest.raises(ValueError, match=r"^loss L1ACELoss with lambda_dice > 0 \(its soft Dice term\) needs a hard"):
+        with_dice(logits, q)
