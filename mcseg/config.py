@@ -102,10 +102,11 @@ class EvalProtocol:
     figures: bool = True
     seed: int = 0
     # datasets with several raters (docs/protocol.md, "Several raters"): QUBIQ's thresholds (a preset, qubiq
-    # or curvas2025, or a list), the volume CRPS (normal | curvas_code) and the voxels of CURVAS's ECE
+    # or curvas2025, or a list), the volume CRPS (normal | curvas_code) and the voxels of the CURVAS figures
+    # (per-rater ECE, volume CRPS): all | curvas2024 | curvas2025
     rater_thresholds: Any = "qubiq"
     rater_volume_crps: str = "normal"
-    rater_ece_crop: str = "all"
+    rater_crop: str = "all"
 
     def __post_init__(self) -> None:
         checks = {
@@ -116,7 +117,7 @@ class EvalProtocol:
             "hd_definition": (self.hd_definition in HD_DEFINITIONS, f"one of {', '.join(HD_DEFINITIONS)}"),
             "bootstrap_samples": (self.bootstrap_samples >= 0, "an integer >= 0"),
             "rater_volume_crps": (self.rater_volume_crps in ("normal", "curvas_code"), "normal or curvas_code"),
-            "rater_ece_crop": (self.rater_ece_crop in ("all", "curvas2025"), "all or curvas2025"),
+            "rater_crop": (self.rater_crop in ("all", "curvas2024", "curvas2025"), "all, curvas2024 or curvas2025"),
         }
         for key, (ok, expected) in checks.items():
             if not ok:

@@ -25,6 +25,7 @@ def evaluate_cases(
     posthoc: Mapping[str, tuple[Callable[[torch.Tensor, CaseData], torch.Tensor], Evaluator, bool]] | None = None,
     failure: FailureDetection | None = None, restore_maps: Callable | None = None,
     raters: Callable[[CaseData], np.ndarray | None] | None = None,
+    rater_image: Callable[[CaseData], np.ndarray] | None = None,
 ) -> list[tuple[CaseData, torch.Tensor]]:
     """Segment each case, add it to ``evaluator`` and write the requested NIfTI files.
 
@@ -44,7 +45,8 @@ def evaluate_cases(
     ``raters(case)`` gives a case's raters' label maps on the file grid (the dataset's
     :meth:`~mcseg.data.base.SegmentationDataset.original_raters`; ``None`` for a case with one label): the
     evaluator then scores against them, and against the label maps of the predictor's members (mapped back as
-    one-hot maps, each voxel to its most probable class) when it has several.
+    one-hot maps, each voxel to its most probable class) when it has several; ``rater_image(case)`` the raw CT
+    on that grid, for ``evaluation.rater_crop=curvas2024``.
     """
     predictor.eval()
     if raters is not None:
@@ -70,7 +72,8 @@ def evaluate_cases(
         rater_maps = raters(case) if raters is not None else None
         against = {} if rater_maps is None else {  # the figures against several raters
             "raters": rater_maps, "rater_names": getattr(ref_of(case), "rater_names", None),
-            "samples": member_labels(case, members, restore_maps, probs.shape[0])}
+            "samples": member_labels(case, members, restore_maps, probs.shape[0]),
+            "image": rater_image(case) if rater_image is not None else None}
         row = evaluator.add_case(case.case_id, probs, label, spacing, **against)
         pred = predictor.label_map(probs)
         maps = None

@@ -113,7 +113,8 @@ class Evaluator:
     # ---------------------------------------------------------------- one case
     def add_case(self, case_id: str, probs: torch.Tensor | None, label: torch.Tensor, spacing: Sequence[float],
                  prediction: torch.Tensor | None = None, raters: torch.Tensor | np.ndarray | None = None,
-                 rater_names: Sequence[str] | None = None, samples: torch.Tensor | None = None) -> dict:
+                 rater_names: Sequence[str] | None = None, samples: torch.Tensor | None = None,
+                 image: torch.Tensor | np.ndarray | None = None) -> dict:
         """Evaluate one case; returns its metrics as a flat dict (also kept for per_case.csv).
 
         Args:
@@ -127,6 +128,7 @@ class Evaluator:
                 figures against them (:mod:`mcseg.evaluation.raters`) go to the ``raters`` key of the summary.
             rater_names: their names (``seg01``, ``annotation_2``...), for per_rater.csv.
             samples: ``N x *spatial`` label maps of the predictor's members (GED, Hungarian-matched IoU).
+            image: the raw ``*spatial`` CT (HU), for ``evaluation.rater_crop=curvas2024``.
         """
         if case_id in self._ids:
             raise ValueError(f"case {case_id!r} was already added to this evaluator")
@@ -162,9 +164,10 @@ class Evaluator:
             if self._raters is None:
                 p = self.protocol
                 self._raters = RaterFigures(self.num_classes, self.class_names, p.n_bins, p.hd_percentile,
-                                            p.hd_definition, p.rater_thresholds, p.rater_volume_crps, p.rater_ece_crop)
+                                            p.hd_definition, p.rater_thresholds, p.rater_volume_crps, p.rater_crop)
             try:
-                rater_case = self._raters.add_case(case_id, probs, prediction, raters, spacing, rater_names, samples)
+                rater_case = self._raters.add_case(case_id, probs, prediction, raters, spacing, rater_names, samples,
+                                                   None if image is None else torch.as_tensor(np.asarray(image)))
             except ValueError as exc:
                 raise ValueError(f"case {case_id}: {exc}") from None
         histogram = case_histogram(self._histogram_sums(stats)) if stats else 0

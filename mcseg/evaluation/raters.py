@@ -15,7 +15,9 @@ import numpy as np
 import torch
 
 from mcseg.data.raters import staple_reference
-from mcseg.metrics.rater_calibration import SoftCalibration, curvas2025_crop, curvas_ece, soft_calibration
+from mcseg.metrics.rater_calibration import (
+    SoftCalibration, curvas2024_crop, curvas2025_crop, curvas_ece, soft_calibration,
+)
 from mcseg.metrics.raters import (
     binary_dice, consensus_dice, curvas_row_dice, per_rater_dice, per_rater_hd, thresholded_dice, thresholds_of,
 )
@@ -35,7 +37,7 @@ CASE_FIGURES = ("n_raters", "ece_mean", "classwise_ece_mean", "nll_mean", "brier
                 "ged", "hm_iou", "diversity", "n_samples")
 RATER_COLUMNS = ("case", "rater", "class_name", "dice", "hd95_mm", "ece_curvas")
 VOLUME_CRPS = ("normal", "curvas_code")
-ECE_CROPS = ("all", "curvas2025")
+CROPS = ("all", "curvas2024", "curvas2025")
 
 
 class RaterFigures:
@@ -43,11 +45,11 @@ class RaterFigures:
 
     def __init__(self, num_classes: int, class_names: Sequence[str], n_bins: int, hd_percentile: float,
                  hd_definition: str, thresholds: str | Sequence[float] = "qubiq", volume: str = "normal",
-                 ece_crop: str = "all") -> None:
+                 crop: str = "all") -> None:
         if volume not in VOLUME_CRPS:
             raise ValueError(f"evaluation.rater_volume_crps={volume!r}: expected one of {', '.join(VOLUME_CRPS)}")
-        if ece_crop not in ECE_CROPS:
-            raise ValueError(f"evaluation.rater_ece_crop={ece_crop!r}: expected one of {', '.join(ECE_CROPS)}")
+        if crop not in CROPS:
+            raise ValueError(f"evaluation.rater_crop={crop!r}: expected one of {', '.join(CROPS)}")
         self.num_classes, self.class_names = num_classes, list(class_names)
         self.n_bins, self.hd_percentile, self.hd_definition = n_bins, hd_percentile, hd_definition
         try:
@@ -55,16 +57,17 @@ class RaterFigures:
         except ValueError as exc:
             raise ValueError(f"evaluation.rater_{exc}") from None
         self.threshold_source = thresholds if isinstance(thresholds, str) else "list"
-        self.volume, self.ece_crop = volume, ece_crop
+        self.volume, self.crop = volume, crop
         self.cases: list[dict] = []
         self.rater_rows: list[dict] = []
         self.pooled: SoftCalibration | None = None
 
     def add_case(self, case_id: str, probs: torch.Tensor, prediction: torch.Tensor, raters: torch.Tensor,
                  spacing: Sequence[float], rater_names: Sequence[str] | None = None,
-                 samples: torch.Tensor | None = None) -> dict:
+                 samples: torch.Tensor | None = None, image: torch.Tensor | None = None) -> dict:
         """Score one case: ``probs`` ``C x *S``, ``prediction`` ``*S``, ``raters`` ``K x *S`` (all on one grid),
-        ``samples`` ``N x *S`` member label maps or None. Returns the case's figures."""
+        ``samples`` ``N x *S`` member label maps or None, ``image`` the raw ``*S`` CT (HU) for
+        ``crop="curvas2024"``. Returns the case's figures."""
         c, k = self.num_classes, raters.shape[0]
         names = list(rater_names) if rater_names else [str(r + 1) for r in range(k)]
         raters = raters.to(device=probs.device, dtype=torch.long)
@@ -72,11 +75,13 @@ class RaterFigures:
         hd = per_rater_hd(prediction, raters, c, spacing, self.hd_percentile, self.hd_definition)
         staple = torch.as_tensor(staple_reference(raters, c), device=prediction.device)
         staple_dice = torch.tensor([math.nan] + [binary_dice(prediction == j, staple == j) for j in range(1, c)])
-        volume = volume_crps(probs, raters, float(np.prod(spacing)) / 1000.0, self.volume == "curvas_code")
+        box = self._crop(case_id, raters, image)  # the voxels of the CURVAS figures
+        cropped = (slice(None), *box) if box is not None else (slice(None),)
+        volume = volume_crps(probs[cropped], raters[cropped], float(np.prod(spacing)) / 1000.0,
+                             self.volume == "curvas_code")
         soft = soft_calibration(probs, raters, self.n_bins)
         self.pooled = soft if self.pooled is None else self.pooled + soft
-        crop = curvas2025_crop(raters) if self.ece_crop == "curvas2025" else None
-        ece = curvas_ece(probs, raters, 2025 if c == 2 else 2024, crop=crop)  # binary: 2025's [1 - p, p]
+        ece = curvas_ece(probs, raters, 2025 if c == 2 else 2024, crop=box)  # binary: 2025's [1 - p, p]
         per_class = {
             "dice_rater_mean": _nanmean_rows(dice), "hd95_rater_mean_mm": _nanmean_rows(hd),
             "consensus_dice": consensus_dice(prediction, raters, c).tolist(),
@@ -102,6 +107,19 @@ class RaterFigures:
                                         "dice": float(dice[r, j]), "hd95_mm": float(hd[r, j]),
                                         "ece_curvas": ece["ece_per_rater"][r]})
         return case
+
+    def _crop(self, case_id: str, raters: torch.Tensor, image: torch.Tensor | None) -> tuple[slice, ...] | None:
+        if self.crop == "curvas2025":
+            return curvas2025_crop(raters)
+        if self.crop == "curvas2024":
+            if image is None:
+                raise ValueError("evaluation.rater_crop=curvas2024 needs the case's CT in HU (its in-plane box of "
+                                 "voxels > 0)")
+            if tuple(image.shape) != tuple(raters.shape[1:]):
+                raise ValueError(f"the CT of shape {tuple(image.shape)} is not on the raters' grid "
+                                 f"{tuple(raters.shape[1:])}")
+            return curvas2024_crop(torch.as_tensor(image), slice_axis=-1)
+        return None
 
     def rows(self) -> list[dict]:
         """per_case_raters.csv: one row per case and foreground class."""
@@ -164,11 +182,14 @@ class RaterFigures:
             "nll_mean": "-(1/N) sum_v sum_c m_c log p_c (= mean of the raters' NLL)",
             "brier_mean": "(1/N) sum_v sum_c (p_c - m_c)^2 (not the mean of the raters' Brier)",
             "ece_curvas": "CURVAS: one top-label ECE per rater against its labels, torchmetrics binning, 50 bins "
-                          f"[lo, hi) + a bin at 1.0, P rebuilt from the foreground channels; voxels: {self.ece_crop}"
-                          " (the 2024 crop needs the CT in HU: mcseg.metrics.rater_calibration.curvas2024_crop)",
+                          f"[lo, hi) + a bin at 1.0, P rebuilt from the foreground channels; voxels: {self.crop}",
             "volume_crps": ("CRPS (mL) of the expected volume against Normal(mean, population std) of the raters' "
                             "volumes, " + ("closed form over the whole line" if self.volume == "normal" else
-                                           "as the CURVAS code: interpolated CDF, integral truncated to mu +- 3 sigma")),
+                                           "as the CURVAS code: interpolated CDF, integral truncated to mu +- 3 sigma")
+                            + f"; voxels: {self.crop}"),
+            "crop": {"all": "every voxel", "curvas2024": "CURVAS 2024: the in-plane box of CT > 0 HU, every slice",
+                     "curvas2025": "CURVAS 2025: the box of every rater's foreground +- 20 voxels, Python slicing "
+                                   "(a negative start wraps)"}[self.crop],
             "ged": "generalised energy distance D^2 of the members' label maps against the raters, d = 1 - mean "
                    "foreground IoU, IoU(empty, empty) = 1",
             "hm_iou": "Hungarian-matched IoU, raters and members replicated to lcm(N, M)",

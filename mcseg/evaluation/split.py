@@ -87,7 +87,8 @@ def evaluate_split(
                                                 dynamic_ncols=True, disable=not progress))  # one in memory at a time
     evaluate_cases(predictor, cases, evaluator, dataset.restore, out_dir, save_predictions, save_probabilities,
                    protocol.save_uncertainty, posthoc=posthoc, failure=failure, restore_maps=dataset.restore_maps,
-                   raters=dataset.original_raters if any(r.raters for r in refs) else None)
+                   raters=dataset.original_raters if any(r.raters for r in refs) else None,
+                   rater_image=raw_ct(dataset) if protocol.rater_crop == "curvas2024" else None)
     after = {}
     for name, (_, scaled_evaluator, _) in posthoc.items():
         if name in described:  # pooled after: each network's own fit
@@ -123,6 +124,11 @@ def _transform(scaler: Scaler):
 
 def _fmt(value, digits: int = 4) -> str:
     return "nan" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
+
+
+def raw_ct(dataset: SegmentationDataset):
+    """``case -> its first channel as read from disk`` (raw intensities, the file grid): CURVAS 2024's crop."""
+    return lambda case: dataset.read(case.meta["ref"]).image[0]
 
 
 def format_summary(summary: dict, class_names: list[str], title: str) -> str:

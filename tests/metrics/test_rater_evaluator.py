@@ -75,6 +75,25 @@ def test_every_rater_figure_reaches_the_summary_and_the_csvs(tmp_path):
         assert len(list(csv.DictReader(f))) == 2 * 3 * 2
 
 
+def test_curvas2024_crop_takes_the_ct(tmp_path):
+    from mcseg.metrics.rater_calibration import curvas2024_crop
+
+    probs, raters, _ = _case(3)
+    ct = torch.full(raters.shape[1:], -1000.0)
+    ct[1:6, 2:6, :] = 50.0
+    evaluator = Evaluator(3, ["background", "a", "b"], EvalProtocol(bootstrap_samples=0, rater_crop="curvas2024"))
+    with pytest.raises(ValueError, match="rater_crop=curvas2024 needs the case's CT"):
+        evaluator.add_case("c", probs, raters[0], (1.0, 1.0, 1.0), raters=raters)
+    row = evaluator.add_case("c", probs, raters[0], (1.0, 1.0, 1.0), raters=raters, image=ct)
+    box = curvas2024_crop(ct)
+    assert box == (slice(1, 6), slice(2, 6), slice(None))
+    cropped = (slice(None), *box)
+    assert row["raters/ece_curvas_rater_mean"] == pytest.approx(curvas_ece(probs, raters, crop=box)["ece_rater_mean"])
+    assert row["raters/volume_crps/a"] == pytest.approx(
+        volume_crps(probs[cropped], raters[cropped], 1e-3)["volume_crps"][1])
+    assert row["raters/volume_crps/a"] != pytest.approx(volume_crps(probs, raters, 1e-3)["volume_crps"][1])
+
+
 def test_bad_thresholds_and_multilabel_are_refused():
     probs, raters, _ = _case(0)
     evaluator = Evaluator(3, ["background", "a", "b"], EvalProtocol(bootstrap_samples=0, rater_thresholds=[0.0]))
@@ -92,7 +111,7 @@ def test_a_run_trained_on_the_rater_mean_reports_the_figures_with_members(make_c
     root = fd.write_qubiq(tmp_path / "qubiq", n_train=6, n_val=2)
     cfg = make_cfg([f"dataset=qubiq", f"dataset.root={root}", "dataset.preprocess.workers=1",
                     "dataset.sampling.patch_size=[32,32]", "inference.tta=[flips]", "dataset.raters.target=mean",
-                    "loss=ce", *TINY_RUN])  # trained on the soft rater mean
+                    "loss=ce", "evaluation.rater_crop=curvas2024", *TINY_RUN])  # trained on the soft rater mean
     train(cfg)
     summary = json.loads((tmp_path / "run/eval/test/summary.json").read_text())
     raters = summary["raters"]
@@ -100,5 +119,6 @@ def test_a_run_trained_on_the_rater_mean_reports_the_figures_with_members(make_c
     assert raters["case"]["ged"]["n"] == 2 and raters["case"]["hm_iou"]["n"] == 2
     assert raters["per_class"]["task01"]["thresholded_dice"]["n"] == 2
     assert set(raters["per_rater"]) == {f"task01_seg{r:02d}" for r in range(1, 7)}
+    assert raters["protocol"]["crop"].startswith("CURVAS 2024") and raters["case"]["ece_curvas_rater_mean"]["n"] == 2
     scaled = sorted((tmp_path / "run/eval/test").glob("*/summary.json"))  # post-hoc calibrated evaluations
     assert scaled and all(json.loads(p.read_text())["raters"]["n_cases"] == 2 for p in scaled)
