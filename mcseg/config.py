@@ -105,6 +105,12 @@ class EvalProtocol:
     # evaluation on 2 cores, so debug=fast, which the tests use, turns them off
     figures: bool = True
     seed: int = 0
+    # datasets with several raters (docs/protocol.md, "Several raters"): QUBIQ's thresholds (a preset, qubiq
+    # or curvas2025, or a list), the volume CRPS (normal | curvas_code) and the voxels of the CURVAS figures
+    # (per-rater ECE, volume CRPS): all | curvas2024 | curvas2025
+    rater_thresholds: Any = "qubiq"
+    rater_volume_crps: str = "normal"
+    rater_crop: str = "all"
 
     def __post_init__(self) -> None:
         checks = {
@@ -117,6 +123,8 @@ class EvalProtocol:
             "failure_region": (self.failure_region is None or self.failure_region in REGIONS,
                                f"null (the calibration region) or one of {', '.join(REGIONS)}"),
             "failure_risk": (self.failure_risk in FAILURE_RISKS, f"one of {', '.join(FAILURE_RISKS)}"),
+            "rater_volume_crps": (self.rater_volume_crps in ("normal", "curvas_code"), "normal or curvas_code"),
+            "rater_crop": (self.rater_crop in ("all", "curvas2024", "curvas2025"), "all, curvas2024 or curvas2025"),
         }
         for key, (ok, expected) in checks.items():
             if not ok:

@@ -40,6 +40,16 @@ from mcseg.targets import instantiate_checked
 log = logging.getLogger(__name__)
 
 
+def check_soft_targets(loss_node: DictConfig) -> None:
+    """``dataset.raters.target=mean`` trains on soft targets: the configured loss must be defined for them
+    (built here once to ask, before anything is loaded or written)."""
+    from mcseg.losses.base import hard_label_only
+
+    loss = instantiate_checked(loss_node, "loss")
+    if not getattr(loss, "soft_targets", False):
+        raise ConfigError(hard_label_only(loss))
+
+
 def train(cfg: DictConfig) -> dict:
     """Train and evaluate as configured; return validation and test metrics."""
     validate_train_config(cfg)
@@ -65,6 +75,8 @@ def train(cfg: DictConfig) -> dict:
 
     dataset = build_dataset(cfg.dataset)
     record_dataset_facts(cfg, dataset)
+    if dataset.raters["target"] == "mean":  # soft targets: refused now by a loss that needs hard labels
+        check_soft_targets(cfg.loss)
     container = OmegaConf.to_container(cfg, resolve=True)
     # refused launches (last.pt without resume, a changed config, a finished run) end here, nothing written
     resume_from = check_launch(run_dir, tcfg.resume, tcfg.auto_resume, container, content_lookup(dataset))

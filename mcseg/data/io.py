@@ -123,7 +123,15 @@ def read_volume(path: str | os.PathLike, spatial_dims: int | None = None) -> Vol
             sdim = img.GetDimension()
             array = np.transpose(array, tuple(range(sdim - 1, -1, -1)) + tuple(range(sdim, array.ndim)))
             zooms, affine = _itk_geometry(img)
+    if _one_slice(array.shape, spatial_dims):
+        array, zooms = array[:, :, 0], zooms[:2] + zooms[3:]
     return Volume(array=array, spacing=_spatial(path, array.shape, zooms, spatial_dims), affine=affine)
+
+
+def _one_slice(shape: tuple[int, ...], spatial_dims: int | None) -> bool:
+    """A 2D image stored as the single slice of a volume (``H x W x 1 [x C]``, as QUBIQ's NIfTI files are):
+    read as ``H x W [x C]``. Either reading of ``H x W x 1`` gives one channel, so this is never ambiguous."""
+    return spatial_dims == 2 and len(shape) >= 3 and shape[2] == 1
 
 
 def read_header(path: str | os.PathLike, spatial_dims: int | None = None) -> VolumeHeader:
@@ -157,6 +165,8 @@ def read_header(path: str | os.PathLike, spatial_dims: int | None = None) -> Vol
             zooms, affine = _itk_geometry(reader)
             if sdim != len(zooms):
                 raise VolumeError(f"{path}: header dimension {sdim} but {len(zooms)} spacings")
+    if _one_slice(shape, spatial_dims):
+        shape, zooms = shape[:2] + shape[3:], zooms[:2] + zooms[3:]
     return VolumeHeader(shape=shape, spacing=_spatial(path, shape, zooms, spatial_dims), affine=affine)
 
 
