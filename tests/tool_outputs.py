@@ -151,7 +151,7 @@ def make_monai(root: Path, label_dir: Path, noise: float = 1.5, seed: int = 0, c
         logits = np.eye(classes, dtype=np.float32)[label].transpose(-1, *range(label.ndim)) * 3.0
         logits += rng.normal(scale=noise, size=logits.shape).astype(np.float32)
         probs = torch.softmax(torch.from_numpy(logits), 0)
-        meta = {"affine": torch.as_tensor(img.affine), "original_affine": torch.as_tensor(img.affine),
+        meta = {"original_affine": torch.as_tensor(img.affine),
                 "filename_or_obj": str(path), "spatial_shape": label.shape}
         saver(MetaTensor(probs, affine=torch.as_tensor(img.affine), meta=meta))
     return root
