@@ -2,10 +2,10 @@
 (``split``), the loop that feeds predictions to the evaluator (``cases``), a saved checkpoint
 re-evaluated (``checkpoint``), a deep ensemble of checkpoints (``ensemble``), a suite under shift
 (``shift``), what produced a result (``provenance``), and other tools' prediction folders (nnU-Net, MONAI):
-read, checked and evaluated (``folders``).
+read, checked and evaluated (``folders``), and calibrated from their probabilities (``folder_posthoc``).
 
 May import: inference, the layer below it (calibration, data, metrics, models, losses, ``rundir``) and
 config/runtime; never training or an entry point. Modules import each other one way only:
 ``checkpoint`` -> ``shift`` -> ``split`` -> ``cases`` -> ``evaluator``, and ``ensemble`` above them;
-``folders`` -> ``split`` (its file names), ``cases``, ``evaluator``.
+``folder_posthoc`` -> ``folders`` -> ``split`` (its file names), ``cases``, ``evaluator``.
 """

@@ -327,6 +327,10 @@ class PredictionFolder:
         """Files besides the cases' that say how to read them (plans.json, dataset.json)."""
         return []
 
+    def case_files(self, case: str) -> list[Path]:
+        """The files of one case."""
+        return [self.files[case]]
+
     def read(self, case: str, label: Volume, label_path: Path) -> CasePrediction:
         raise NotImplementedError
 
@@ -417,6 +421,9 @@ class NnUNetFolder(PredictionFolder):
 
     def config_files(self) -> list[Path]:
         return [self.plans_path, self.dataset_path]
+
+    def case_files(self, case: str) -> list[Path]:
+        return [self.path / f"{case}{e}" for e in (".npz", ".pkl", self.file_ending)]
 
     def read(self, case: str, label: Volume, label_path: Path) -> CasePrediction:
         npz, pkl, seg_path = (self.path / f"{case}{e}" for e in (".npz", ".pkl", self.file_ending))
@@ -536,6 +543,9 @@ class McsegFolder(ChannelLastFolder):
                               f"{', '.join(missing[:10])}")
         self.has_probs = bool(probs)
         return probs if probs and not self.label_maps else {c: probs.get(c) for c in self.label_maps}
+
+    def case_files(self, case: str) -> list[Path]:
+        return [p for p in (self.files.get(case), self.label_maps.get(case)) if p is not None]
 
     def read(self, case: str, label: Volume, label_path: Path) -> CasePrediction:
         if self.has_probs:
