@@ -98,6 +98,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=defaults.seed)
     p.add_argument("--no-failure-detection", dest="failure_detection", action="store_false",
                    help="leave the failure-detection section out")
+    p.add_argument("--no-figures", dest="figures", action="store_false",
+                   help="write reliability.csv and reliability_histogram.csv without their PNG figures")
     p.add_argument("--save-uncertainty", action="store_true",
                    help="write <case>_entropy.nii.gz (voxelwise entropy, nats) beside each prediction (an "
                         "ensemble: also <case>_expected_entropy and <case>_mutual_information)")

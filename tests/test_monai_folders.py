@@ -13,7 +13,7 @@ from mcseg.evaluation.evaluator import EvalProtocol, Evaluator
 from tests.tool_outputs import blob_label, make_monai
 
 AFFINE = np.array([[0.0, -0.9, 0.0, 10.0], [1.1, 0.0, 0.0, -4.0], [0.0, 0.0, 2.0, 3.0], [0, 0, 0, 1]])
-FAST = ["--bootstrap-samples", "0", "--no-failure-detection"]
+FAST = ["--bootstrap-samples", "0", "--no-failure-detection", "--no-figures"]
 
 
 def _labels(root, shape, n=3):
@@ -37,7 +37,8 @@ def test_monai_maps_are_evaluated_as_read_with_nibabel(monai3d, tmp_path):
     assert main([str(pred), str(labels), "-o", str(out), *FAST]) == 0
     summary = json.loads((out / "summary.json").read_text())
     provenance = summary.pop("provenance")
-    ev = Evaluator(3, ["background", "outer", "inner"], EvalProtocol(bootstrap_samples=0, failure_detection=False))
+    ev = Evaluator(3, ["background", "outer", "inner"],
+                   EvalProtocol(bootstrap_samples=0, failure_detection=False, figures=False))
     for i in range(3):
         label = np.asarray(nib.load(str(labels / f"case_{i}.nii.gz")).dataobj).astype(np.int64)
         img = nib.load(str(pred / f"case_{i}" / f"case_{i}_trans.nii.gz"))
