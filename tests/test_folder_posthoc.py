@@ -167,3 +167,27 @@ def test_monai_maps_are_calibrated_in_place_of_their_own_files(tmp_path):
     np.testing.assert_allclose(np.moveaxis(new.get_fdata(dtype=np.float32), -1, 0),
                                torch.softmax(z / t["temperature"], 0).numpy(), atol=1e-6)
     assert evaluate([str(out), str(labels), "-o", str(tmp_path / "e"), *FAST]) == 0
+
+
+def test_mcseg_probability_maps_and_their_label_maps_are_rewritten(tmp_path):
+    import nibabel as nib
+
+    from tests.test_monai_folders import AFFINE, _labels
+
+    labels = _labels(tmp_path / "labels", (11, 9, 6))
+    pred = tmp_path / "pred"
+    pred.mkdir()
+    g = torch.Generator().manual_seed(3)
+    for i in range(3):
+        label = torch.from_numpy(np.asarray(nib.load(str(labels / f"case_{i}.nii.gz")).dataobj).astype(np.int64))
+        probs = torch.softmax(torch.nn.functional.one_hot(label, 3).movedim(-1, 0) * 4.0
+                              + torch.randn(3, *label.shape, generator=g) * 3, 0)
+        nib.save(nib.Nifti1Image(np.moveaxis(probs.numpy(), 0, -1), AFFINE), str(pred / f"case_{i}_probs.nii.gz"))
+        nib.save(nib.Nifti1Image(probs.argmax(0).numpy().astype(np.uint8), AFFINE), str(pred / f"case_{i}.nii.gz"))
+    out = tmp_path / "out"
+    assert calibrate(["--fit", str(pred), "--reference", str(labels), "--apply", str(pred), "-o", str(out)]) == 0
+    for i in range(3):
+        new = np.moveaxis(nib.load(str(out / f"case_{i}_probs.nii.gz")).get_fdata(dtype=np.float32), -1, 0)
+        seg = np.asarray(nib.load(str(out / f"case_{i}.nii.gz")).dataobj)
+        np.testing.assert_array_equal(seg, new.argmax(0))
+    assert evaluate([str(out), str(labels), "-o", str(tmp_path / "e"), *FAST]) == 0

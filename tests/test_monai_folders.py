@@ -106,3 +106,25 @@ def test_a_stated_format_the_folder_contradicts_and_missing_cases_are_refused(mo
     (tmp_path / "labels" / "dataset.json").write_text((labels / "dataset.json").read_text())
     assert main([str(pred), str(tmp_path / "labels"), *FAST]) == 2
     assert "1 prediction(s) without a label" in capsys.readouterr().err
+
+
+def test_an_msd_folder_and_a_labels_folder_with_nnunet_labels_one_folder_up_are_references(monai3d, tmp_path):
+    labels, pred = monai3d
+    msd = tmp_path / "Task01_Tiny"
+    (msd / "labelsTr").mkdir(parents=True)
+    for path in labels.glob("*.nii.gz"):
+        (msd / "labelsTr" / path.name).write_bytes(path.read_bytes())
+    (msd / "dataset.json").write_text(json.dumps({
+        "labels": {"0": "background", "1": "outer", "2": "inner"}, "modality": {"0": "MRI"},
+        "training": [{"image": f"./imagesTr/case_{i}.nii.gz", "label": f"./labelsTr/case_{i}.nii.gz"}
+                     for i in range(3)]}))
+    assert main([str(pred), str(msd), "-o", str(tmp_path / "msd"), *FAST]) == 0
+    by_msd = json.loads((tmp_path / "msd" / "summary.json").read_text())
+    assert by_msd["provenance"]["reference"]["kind"] == "msd"
+    # a labels folder whose parent holds an nnU-Net dataset.json ({name: value})
+    (msd / "dataset.json").write_text(json.dumps({"labels": {"background": 0, "outer": 1, "inner": 2},
+                                                  "channel_names": {"0": "MRI"}, "file_ending": ".nii.gz"}))
+    assert main([str(pred), str(msd / "labelsTr"), "-o", str(tmp_path / "plain"), *FAST]) == 0
+    by_labels = json.loads((tmp_path / "plain" / "summary.json").read_text())
+    assert by_labels["provenance"]["reference"]["kind"] == "labels" and by_labels["classes"] == ["outer", "inner"]
+    assert by_labels["mean_ece"] == by_msd["mean_ece"]
