@@ -207,7 +207,10 @@ BREAKS = {
                 r"has \(2.5, 1.0, 0.9\) mm \(off by up to 0.1 mm\)"),
     "stated-format": (None, r"--format monai contradicts the folder: it holds 4 <case>.npz \(nnU-Net v2\)"),
     "reorienting-reader": (lambda raw, pred: _json(pred.parent.parent / "plans.json", lambda d: d.update(
-        image_reader_writer="NibabelIOWithReorient")), r"NibabelIOWithReorient keeps the npz in the reoriented"),
+        image_reader_writer="SimpleITKIOWithReorient")), r"SimpleITKIOWithReorient keeps the npz in the reoriented"),
+    "reader-not-the-files'": (lambda raw, pred: _json(pred.parent.parent / "plans.json", lambda d: d.update(
+        image_reader_writer="NibabelIOWithReorient")),
+        r"case tiny_000: tiny_000.pkl has no nibabel_stuff original_affine and reoriented_affine"),
     "two-npz-keys": (lambda raw, pred: np.savez_compressed(pred / "tiny_000.npz", probabilities=np.zeros(3),
                                                            softmax=np.zeros(3)),
                      r"case tiny_000: tiny_000.npz holds \['probabilities', 'softmax'\]"),
@@ -240,3 +243,30 @@ def test_a_region_model_read_as_labels_is_refused(nn3d_regions, tmp_path, capsys
 def test_a_trainer_dataset_json_other_than_the_reference_is_refused(nn3d_regions, nn3d, capsys, tmp_path):
     assert main([str(nn3d_regions["pred"]), str(nn3d["raw"]), *FAST, "-o", str(tmp_path / "out")]) == 2
     assert "declares 2 sigmoid regions (whole, core), the reference a softmax over 3 labels" in capsys.readouterr().err
+
+
+def test_nibabels_reorienting_reader_is_read_back_to_the_files_axes(tmp_path):
+    """Files far from RAS, read by NibabelIOWithReorient: the npz is in the reoriented order; mcseg maps it back as
+    nnU-Net's write_seg does, and scores what nnU-Net's own reader gives in its order."""
+    from nnunetv2.imageio.nibabel_reader_writer import NibabelIOWithReorient
+
+    from mcseg.evaluate_folder import main as evaluate
+    from tests.tool_outputs import PERMUTED_AFFINE
+
+    folders = make_nnunet(tmp_path / "reo", dims=3, reader="NibabelIOWithReorient", n_cases=2)
+    out = tmp_path / "eval"
+    assert evaluate([str(folders["pred"]), str(folders["raw"]), "-o", str(out), *FAST, "--no-failure-detection"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    ev = Evaluator(3, ["background", "left", "right"], EvalProtocol(bootstrap_samples=0, failure_detection=False,
+                                                                     figures=False))
+    for case in ("tiny_000", "tiny_001"):
+        label, props = NibabelIOWithReorient().read_seg(str(folders["labels"] / f"{case}.nii.gz"))
+        seg, _ = NibabelIOWithReorient().read_seg(str(folders["pred"] / f"{case}.nii.gz"))
+        probs = np.load(folders["pred"] / f"{case}.npz")["probabilities"]
+        assert probs.shape[1:] == label.shape[1:] != label.shape[:0:-1]
+        ev.add_case(case, torch.from_numpy(probs), torch.from_numpy(label[0].astype(np.int64)), props["spacing"],
+                    prediction=torch.from_numpy(seg[0].astype(np.int64)))
+    expected = json.loads(json.dumps(ev.summary()))
+    for key in ("mean_foreground_dice", "mean_foreground_hd95_mm", "mean_ece", "mean_nll", "mean_classwise_ece"):
+        assert summary[key] == pytest.approx(expected[key], rel=1e-5), key
+    assert not np.allclose(PERMUTED_AFFINE, np.diag(np.diag(PERMUTED_AFFINE)))

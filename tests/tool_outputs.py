@@ -47,7 +47,11 @@ def _write_itk(path: Path, array_xyz: np.ndarray, spacing, origin) -> None:
     sitk.WriteImage(img, str(path))
 
 
-def _plans(dims: int) -> dict:
+# a voxel-to-world affine far from RAS (axes permuted and flipped), for nnU-Net's reorienting reader
+PERMUTED_AFFINE = np.array([[0.0, 0.0, -0.8, 20.0], [-2.5, 0.0, 0.0, 4.0], [0.0, 1.0, 0.0, -7.0], [0, 0, 0, 1]])
+
+
+def _plans(dims: int, reader: str = "SimpleITKIO") -> dict:
     kw = {"is_seg": False, "order": 1, "order_z": 0, "force_separate_z": None}
     seg_kw = {**kw, "is_seg": True}
     # network spacing: coarser in-plane than the images (the export resamples the logits back)
@@ -67,7 +71,7 @@ def _plans(dims: int) -> dict:
     backward = [int(i) for i in np.argsort(transpose)]
     return {"dataset_name": "Dataset999_Tiny", "plans_name": "nnUNetPlans",
             "original_median_spacing_after_transp": [1.0] * 3, "original_median_shape_after_transp": [8] * 3,
-            "image_reader_writer": "SimpleITKIO", "transpose_forward": transpose, "transpose_backward": backward,
+            "image_reader_writer": reader, "transpose_forward": transpose, "transpose_backward": backward,
             "configurations": {"3d_fullres" if dims == 3 else "2d": config},
             "experiment_planner_used": "ExperimentPlanner", "label_manager": "LabelManager",
             "foreground_intensity_properties_per_channel": {"0": {"mean": 0.0, "std": 1.0, "percentile_00_5": -3.0,
@@ -75,10 +79,11 @@ def _plans(dims: int) -> dict:
 
 
 def make_nnunet(root: Path, dims: int = 3, regions: bool = False, n_cases: int = 4, seed: int = 0,
-                noise: float = 2.0, members: int = 1) -> dict[str, Path]:
+                noise: float = 2.0, members: int = 1, reader: str = "SimpleITKIO") -> dict[str, Path]:
     """Raw dataset, trainer folder (plans.json, dataset.json) and ``members`` prediction folders
     ``fold_<m>/validation`` with every case (the tests pick what they need), each member its own noise.
-    Returns the folders by name (``pred``: member 0, ``members``: all)."""
+    ``reader="NibabelIOWithReorient"``: files written by nibabel with :data:`PERMUTED_AFFINE`, read by nnU-Net's
+    reorienting reader (3D). Returns the folders by name (``pred``: member 0, ``members``: all)."""
     from nnunetv2.inference.export_prediction import export_prediction_from_logits
     from nnunetv2.preprocessing.preprocessors.default_preprocessor import DefaultPreprocessor
     from nnunetv2.utilities.plans_handling.plans_handler import PlansManager
@@ -92,7 +97,7 @@ def make_nnunet(root: Path, dims: int = 3, regions: bool = False, n_cases: int =
     labels = REGIONS if regions else LABELS
     dataset = {"channel_names": {"0": "MR"}, "labels": labels, "numTraining": n_cases, "file_ending": ".nii.gz",
                **({"regions_class_order": [1, 2]} if regions else {})}
-    plans = _plans(dims)
+    plans = _plans(dims, reader)
     for where in (raw, trainer):
         (where / "dataset.json").write_text(json.dumps(dataset))
     (trainer / "plans.json").write_text(json.dumps(plans))
@@ -106,8 +111,12 @@ def make_nnunet(root: Path, dims: int = 3, regions: bool = False, n_cases: int =
         label = blob_label(shape, seed * 100 + i)
         image = rng.normal(size=shape).astype(np.float32) + label
         image[0] = 0.0  # a zero slab that nnU-Net crops away (and restores as background)
-        _write_itk(raw / "imagesTr" / f"{case}_0000.nii.gz", image, spacing, origin)
-        _write_itk(raw / "labelsTr" / f"{case}.nii.gz", label, spacing, origin)
+        if reader.startswith("Nibabel"):
+            nib.save(nib.Nifti1Image(image, PERMUTED_AFFINE), str(raw / "imagesTr" / f"{case}_0000.nii.gz"))
+            nib.save(nib.Nifti1Image(label, PERMUTED_AFFINE), str(raw / "labelsTr" / f"{case}.nii.gz"))
+        else:
+            _write_itk(raw / "imagesTr" / f"{case}_0000.nii.gz", image, spacing, origin)
+            _write_itk(raw / "labelsTr" / f"{case}.nii.gz", label, spacing, origin)
         pre = DefaultPreprocessor(verbose=False)
         _, seg, props = pre.run_case([str(raw / "imagesTr" / f"{case}_0000.nii.gz")],
                                      str(raw / "labelsTr" / f"{case}.nii.gz"), manager, configuration, dataset)

@@ -29,6 +29,7 @@ warnings as a trained run's) with :class:`SavedProbabilities` as the predictor, 
 from __future__ import annotations
 
 import hashlib
+import pickle
 import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -209,11 +210,13 @@ def _write_nnunet(folder: NnUNetFolder, case: str, scaled, out_dir: Path) -> Non
         probs = scaled(stored["probabilities"], 0)
     atomic_write(out_dir / f"{case}.npz", lambda tmp: _savez(tmp, probs))
     shutil.copy2(folder.path / f"{case}.pkl", out_dir / f"{case}.pkl")
+    props = pickle.loads((folder.path / f"{case}.pkl").read_bytes())  # nnU-Net's own file, of the folder given
     seg_path = folder.path / f"{case}{folder.file_ending}"
     template = sitk.ReadImage(str(seg_path))
-    seg = segmentation_of(probs, folder.task)
-    array = sitk.GetArrayViewFromImage(template)
-    image = sitk.GetImageFromArray(seg.reshape(array.shape).astype(array.dtype))
+    seg = segmentation_of(probs, folder.task)  # in nnU-Net's array order, then the file's (x, y[, z])
+    seg = folder.file_order(case, seg.reshape(-1, *seg.shape[-template.GetDimension():]), props)[0][0]
+    array = sitk.GetArrayViewFromImage(template)  # SimpleITK's (z, y, x): the file's axes reversed
+    image = sitk.GetImageFromArray(np.ascontiguousarray(seg.T).astype(array.dtype))
     image.CopyInformation(template)
     atomic_write(out_dir / seg_path.name, lambda tmp: sitk.WriteImage(image, str(tmp), True))
 

@@ -9,7 +9,9 @@ Formats (``FORMATS``; detected from the folder, or stated and then checked again
 * ``nnunet``: nnU-Net v2 ``<case>.npz`` (one key, ``probabilities``, ``(C, z, y, x)``: the reader's array
   order, reversed against the file's), ``<case>.pkl`` and ``<case><file_ending>``, as
   ``nnUNetv2_predict --save_probabilities`` and ``nnUNetv2_train --npz`` write them; ``plans.json`` and
-  ``dataset.json`` beside the files or up to two folders above (the trainer folder of ``fold_k/validation``).
+  ``dataset.json`` beside the files or up to two folders above (the trainer folder of ``fold_k/validation``);
+  with the reorienting ``NibabelIOWithReorient`` the npz is in the axes of the image reoriented to RAS, mapped back
+  as nnU-Net's ``write_seg`` maps its label map (``SimpleITKIOWithReorient`` is refused).
   Label-based models: a softmax, one channel per label with background; region-based models (a label of
   ``dataset.json`` is a list of several values): one sigmoid per foreground region, no background channel.
 * ``monai``: MONAI ``SaveImage`` probability maps, ``<name>/<name>_<postfix>.nii.gz`` (or without the
@@ -57,9 +59,10 @@ _SUFFIXES = (".nii.gz", ".nii", ".mha", ".nrrd")
 _DERIVED = ("_probs", "_entropy", "_expected_entropy", "_mutual_information")
 # Softmax channels must sum to 1 within this (float32 rounding is ~1e-7; float16 files get K half-ulps of 1 more)
 SUM_TOLERANCE = 1e-3
-# nnU-Net's reorienting readers keep the npz in the reoriented (RAS) array order: refused (not yet read)
-_REORIENTING = ("SimpleITKIOWithReorient", "NibabelIOWithReorient")
-_ARRAY_ORDER_READERS = ("SimpleITKIO", "NibabelIO")
+# nnU-Net's readers whose npz is in the files' own axes, reversed; NibabelIOWithReorient's npz is in the axes of
+# the image reoriented to RAS (read back as its write_seg does); SimpleITKIOWithReorient's is refused (not read yet)
+_ARRAY_ORDER_READERS = ("SimpleITKIO", "NibabelIO", "NibabelIOWithReorient")
+_REORIENTING = ("SimpleITKIOWithReorient",)
 
 
 class FolderError(ValueError):
@@ -394,7 +397,8 @@ class NnUNetFolder(PredictionFolder):
         reader = dataset.get("overwrite_image_reader_writer") or plans.get("image_reader_writer")
         if reader in _REORIENTING:
             raise FolderError(f"{self.plans_path}: image_reader_writer {reader} keeps the npz in the reoriented "
-                              f"(RAS) array order, not the files' own; mcseg reads only {', '.join(_ARRAY_ORDER_READERS)}")
+                              f"array order, not the files' own, and mcseg does not read it back yet; it reads "
+                              f"{', '.join(_ARRAY_ORDER_READERS)}")
         if reader not in _ARRAY_ORDER_READERS:
             raise FolderError(f"{self.plans_path}: image_reader_writer {reader!r}: mcseg reads nnU-Net folders of "
                               f"{', '.join(_ARRAY_ORDER_READERS)} (NIfTI, mha, nrrd)")
@@ -451,10 +455,13 @@ class NnUNetFolder(PredictionFolder):
                 raise FolderError(f"case {case}: {npz.name} has spatial shape {tuple(raw.shape[1:])}, its "
                                   f"{pkl.name} says {array_order} (shape_before_cropping {tuple(before)} after "
                                   f"transpose_backward): an axis out of order?")
-        probs = self._check_probs(case, npz, np.transpose(raw, (0, *range(raw.ndim - 1, 0, -1))))
+        probs, affine = self.file_order(case, raw, props)
         stuff = props.get("sitk_stuff") or {}
         spacing = stuff.get("spacing") or (list(props["spacing"])[::-1][:dims] if "spacing" in props else None)
-        _same_grid(case, "probabilities", npz, probs.shape[1:], spacing, None, label, label_path)
+        if affine is not None:
+            spacing = None  # the pkl's spacing is the reoriented image's; the affine read back is checked instead
+        probs = self._check_probs(case, npz, probs)
+        _same_grid(case, "probabilities", npz, probs.shape[1:], spacing, affine, label, label_path)
         seg_vol = read_volume(seg_path, dims)
         _same_grid(case, "label map", seg_path, seg_vol.spatial_shape, seg_vol.spacing, seg_vol.affine, label,
                    label_path)
@@ -462,6 +469,14 @@ class NnUNetFolder(PredictionFolder):
         self._check_seg(case, npz, seg_path, probs, seg)
         prediction = to_regions(seg, self.task.regions) if self.task.multilabel else seg
         return CasePrediction(probs, torch.from_numpy(np.asarray(prediction, dtype=np.int64)), [npz, pkl, seg_path])
+
+    def file_order(self, case: str, array: np.ndarray, props: dict) -> tuple[np.ndarray, np.ndarray | None]:
+        """``C x`` nnU-Net's array order (2D: the leading singleton dropped) to ``C x`` the files' voxel order
+        (x, y[, z]); with the reorienting reader also the affine this gives (None otherwise)."""
+        array = np.transpose(array, (0, *range(array.ndim - 1, 0, -1)))
+        if self.reader != "NibabelIOWithReorient":
+            return array, None
+        return _from_ras(case, self.path / f"{case}.pkl", array, props)
 
     def _check_seg(self, case: str, npz: Path, seg_path: Path, probs: np.ndarray, seg: np.ndarray) -> None:
         """The label map must be nnU-Net's own reading of the probabilities (argmax; regions: each region in
@@ -478,6 +493,23 @@ class NnUNetFolder(PredictionFolder):
             rule = "region rule (p > 0.5 in regions_class_order)" if self.task.multilabel else "argmax"
             raise FolderError(f"case {case}: {seg_path.name} differs from nnU-Net's {rule} of {npz.name} in {n} of "
                               f"{wrong.size} voxels ({100 * n / wrong.size:.3g}%): a channel or axis out of order?")
+
+
+def _from_ras(case: str, pkl: Path, probs: np.ndarray, props: dict) -> tuple[np.ndarray, np.ndarray]:
+    """``C x`` (x, y, z) of the RAS-reoriented image back to the file's own axes, as NibabelIOWithReorient's
+    write_seg maps its label map back (nibabel's ``as_reoriented`` from RAS to the original orientation); the
+    affine this gives, to check against the label's."""
+    import nibabel as nib
+    from nibabel.orientations import axcodes2ornt, io_orientation, ornt_transform
+
+    stuff = props.get("nibabel_stuff") or {}
+    if "original_affine" not in stuff or "reoriented_affine" not in stuff:
+        raise FolderError(f"case {case}: {pkl.name} has no nibabel_stuff original_affine and reoriented_affine, "
+                          f"which NibabelIOWithReorient writes")
+    data = np.moveaxis(probs, 0, -1)
+    image = nib.Nifti1Image(data, np.asarray(stuff["reoriented_affine"], np.float64), dtype=data.dtype)
+    back = image.as_reoriented(ornt_transform(axcodes2ornt("RAS"), io_orientation(stuff["original_affine"])))
+    return np.moveaxis(np.asarray(back.dataobj), -1, 0), back.affine
 
 
 def segmentation_of(probs: np.ndarray, task: Task) -> np.ndarray:
