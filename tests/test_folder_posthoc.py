@@ -193,21 +193,22 @@ def test_mcseg_probability_maps_and_their_label_maps_are_rewritten(tmp_path):
     assert evaluate([str(out), str(labels), "-o", str(tmp_path / "e"), *FAST]) == 0
 
 
-def test_calibrated_files_of_nnunets_reorienting_reader_keep_the_files_orientation(tmp_path):
+@pytest.mark.parametrize("reader", ["NibabelIOWithReorient", "SimpleITKIOWithReorient"])
+def test_calibrated_files_of_nnunets_reorienting_readers_keep_the_files_orientation(tmp_path, reader):
     pytest.importorskip("nnunetv2", reason="nnunetv2 makes the real nnU-Net files (README: nnU-Net and MONAI folders)")
-    from nnunetv2.imageio.nibabel_reader_writer import NibabelIOWithReorient
+    from nnunetv2.imageio.reader_writer_registry import recursive_find_reader_writer_by_name
     from nnunetv2.utilities.plans_handling.plans_handler import PlansManager
 
     from tests.tool_outputs import make_nnunet
 
-    folders = make_nnunet(tmp_path / "reo", dims=3, reader="NibabelIOWithReorient", n_cases=2, noise=4.0)
+    folders = make_nnunet(tmp_path / "reo", dims=3, reader=reader, n_cases=2, noise=4.0)
     out = tmp_path / "out"
     assert calibrate(["--fit", str(folders["pred"]), "--reference", str(folders["raw"]), "--apply",
                       str(folders["pred"]), "-o", str(out)]) == 0
     labels = PlansManager(json.loads((out / "plans.json").read_text())).get_label_manager(
         json.loads((out / "dataset.json").read_text()))
     for case in ("tiny_000", "tiny_001"):
-        seg, _ = NibabelIOWithReorient().read_seg(str(out / f"{case}.nii.gz"))  # nnU-Net's reading, its order
+        seg, _ = recursive_find_reader_writer_by_name(reader)().read_seg(str(out / f"{case}.nii.gz"))  # its order
         theirs = labels.convert_probabilities_to_segmentation(np.load(out / f"{case}.npz")["probabilities"])
         np.testing.assert_array_equal(seg[0], theirs)
     assert evaluate([str(out), str(folders["raw"]), "-o", str(tmp_path / "e"), *FAST]) == 0

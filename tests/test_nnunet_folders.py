@@ -206,8 +206,8 @@ BREAKS = {
                 r"case tiny_001: probabilities tiny_001.npz has spacing \(2.5, 1.0, 0.8\) mm, label tiny_001.nii.gz "
                 r"has \(2.5, 1.0, 0.9\) mm \(off by up to 0.1 mm\)"),
     "stated-format": (None, r"--format monai contradicts the folder: it holds 4 <case>.npz \(nnU-Net v2\)"),
-    "reorienting-reader": (lambda raw, pred: _json(pred.parent.parent / "plans.json", lambda d: d.update(
-        image_reader_writer="SimpleITKIOWithReorient")), r"SimpleITKIOWithReorient keeps the npz in the reoriented"),
+    "natural-image-reader": (lambda raw, pred: _json(pred.parent.parent / "plans.json", lambda d: d.update(
+        image_reader_writer="NaturalImage2DIO")), r"'NaturalImage2DIO': mcseg reads nnU-Net folders of SimpleITKIO"),
     "reader-not-the-files'": (lambda raw, pred: _json(pred.parent.parent / "plans.json", lambda d: d.update(
         image_reader_writer="NibabelIOWithReorient")),
         r"case tiny_000: tiny_000.pkl has no nibabel_stuff original_affine and reoriented_affine"),
@@ -245,28 +245,29 @@ def test_a_trainer_dataset_json_other_than_the_reference_is_refused(nn3d_regions
     assert "declares 2 sigmoid regions (whole, core), the reference a softmax over 3 labels" in capsys.readouterr().err
 
 
-def test_nibabels_reorienting_reader_is_read_back_to_the_files_axes(tmp_path):
-    """Files far from RAS, read by NibabelIOWithReorient: the npz is in the reoriented order; mcseg maps it back as
+@pytest.mark.parametrize("reader", ["NibabelIOWithReorient", "SimpleITKIOWithReorient"])
+def test_reorienting_readers_are_read_back_to_the_files_axes(tmp_path, reader):
+    """Files far from RAS, read by a reorienting reader: the npz is in the reoriented order; mcseg maps it back as
     nnU-Net's write_seg does, and scores what nnU-Net's own reader gives in its order."""
-    from nnunetv2.imageio.nibabel_reader_writer import NibabelIOWithReorient
+    from nnunetv2.imageio.reader_writer_registry import recursive_find_reader_writer_by_name
 
     from mcseg.evaluate_folder import main as evaluate
-    from tests.tool_outputs import PERMUTED_AFFINE
 
-    folders = make_nnunet(tmp_path / "reo", dims=3, reader="NibabelIOWithReorient", n_cases=2)
+    io = recursive_find_reader_writer_by_name(reader)()
+    folders = make_nnunet(tmp_path / "reo", dims=3, reader=reader, n_cases=2)
     out = tmp_path / "eval"
     assert evaluate([str(folders["pred"]), str(folders["raw"]), "-o", str(out), *FAST, "--no-failure-detection"]) == 0
     summary = json.loads((out / "summary.json").read_text())
     ev = Evaluator(3, ["background", "left", "right"], EvalProtocol(bootstrap_samples=0, failure_detection=False,
                                                                      figures=False))
     for case in ("tiny_000", "tiny_001"):
-        label, props = NibabelIOWithReorient().read_seg(str(folders["labels"] / f"{case}.nii.gz"))
-        seg, _ = NibabelIOWithReorient().read_seg(str(folders["pred"] / f"{case}.nii.gz"))
+        label, props = io.read_seg(str(folders["labels"] / f"{case}.nii.gz"))
+        seg, _ = io.read_seg(str(folders["pred"] / f"{case}.nii.gz"))
         probs = np.load(folders["pred"] / f"{case}.npz")["probabilities"]
-        assert probs.shape[1:] == label.shape[1:] != label.shape[:0:-1]
+        assert probs.shape[1:] == label.shape[1:]  # nnU-Net's reoriented order
+        assert probs.shape[1:] != sitk.GetArrayFromImage(sitk.ReadImage(str(folders["labels"] / f"{case}.nii.gz"))).shape
         ev.add_case(case, torch.from_numpy(probs), torch.from_numpy(label[0].astype(np.int64)), props["spacing"],
                     prediction=torch.from_numpy(seg[0].astype(np.int64)))
     expected = json.loads(json.dumps(ev.summary()))
     for key in ("mean_foreground_dice", "mean_foreground_hd95_mm", "mean_ece", "mean_nll", "mean_classwise_ece"):
         assert summary[key] == pytest.approx(expected[key], rel=1e-5), key
-    assert not np.allclose(PERMUTED_AFFINE, np.diag(np.diag(PERMUTED_AFFINE)))

@@ -39,11 +39,17 @@ def blob_label(shape_xyz: tuple[int, ...], seed: int) -> np.ndarray:
     return label
 
 
-def _write_itk(path: Path, array_xyz: np.ndarray, spacing, origin) -> None:
-    """A NIfTI written by SimpleITK from a file-order (x, y[, z]) array, with spacing and origin."""
+# ITK direction cosines far from the identity (axes permuted and flipped), for SimpleITKIOWithReorient
+PERMUTED_DIRECTION = (0.0, 0.0, -1.0, -1.0, 0.0, 0.0, 0.0, 1.0, 0.0)
+
+
+def _write_itk(path: Path, array_xyz: np.ndarray, spacing, origin, direction=None) -> None:
+    """A NIfTI written by SimpleITK from a file-order (x, y[, z]) array, with spacing, origin (and direction)."""
     img = sitk.GetImageFromArray(np.ascontiguousarray(array_xyz.T))
     img.SetSpacing(tuple(float(s) for s in spacing))
     img.SetOrigin(tuple(float(o) for o in origin))
+    if direction is not None:
+        img.SetDirection(direction)
     sitk.WriteImage(img, str(path))
 
 
@@ -82,8 +88,9 @@ def make_nnunet(root: Path, dims: int = 3, regions: bool = False, n_cases: int =
                 noise: float = 2.0, members: int = 1, reader: str = "SimpleITKIO") -> dict[str, Path]:
     """Raw dataset, trainer folder (plans.json, dataset.json) and ``members`` prediction folders
     ``fold_<m>/validation`` with every case (the tests pick what they need), each member its own noise.
-    ``reader="NibabelIOWithReorient"``: files written by nibabel with :data:`PERMUTED_AFFINE`, read by nnU-Net's
-    reorienting reader (3D). Returns the folders by name (``pred``: member 0, ``members``: all)."""
+    ``reader="NibabelIOWithReorient"``: files written by nibabel with :data:`PERMUTED_AFFINE`;
+    ``"SimpleITKIOWithReorient"``: by SimpleITK with :data:`PERMUTED_DIRECTION`; read by nnU-Net's reorienting
+    readers (3D). Returns the folders by name (``pred``: member 0, ``members``: all)."""
     from nnunetv2.inference.export_prediction import export_prediction_from_logits
     from nnunetv2.preprocessing.preprocessors.default_preprocessor import DefaultPreprocessor
     from nnunetv2.utilities.plans_handling.plans_handler import PlansManager
@@ -115,8 +122,9 @@ def make_nnunet(root: Path, dims: int = 3, regions: bool = False, n_cases: int =
             nib.save(nib.Nifti1Image(image, PERMUTED_AFFINE), str(raw / "imagesTr" / f"{case}_0000.nii.gz"))
             nib.save(nib.Nifti1Image(label, PERMUTED_AFFINE), str(raw / "labelsTr" / f"{case}.nii.gz"))
         else:
-            _write_itk(raw / "imagesTr" / f"{case}_0000.nii.gz", image, spacing, origin)
-            _write_itk(raw / "labelsTr" / f"{case}.nii.gz", label, spacing, origin)
+            direction = PERMUTED_DIRECTION if reader == "SimpleITKIOWithReorient" else None
+            _write_itk(raw / "imagesTr" / f"{case}_0000.nii.gz", image, spacing, origin, direction)
+            _write_itk(raw / "labelsTr" / f"{case}.nii.gz", label, spacing, origin, direction)
         pre = DefaultPreprocessor(verbose=False)
         _, seg, props = pre.run_case([str(raw / "imagesTr" / f"{case}_0000.nii.gz")],
                                      str(raw / "labelsTr" / f"{case}.nii.gz"), manager, configuration, dataset)

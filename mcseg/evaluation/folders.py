@@ -11,7 +11,7 @@ Formats (``FORMATS``; detected from the folder, or stated and then checked again
   ``nnUNetv2_predict --save_probabilities`` and ``nnUNetv2_train --npz`` write them; ``plans.json`` and
   ``dataset.json`` beside the files or up to two folders above (the trainer folder of ``fold_k/validation``);
   with the reorienting ``NibabelIOWithReorient`` the npz is in the axes of the image reoriented to RAS, mapped back
-  as nnU-Net's ``write_seg`` maps its label map (``SimpleITKIOWithReorient`` is refused).
+  as nnU-Net's ``write_seg`` maps its label map (``SimpleITKIOWithReorient`` likewise, with ``DICOMOrient``).
   Label-based models: a softmax, one channel per label with background; region-based models (a label of
   ``dataset.json`` is a list of several values): one sigmoid per foreground region, no background channel.
 * ``monai``: MONAI ``SaveImage`` probability maps, ``<name>/<name>_<postfix>.nii.gz`` (or without the
@@ -59,10 +59,9 @@ _SUFFIXES = (".nii.gz", ".nii", ".mha", ".nrrd")
 _DERIVED = ("_probs", "_entropy", "_expected_entropy", "_mutual_information")
 # Softmax channels must sum to 1 within this (float32 rounding is ~1e-7; float16 files get K half-ulps of 1 more)
 SUM_TOLERANCE = 1e-3
-# nnU-Net's readers whose npz is in the files' own axes, reversed; NibabelIOWithReorient's npz is in the axes of
-# the image reoriented to RAS (read back as its write_seg does); SimpleITKIOWithReorient's is refused (not read yet)
-_ARRAY_ORDER_READERS = ("SimpleITKIO", "NibabelIO", "NibabelIOWithReorient")
-_REORIENTING = ("SimpleITKIOWithReorient",)
+# nnU-Net's readers whose npz mcseg reads: in the files' own axes, reversed (SimpleITKIO, NibabelIO), or in the
+# axes of the image reoriented to RAS, read back as the reader's write_seg maps its label map (the other two)
+_ARRAY_ORDER_READERS = ("SimpleITKIO", "NibabelIO", "NibabelIOWithReorient", "SimpleITKIOWithReorient")
 
 
 class FolderError(ValueError):
@@ -395,13 +394,9 @@ class NnUNetFolder(PredictionFolder):
         self.dataset_path = self._find("dataset.json")
         plans, dataset = _read_json(self.plans_path), _read_json(self.dataset_path)
         reader = dataset.get("overwrite_image_reader_writer") or plans.get("image_reader_writer")
-        if reader in _REORIENTING:
-            raise FolderError(f"{self.plans_path}: image_reader_writer {reader} keeps the npz in the reoriented "
-                              f"array order, not the files' own, and mcseg does not read it back yet; it reads "
-                              f"{', '.join(_ARRAY_ORDER_READERS)}")
         if reader not in _ARRAY_ORDER_READERS:
             raise FolderError(f"{self.plans_path}: image_reader_writer {reader!r}: mcseg reads nnU-Net folders of "
-                              f"{', '.join(_ARRAY_ORDER_READERS)} (NIfTI, mha, nrrd)")
+                              f"{', '.join(_ARRAY_ORDER_READERS)} (NIfTI, mha, nrrd), not 2D natural images or TIFF")
         self.reader = reader
         self.transpose_backward = [int(i) for i in plans.get("transpose_backward", [])]
         own = task_from_labels(dataset.get("labels") or {}, self.dataset_path, dataset.get("regions_class_order"))
@@ -473,6 +468,8 @@ class NnUNetFolder(PredictionFolder):
     def file_order(self, case: str, array: np.ndarray, props: dict) -> tuple[np.ndarray, np.ndarray | None]:
         """``C x`` nnU-Net's array order (2D: the leading singleton dropped) to ``C x`` the files' voxel order
         (x, y[, z]); with the reorienting reader also the affine this gives (None otherwise)."""
+        if self.reader == "SimpleITKIOWithReorient":
+            return _from_dicom_orientation(case, self.path / f"{case}.pkl", array, props)
         array = np.transpose(array, (0, *range(array.ndim - 1, 0, -1)))
         if self.reader != "NibabelIOWithReorient":
             return array, None
@@ -510,6 +507,30 @@ def _from_ras(case: str, pkl: Path, probs: np.ndarray, props: dict) -> tuple[np.
     image = nib.Nifti1Image(data, np.asarray(stuff["reoriented_affine"], np.float64), dtype=data.dtype)
     back = image.as_reoriented(ornt_transform(axcodes2ornt("RAS"), io_orientation(stuff["original_affine"])))
     return np.moveaxis(np.asarray(back.dataobj), -1, 0), back.affine
+
+
+def _from_dicom_orientation(case: str, pkl: Path, array: np.ndarray, props: dict) -> tuple[np.ndarray, np.ndarray]:
+    """``C x`` SimpleITKIOWithReorient's array order (the image reoriented by ``DICOMOrient``) to ``C x`` the
+    file's voxel order, one channel at a time as its write_seg does (the reoriented geometry of the pkl, then
+    ``DICOMOrient`` to ``original_orientation``); the affine this gives, to check against the label's."""
+    import SimpleITK as sitk
+
+    from mcseg.data.io import itk_geometry
+
+    stuff = props.get("sitk_stuff") or {}
+    if not {"spacing", "origin", "direction", "original_orientation"} <= set(stuff):
+        raise FolderError(f"case {case}: {pkl.name} has no sitk_stuff spacing, origin, direction and "
+                          f"original_orientation, which SimpleITKIOWithReorient writes")
+    channels = []
+    for channel in array:
+        image = sitk.GetImageFromArray(np.ascontiguousarray(channel))
+        image.SetSpacing(stuff["spacing"])
+        image.SetOrigin(stuff["origin"])
+        image.SetDirection(stuff["direction"])
+        image = sitk.DICOMOrient(image, stuff["original_orientation"])
+        channels.append(sitk.GetArrayFromImage(image))
+    back = np.stack(channels)
+    return np.transpose(back, (0, *range(back.ndim - 1, 0, -1))), itk_geometry(image)[1]
 
 
 def segmentation_of(probs: np.ndarray, task: Task) -> np.ndarray:
