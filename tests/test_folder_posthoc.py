@@ -134,6 +134,15 @@ def test_folds_validation_folders_together_and_refusals(nn, tmp_path, capsys):
     assert "is in both" in capsys.readouterr().err
     assert calibrate(["--fit", str(val), "--reference", str(folders["raw"]), "-o", str(test), "--apply", str(test)]) == 2
     assert "not an input folder" in capsys.readouterr().err
+    # the folder to calibrate is checked as it is read: logits instead of probabilities stop it
+    broken = tmp_path / "broken"
+    shutil.copytree(test, broken)
+    for name in ("plans.json", "dataset.json"):
+        shutil.copy2(folders["trainer"] / name, broken / name)
+    np.savez_compressed(broken / "tiny_002.npz", probabilities=np.load(test / "tiny_002.npz")["probabilities"] * 4 - 2)
+    assert calibrate(["--fit", str(val), "--reference", str(folders["raw"]), "-o", str(tmp_path / "b"), "--apply",
+                      str(broken)]) == 2
+    assert "case tiny_002: tiny_002.npz holds values in [-2, 2], outside [0, 1] by 2" in capsys.readouterr().err
     from mcseg.evaluation.folder_posthoc import fit_folders
     from mcseg.evaluation.folders import FolderError, open_folder, read_reference
 

@@ -181,9 +181,9 @@ def calibrate_folder(folder: PredictionFolder, scaler: Scaler, out_dir: Path, mu
     out_dir.mkdir(parents=True, exist_ok=True)
     link = _link(multilabel)
 
-    def scaled(probs: np.ndarray, channel_axis: int) -> np.ndarray:
-        z = log_probabilities(torch.from_numpy(np.moveaxis(np.asarray(probs, np.float32), channel_axis, 0)),
-                              multilabel)
+    def scaled(case: str, path: Path, probs: np.ndarray, channel_axis: int) -> np.ndarray:
+        checked = folder.check_probabilities(case, path, np.moveaxis(np.asarray(probs), channel_axis, 0))
+        z = log_probabilities(torch.from_numpy(checked), multilabel)
         with torch.no_grad():
             p = link(scaler.apply(z)[None])[0]
         return np.ascontiguousarray(np.moveaxis(p.numpy().astype(np.float32), 0, channel_axis))
@@ -207,7 +207,7 @@ def _write_nnunet(folder: NnUNetFolder, case: str, scaled, out_dir: Path) -> Non
     from mcseg.data.io import atomic_write
 
     with np.load(folder.path / f"{case}.npz") as stored:
-        probs = scaled(stored["probabilities"], 0)
+        probs = scaled(case, folder.path / f"{case}.npz", stored["probabilities"], 0)
     atomic_write(out_dir / f"{case}.npz", lambda tmp: _savez(tmp, probs))
     shutil.copy2(folder.path / f"{case}.pkl", out_dir / f"{case}.pkl")
     props = pickle.loads((folder.path / f"{case}.pkl").read_bytes())  # nnU-Net's own file, of the folder given
@@ -233,7 +233,7 @@ def _write_channel_last(folder: ChannelLastFolder, case: str, scaled, out_dir: P
 
     path = folder.files[case]
     img = nib.load(str(path))
-    probs = scaled(img.get_fdata(dtype=np.float32), -1)
+    probs = scaled(case, path, img.get_fdata(dtype=np.float32), -1)
     target = out_dir / path.relative_to(folder.path)
     target.parent.mkdir(parents=True, exist_ok=True)
     header = img.header.copy()

@@ -340,8 +340,9 @@ class PredictionFolder:
         return {"path": str(self.path.resolve()), "format": self.format, "tool": self.tool, "version": None,
                 "version_note": "the tool does not write its version into these files"}
 
-    # the checks every format shares
-    def _check_probs(self, case: str, path: Path, probs: np.ndarray) -> np.ndarray:
+    def check_probabilities(self, case: str, path: Path, probs: np.ndarray) -> np.ndarray:
+        """``probs`` (``C x *S``) as float32 after the checks every format shares: the task's channel count, finite
+        values in [0, 1], softmax channels summing to 1; each failure one line naming the case and file."""
         if probs.shape[0] != self.task.channels:
             hint = (" (a region model has no background channel)" if self.task.multilabel else
                     " (a softmax model has a background channel)")
@@ -455,7 +456,7 @@ class NnUNetFolder(PredictionFolder):
         spacing = stuff.get("spacing") or (list(props["spacing"])[::-1][:dims] if "spacing" in props else None)
         if affine is not None:
             spacing = None  # the pkl's spacing is the reoriented image's; the affine read back is checked instead
-        probs = self._check_probs(case, npz, probs)
+        probs = self.check_probabilities(case, npz, probs)
         _same_grid(case, "probabilities", npz, probs.shape[1:], spacing, affine, label, label_path)
         seg_vol = read_volume(seg_path, dims)
         _same_grid(case, "label map", seg_path, seg_vol.spatial_shape, seg_vol.spacing, seg_vol.affine, label,
@@ -557,7 +558,7 @@ class ChannelLastFolder(PredictionFolder):
         if arr.ndim != dims + 1:
             raise FolderError(f"case {case}: {path.name} has shape {arr.shape}, expected {dims} spatial axes and the "
                               f"channels last (a one-channel map saved without its channel axis?)")
-        probs = self._check_probs(case, path, np.moveaxis(arr, -1, 0))
+        probs = self.check_probabilities(case, path, np.moveaxis(arr, -1, 0))
         _same_grid(case, "probabilities", path, probs.shape[1:], vol.spacing, vol.affine, label, label_path)
         return CasePrediction(probs, self._label_map(case, label, label_path), [path])
 
