@@ -128,3 +128,18 @@ def test_an_msd_folder_and_a_labels_folder_with_nnunet_labels_one_folder_up_are_
     by_labels = json.loads((tmp_path / "plain" / "summary.json").read_text())
     assert by_labels["provenance"]["reference"]["kind"] == "labels" and by_labels["classes"] == ["outer", "inner"]
     assert by_labels["mean_ece"] == by_msd["mean_ece"]
+
+
+def test_mcseg_report_lists_a_prediction_folder_as_a_row(monai3d, tmp_path):
+    from mcseg.report.cli import main as report
+
+    labels, pred = monai3d
+    out = tmp_path / "evals" / "monai"
+    assert main([str(pred), str(labels), "-o", str(out), "--bootstrap-samples", "0", "--no-figures"]) == 0
+    assert report([str(tmp_path / "evals"), "--no-eval", "--out", str(tmp_path / "report"), "--bootstrap", "0"]) == 0
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert "MONAI SaveImage" in text and "predictions=" in text
+    summary = json.loads((out / "summary.json").read_text())
+    rows = list(__import__("csv").DictReader(open(tmp_path / "report" / "report.csv")))
+    assert len(rows) == 1 and rows[0]["loss"] == "MONAI SaveImage"
+    assert float(rows[0]["ece_mean"]) == pytest.approx(summary["mean_ece"], rel=1e-6)
