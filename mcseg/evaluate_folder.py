@@ -56,10 +56,11 @@ def evaluate_folder(pred_dir: Path, label_dir: Path, probs_dir: Path | None = No
         from mcseg.evaluation.provenance import file_sha256
 
         selection["sha256"] = file_sha256(splits)
-    default = pred_dir / ("eval" if len(folders) == 1 else f"eval-ensemble{len(folders)}")
-    uncertainty = pred_dir if protocol.save_uncertainty else None
-    return evaluate_folders(folders, reference, protocol, Path(output_dir) if output_dir else default, cases,
-                            allow_missing, uncertainty, selection)
+    out = Path(output_dir) if output_dir else pred_dir / ("eval" if len(folders) == 1 else f"eval-ensemble{len(folders)}")
+    # mcseg's maps go beside its predictions; never into another tool's folder (its tools would read them as cases)
+    uncertainty = (pred_dir if folders[0].format == "mcseg" and len(folders) == 1 else out / "uncertainty") \
+        if protocol.save_uncertainty else None
+    return evaluate_folders(folders, reference, protocol, out, cases, allow_missing, uncertainty, selection)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -101,8 +102,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-figures", dest="figures", action="store_false",
                    help="write reliability.csv and reliability_histogram.csv without their PNG figures")
     p.add_argument("--save-uncertainty", action="store_true",
-                   help="write <case>_entropy.nii.gz (voxelwise entropy, nats) beside each prediction (an "
-                        "ensemble: also <case>_expected_entropy and <case>_mutual_information)")
+                   help="write <case>_entropy.nii.gz (voxelwise entropy, nats) beside each mcseg prediction, into "
+                        "OUT_DIR/uncertainty/ for other tools' folders and ensembles (these also "
+                        "<case>_expected_entropy and <case>_mutual_information)")
     return p
 
 

@@ -125,7 +125,10 @@ def test_an_ensemble_of_folders_averages_the_probabilities_as_nnunet_ensemble_do
 
     a, b = nn3d["members"]
     out = tmp_path / "ens"
-    assert main([str(a), str(nn3d["raw"]), "--ensemble", str(b), "-o", str(out), *FAST]) == 0
+    assert main([str(a), str(nn3d["raw"]), "--ensemble", str(b), "-o", str(out), *FAST, "--save-uncertainty"]) == 0
+    assert {p.name for p in (out / "uncertainty").glob("tiny_000_*")} == {
+        "tiny_000_entropy.nii.gz", "tiny_000_expected_entropy.nii.gz", "tiny_000_mutual_information.nii.gz"}
+    assert not list(a.glob("*_entropy.nii.gz"))  # nothing written into nnU-Net's folder
     summary = json.loads((out / "summary.json").read_text())
     assert summary["predictor"]["members"] == 2 and len(summary["provenance"]["predictions"]) == 2
     expected = _independent(nn3d, EvalProtocol(bootstrap_samples=0), [a, b])

@@ -292,6 +292,8 @@ def detect_format(folder: Path, stated: str = "auto", monai_postfix: str = "tran
     if stated != "auto":
         if stated not in FORMATS:
             raise FolderError(f"--format {stated}: expected auto or one of {', '.join(FORMATS)}")
+        if stated == "mcseg" and not held and _case_files(folder):
+            return stated  # label maps alone
         if not held.get(stated):
             listed = ", ".join(f"{n} {what[f]} ({TOOLS[f]})" for f, n in held.items()) or "no probability files"
             raise FolderError(f"{folder}: --format {stated} contradicts the folder: it holds {listed}, "
