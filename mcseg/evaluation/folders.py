@@ -43,7 +43,8 @@ import numpy as np
 import torch
 
 from mcseg.data.cases import to_regions
-from mcseg.data.io import Volume, VolumeError, read_volume
+from mcseg.data.io import Volume, read_volume, write_json, write_nifti
+from mcseg.evaluation.cases import UNCERTAINTY_FILES
 from mcseg.evaluation.evaluator import EvalProtocol, Evaluator
 from mcseg.evaluation.provenance import file_sha256
 from mcseg.evaluation.split import FAILURE_FILE, PROVENANCE_FILE, write_rows
@@ -701,9 +702,6 @@ def evaluate_folders(folders: Sequence[PredictionFolder], reference: Reference, 
     """Evaluate one prediction folder, or the ensemble of several (probabilities averaged, the members' PE / EE /
     MI maps), against ``reference`` with ``protocol``: the evaluator's files plus ``provenance.json`` (tool,
     version where the files say it, the sha256 of every file read) and failure detection; returns the summary."""
-    from mcseg.data.io import write_json, write_nifti
-    from mcseg.evaluation.cases import UNCERTAINTY_FILES
-
     chosen = select_cases(folders, reference, cases, allow_missing)
     task = reference.task
     evaluator = Evaluator(task.channels, task.class_names, protocol, task.multilabel)
