@@ -22,7 +22,7 @@ from mcseg.training.loader import build_dataset, build_train_loader, load_cases,
 from mcseg.training.distributed import init_distributed, shutdown
 from mcseg.evaluation.evaluator import EvalProtocol
 from mcseg.inference.volume import InferenceConfig
-from mcseg.training.loggers import Trackers, build_trackers, config_params, flatten, logger_settings
+from mcseg.training.loggers import Trackers, build_trackers, check_libraries, config_params, flatten, logger_settings
 from mcseg.training.trainer import HEADLINE, Trainer
 from mcseg.evaluation.split import evaluate_split, format_summary
 from mcseg.data.fingerprint import split_fingerprints
@@ -46,6 +46,7 @@ def train(cfg: DictConfig) -> dict:
     run_dir = Path(cfg.paths.output_dir)
     tcfg: TrainerConfig = typed(cfg.trainer, TrainerConfig, "trainer")
     lcfg: LoggerConfig = typed(cfg.logger, LoggerConfig, "logger")
+    check_libraries(cfg.logger)  # logger=mlflow without the extra: refused before anything is written
     inference: InferenceConfig = typed(cfg.inference, InferenceConfig, "inference")
     protocol: EvalProtocol = typed(cfg.evaluation, EvalProtocol, "evaluation")
     posthoc: PosthocConfig = typed(cfg.posthoc, PosthocConfig, "posthoc")

@@ -240,6 +240,13 @@ def _factory(name: str):
     return factory
 
 
+def check_libraries(logger_cfg) -> None:
+    """A ConfigError, before anything is written, for a tracker that is on but whose library is not installed."""
+    for name in enabled(logger_cfg):
+        if name in ("mlflow", "wandb"):
+            _require(name, name)
+
+
 def _require(module: str, extra: str) -> None:
     import importlib.util
 
