@@ -62,9 +62,10 @@ NOT_CONFIGURATION = ("seed", "trainer.device", "trainer.resume", "trainer.auto_r
 
 
 # Left out of job directory names. The resume overrides say how to launch a job, not what it is: the
-# same sweep run again with trainer.auto_resume=true must find each job's directory.
+# same sweep run again with trainer.auto_resume=true must find each job's directory. So do the trackers
+# (logger=[tensorboard,mlflow], logger.images=0): where a job is logged, not what it computes.
 JOB_NAME_EXCLUDE = ("experiment", "hparams_search", "debug", "trainer.device", "trainer.resume=",
-                    "trainer.auto_resume=", "hydra.", "hydra/", "paths.")
+                    "trainer.auto_resume=", "hydra.", "hydra/", "paths.", "logger")
 JOB_NAME_MAX = 120
 
 
