@@ -34,7 +34,7 @@ def store_uri(uri: str | None) -> str:
 def artifact_root(uri: str) -> str | None:
     """Where a SQLite store's experiments keep their artefacts: ``mlartifacts/`` beside the database."""
     if uri.startswith("sqlite:///"):
-        return str(Path(uri.removeprefix("sqlite://")).parent / "mlartifacts")
+        return str(Path(uri.removeprefix("sqlite:///")).parent / "mlartifacts")
     return None  # a server decides
 
 
