@@ -150,9 +150,46 @@ class InferenceConfig:
 
 
 @dataclass
+class TensorBoardSettings:
+    """``logger.tensorboard`` (configs/logger/tensorboard.yaml): events in ``<run>/tensorboard``."""
+
+
+@dataclass
+class CSVSettings:
+    dir: str = "csv"
+
+
+@dataclass
+class MlflowSettings:
+    tracking_uri: str | None = "sqlite:///outputs/mlflow.db"
+    experiment_name: str | None = None
+    run_name: str | None = None
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class WandbSettings:
+    mode: str = "offline"
+    project: str = "mcseg"
+    entity: str | None = None
+    group: str | None = None
+    name: str | None = None
+    tags: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("offline", "online", "disabled"):
+            raise ConfigError(f"config key 'logger.wandb.mode'={self.mode!r}: expected offline, online or disabled")
+
+
+@dataclass
 class LoggerConfig:
-    tensorboard: bool = True
-    images: int = 2  # validation overlays written per validation
+    """The ``logger`` group (configs/logger/): each tracker that is on has its node (mcseg.training.loggers)."""
+
+    images: int = 2  # validation overlays written per validation (TensorBoard)
+    tensorboard: TensorBoardSettings | None = None
+    csv: CSVSettings | None = None
+    mlflow: MlflowSettings | None = None
+    wandb: WandbSettings | None = None
 
 
 def typed(node: Any, schema: type, key: str):
