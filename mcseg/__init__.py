@@ -1,8 +1,8 @@
 """mcseg: train and evaluate medical segmentation networks with calibration losses (see README.md).
 
 Layers, imports pointing only down and no two modules importing each other: entry points
-(``train.py``, ``evaluate.py``, ``cli.py``, ``sweep.py``, ``report/``, ``evaluate_folder.py``) ->
-``training/`` (the loop, distributed training, checkpoints, relaunch checks) -> ``evaluation/`` (the
+(``train.py``, ``evaluate.py``, ``cli.py``, ``sweep.py``, ``report/``, ``evaluate_folder.py``,
+``calibrate_folder.py``) -> ``training/`` (the loop, distributed training, checkpoints, relaunch checks) -> ``evaluation/`` (the
 evaluator, a split, a checkpoint, an ensemble, a suite under shift, provenance) -> ``inference/``
 (whole-volume prediction and its members, predictors built from a config or a checkpoint) ->
 ``calibration/``, ``data/``, ``metrics/``, ``models/``, ``losses/`` and ``rundir.py`` (run

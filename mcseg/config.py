@@ -105,6 +105,12 @@ class EvalProtocol:
     # evaluation on 2 cores, so debug=fast, which the tests use, turns them off
     figures: bool = True
     seed: int = 0
+    # datasets with several raters (docs/protocol.md, "Several raters"): QUBIQ's thresholds (a preset, qubiq
+    # or curvas2025, or a list), the volume CRPS (normal | curvas_code) and the voxels of the CURVAS figures
+    # (per-rater ECE, volume CRPS): all | curvas2024 | curvas2025
+    rater_thresholds: Any = "qubiq"
+    rater_volume_crps: str = "normal"
+    rater_crop: str = "all"
 
     def __post_init__(self) -> None:
         checks = {
@@ -117,6 +123,8 @@ class EvalProtocol:
             "failure_region": (self.failure_region is None or self.failure_region in REGIONS,
                                f"null (the calibration region) or one of {', '.join(REGIONS)}"),
             "failure_risk": (self.failure_risk in FAILURE_RISKS, f"one of {', '.join(FAILURE_RISKS)}"),
+            "rater_volume_crps": (self.rater_volume_crps in ("normal", "curvas_code"), "normal or curvas_code"),
+            "rater_crop": (self.rater_crop in ("all", "curvas2024", "curvas2025"), "all, curvas2024 or curvas2025"),
         }
         for key, (ok, expected) in checks.items():
             if not ok:
@@ -142,9 +150,46 @@ class InferenceConfig:
 
 
 @dataclass
+class TensorBoardSettings:
+    """``logger.tensorboard`` (configs/logger/tensorboard.yaml): events in ``<run>/tensorboard``."""
+
+
+@dataclass
+class CSVSettings:
+    dir: str = "csv"
+
+
+@dataclass
+class MlflowSettings:
+    tracking_uri: str | None = "sqlite:///outputs/mlflow.db"
+    experiment_name: str | None = None
+    run_name: str | None = None
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class WandbSettings:
+    mode: str = "offline"
+    project: str = "mcseg"
+    entity: str | None = None
+    group: str | None = None
+    name: str | None = None
+    tags: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("offline", "online", "disabled"):
+            raise ConfigError(f"config key 'logger.wandb.mode'={self.mode!r}: expected offline, online or disabled")
+
+
+@dataclass
 class LoggerConfig:
-    tensorboard: bool = True
-    images: int = 2  # validation overlays written per validation
+    """The ``logger`` group (configs/logger/): each tracker that is on has its node (mcseg.training.loggers)."""
+
+    images: int = 2  # validation overlays written per validation (TensorBoard)
+    tensorboard: TensorBoardSettings | None = None
+    csv: CSVSettings | None = None
+    mlflow: MlflowSettings | None = None
+    wandb: WandbSettings | None = None
 
 
 def typed(node: Any, schema: type, key: str):

@@ -18,6 +18,7 @@ from mcseg.evaluation.split import evaluate_split, format_summary  # noqa: F401 
 from mcseg.errors import ConfigError
 from mcseg.evaluation.provenance import hydra_overrides
 from mcseg.rundir import find_run_dirs
+from mcseg.training.loggers import read_record, reopen_trackers
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +32,7 @@ def evaluate(cfg: DictConfig) -> dict:
     if isinstance(cfg.get("ckpt"), (list, ListConfig)):  # ckpt=[<a>,<b>,...]: a deep ensemble
         return evaluate_ensemble(cfg, list(cfg.ckpt), hydra_overrides())
     if cfg.get("ckpt"):
-        return evaluate_checkpoint(cfg, Path(cfg.ckpt).expanduser().resolve(), hydra_overrides())
+        return log_to_run(evaluate_checkpoint(cfg, Path(cfg.ckpt).expanduser().resolve(), hydra_overrides()))
     return evaluate_runs(cfg, Path(cfg.runs).expanduser().resolve())
 
 
@@ -60,6 +61,26 @@ def without_training_settings(cfg: DictConfig, overrides: list[str]) -> DictConf
     return cfg
 
 
+def log_to_run(summary: dict) -> dict:
+    """Send an evaluation of a run's checkpoint to the trackers that run logged to (``<run>/trackers.json``:
+    the same MLflow run, the same wandb run id, its CSV file) as ``eval/<folder under eval/>/<metric>``, at the
+    run's last step; an evaluation outside a run, or of a run without trackers, logs nowhere else."""
+    provenance = summary.get("provenance") or {}
+    run_dir, out_dir = provenance.get("run_dir"), provenance.get("output_dir")
+    if not run_dir or not out_dir:
+        return summary
+    run_dir, out_dir = Path(run_dir), Path(out_dir)
+    record = read_record(run_dir)
+    if not set(record) - {"step"}:
+        return summary
+    trackers = reopen_trackers(run_dir, record)
+    name = out_dir.relative_to(run_dir / "eval").as_posix() if (run_dir / "eval") in out_dir.parents \
+        else out_dir.name
+    trackers.evaluation(name, summary, out_dir, int(record.get("step", 0)))
+    trackers.close()
+    return summary
+
+
 def find_runs(root: Path, checkpoint: str = "best.pt") -> list[Path]:
     """Run directories under ``root`` (itself included) that hold ``checkpoints/<checkpoint>``."""
     return [d for d in find_run_dirs([root]) if (d / "checkpoints" / checkpoint).is_file()]
@@ -77,7 +98,7 @@ def evaluate_runs(cfg: DictConfig, root: Path) -> dict:
     for i, run_dir in enumerate(runs, 1):
         log.info("run %d/%d: %s", i, len(runs), run_dir)
         try:
-            summary = evaluate_checkpoint(cfg, run_dir / "checkpoints" / cfg.checkpoint, hydra_overrides())
+            summary = log_to_run(evaluate_checkpoint(cfg, run_dir / "checkpoints" / cfg.checkpoint, hydra_overrides()))
             results[str(run_dir)] = {"status": "completed", "mean_foreground_dice": summary.get("mean_foreground_dice"),
                                      "mean_ece": summary.get("mean_ece")}
         except Exception as exc:  # one broken run must not hide the others' results

@@ -62,9 +62,10 @@ NOT_CONFIGURATION = ("seed", "trainer.device", "trainer.resume", "trainer.auto_r
 
 
 # Left out of job directory names. The resume overrides say how to launch a job, not what it is: the
-# same sweep run again with trainer.auto_resume=true must find each job's directory.
+# same sweep run again with trainer.auto_resume=true must find each job's directory. So do the trackers
+# (logger=[tensorboard,mlflow], logger.images=0): where a job is logged, not what it computes.
 JOB_NAME_EXCLUDE = ("experiment", "hparams_search", "debug", "trainer.device", "trainer.resume=",
-                    "trainer.auto_resume=", "hydra.", "hydra/", "paths.")
+                    "trainer.auto_resume=", "hydra.", "hydra/", "paths.", "logger")
 JOB_NAME_MAX = 120
 
 
@@ -103,6 +104,15 @@ def describe_run(overrides: list[str], choices: dict, loss: dict, dataset: str, 
         "dataset": dataset,
         "seed": int(seed),
     }
+
+
+def sweep_dir_of_job() -> Path | None:
+    """The folder of the sweep this job belongs to (its ``trackers.json`` names the trackers' parent run); None
+    outside a multirun."""
+    from hydra.core.hydra_config import HydraConfig
+
+    multirun, _, _ = _hydra_job()
+    return Path(str(HydraConfig.get().sweep.dir)) if multirun else None
 
 
 def run_identity(cfg: DictConfig) -> dict:
@@ -168,6 +178,7 @@ def run_job(fn: Callable[[DictConfig], Any], cfg: DictConfig, checks_itself: boo
     ``status.json`` keeps reserved (:func:`write_status`).
     """
     from mcseg import rundir
+    from mcseg.training import loggers
     from mcseg.training.distributed import env_context
     from mcseg.training.relaunch import RunFinished
     from mcseg.errors import TrainingInterrupted
@@ -185,6 +196,7 @@ def run_job(fn: Callable[[DictConfig], Any], cfg: DictConfig, checks_itself: boo
     out_dir = Path(cfg.paths.output_dir)
     record = {"status": "running", "overrides": overrides, "job_num": num, "pid": os.getpid(),
               "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    loggers.reset_failures()  # the trackers that fail in this job are recorded in its status
     start = time.perf_counter()
     unrecorded = []  # why status.json could not be updated (e.g. the full disk that ended the run)
 
@@ -192,6 +204,8 @@ def run_job(fn: Callable[[DictConfig], Any], cfg: DictConfig, checks_itself: boo
         if not owner.started:  # refused before it began: the directory stays as it was
             return
         record.update(status=status, error=error, wall_time_s=round(time.perf_counter() - start, 1))
+        if loggers.failures():  # the run went on without them; its folder is the record
+            record["tracker_failures"] = loggers.failures()
         try:
             write_status(out_dir / STATUS_FILE, record)
         except OSError as exc:
@@ -359,6 +373,7 @@ class SweepSummary(Callback):
 
         self.sweep_dir = Path(str(config.hydra.sweep.dir))
         atexit.register(self._at_exit)
+        _open_sweep_trackers(config, self.sweep_dir)
         if threading.current_thread() is threading.main_thread() and \
                 signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
             signal.signal(signal.SIGTERM, _exit_on_sigterm)
@@ -378,12 +393,28 @@ class SweepSummary(Callback):
         if sweep_dir is None or not sweep_dir.is_dir():
             return
         summary = write_sweep_summary(sweep_dir, ended_early)
+        from mcseg.training.loggers import close_sweep
+
+        close_sweep(sweep_dir, [sweep_dir / SUMMARY_FILE, sweep_dir / "sweep_summary.md"],
+                    "KILLED" if ended_early else "FINISHED")
         failed = [j for j in summary["jobs"] if j["status"] != "completed"]
         log.info("sweep %s: %s (summary in %s)", sweep_dir, summary["counts"], sweep_dir / SUMMARY_FILE)
         for job in failed:
             log.error("job %s %s: %s", job["dir"], job["status"], job.get("error"))
         if ended_early:
             log.warning("the sweep ended early (%s). %s", ended_early, continue_hint(sweep_dir))
+
+
+def _open_sweep_trackers(config: DictConfig, sweep_dir: Path) -> None:
+    """The trackers' parent run of a training sweep (mcseg.training.loggers.open_sweep), before its first job."""
+    from omegaconf import OmegaConf
+
+    from mcseg.training.loggers import logger_settings, open_sweep
+
+    if "logger" not in config:  # an evaluation sweep: each job logs to the run it evaluates
+        return
+    logger = OmegaConf.to_container(config.logger, resolve=True)
+    open_sweep(logger_settings(logger, str(config.get("dataset", {}).get("name") or "")), sweep_dir)
 
 
 def _exit_on_sigterm(signum, frame):

@@ -15,14 +15,14 @@ from omegaconf import DictConfig, OmegaConf
 from mcseg.calibration import PosthocConfig, fit_posthoc, scalers_to_apply
 from mcseg.config import LoggerConfig, TrainerConfig, typed, validate_train_config
 from mcseg.data.io import write_json
-from mcseg.errors import ConfigError
+from mcseg.errors import ConfigError, TrainingInterrupted
 from mcseg.data.build import check_run_inputs
 from mcseg.inference.build import build_predictor
 from mcseg.training.loader import build_dataset, build_train_loader, load_cases, record_dataset_facts, resolve_split
 from mcseg.training.distributed import init_distributed, shutdown
 from mcseg.evaluation.evaluator import EvalProtocol
 from mcseg.inference.volume import InferenceConfig
-from mcseg.training.tb_logger import TensorBoardLogger
+from mcseg.training.loggers import Trackers, build_trackers, check_libraries, config_params, flatten, logger_settings
 from mcseg.training.trainer import HEADLINE, Trainer
 from mcseg.evaluation.split import evaluate_split, format_summary
 from mcseg.data.fingerprint import split_fingerprints
@@ -31,7 +31,7 @@ from mcseg.evaluation.provenance import (checkpoint_identity, classes_unseen_in_
                                     content_lookup, dataset_identity,
                                     hydra_overrides, split_case_ids, warn_shared_content)
 from mcseg.training.relaunch import check_launch
-from mcseg.sweep import run_identity
+from mcseg.sweep import run_identity, sweep_dir_of_job
 from mcseg.rundir import begin as begin_run
 from mcseg.environment import environment_record
 from mcseg.runtime import describe_device, seed_everything, thread_reductions
@@ -40,12 +40,23 @@ from mcseg.targets import instantiate_checked
 log = logging.getLogger(__name__)
 
 
+def check_soft_targets(loss_node: DictConfig) -> None:
+    """``dataset.raters.target=mean`` trains on soft targets: the configured loss must be defined for them
+    (built here once to ask, before anything is loaded or written)."""
+    from mcseg.losses.base import hard_label_only
+
+    loss = instantiate_checked(loss_node, "loss")
+    if not getattr(loss, "soft_targets", False):
+        raise ConfigError(hard_label_only(loss))
+
+
 def train(cfg: DictConfig) -> dict:
     """Train and evaluate as configured; return validation and test metrics."""
     validate_train_config(cfg)
     run_dir = Path(cfg.paths.output_dir)
     tcfg: TrainerConfig = typed(cfg.trainer, TrainerConfig, "trainer")
     lcfg: LoggerConfig = typed(cfg.logger, LoggerConfig, "logger")
+    check_libraries(cfg.logger)  # logger=mlflow without the extra: refused before anything is written
     inference: InferenceConfig = typed(cfg.inference, InferenceConfig, "inference")
     protocol: EvalProtocol = typed(cfg.evaluation, EvalProtocol, "evaluation")
     posthoc: PosthocConfig = typed(cfg.posthoc, PosthocConfig, "posthoc")
@@ -65,6 +76,8 @@ def train(cfg: DictConfig) -> dict:
 
     dataset = build_dataset(cfg.dataset)
     record_dataset_facts(cfg, dataset)
+    if dataset.raters["target"] == "mean":  # soft targets: refused now by a loss that needs hard labels
+        check_soft_targets(cfg.loss)
     container = OmegaConf.to_container(cfg, resolve=True)
     # refused launches (last.pt without resume, a changed config, a finished run) end here, nothing written
     resume_from = check_launch(run_dir, tcfg.resume, tcfg.auto_resume, container, content_lookup(dataset))
@@ -89,14 +102,18 @@ def train(cfg: DictConfig) -> dict:
     predictor = build_predictor(cfg, model, loss_fn, device, inference, tcfg.precision)
     loader, sampler = build_train_loader(train_cases, cfg.dataset, int(cfg.seed), device, dist)
 
-    tb = TensorBoardLogger(run_dir / "tensorboard" if lcfg.tensorboard and dist.is_main else None)
-    trainer = Trainer(
-        tcfg, run_dir, model, loss_fn, optimizer, scheduler, loader, sampler, predictor, val_cases, dataset.restore,
-        dataset.num_classes, dataset.class_names, protocol, tb, container, lcfg.images, dist,
-    )
     # what every checkpoint records of its data: the split's case ids, their content and the dataset's identity
     split_ids = split_case_ids(splits.refs)
     trained_on = dataset_identity(dataset, [c for ids in split_ids.values() for c in ids], content)
+    # the run's identity: its overrides (labels), what it ran (the resolved config) and the content of its data
+    identity = {**run_identity(cfg), "configuration_sha256": configuration_sha256(container),
+                "dataset_content": trained_on.get("content_sha256")}
+    trackers = open_trackers(container, run_dir, dataset.name, resume_from is not None, identity,
+                             environment_record(device, tcfg.deterministic)) if dist.is_main else Trackers([])
+    trainer = Trainer(
+        tcfg, run_dir, model, loss_fn, optimizer, scheduler, loader, sampler, predictor, val_cases, dataset.restore,
+        dataset.num_classes, dataset.class_names, protocol, trackers, container, lcfg.images, dist,
+    )
     unseen = classes_unseen_in_training(loader.dataset.fg_points, dataset.class_names, dataset.multilabel)
     trainer.provenance = {"split": split_ids, "dataset": trained_on, "content": content,
                           "classes_unseen_in_training": unseen}
@@ -129,15 +146,18 @@ def train(cfg: DictConfig) -> dict:
             predictor, dataset, splits["test"], protocol, run_dir / "eval" / "test",
             inference.save_predictions, inference.save_probabilities, scalers, provenance,
         )
-        tb.hparams(hparams_of(cfg), {f"final/test_{k}": summary.get(k) for k in HEADLINE}
-                   | {"final/best_val_score": validation_score(next((h for h in trainer.history
-                                                                      if h["epoch"] == trainer.best_epoch), {}),
-                                                                cfg.get("score"))})
+        best_val = validation_score(next((h for h in trainer.history if h["epoch"] == trainer.best_epoch), {}),
+                                    cfg.get("score"))
+        trackers.evaluation("test", summary, run_dir / "eval" / "test", trainer.global_step,
+                            hparams={"params": hparams_of(cfg), "metrics": {"final/best_val_score": best_val}})
+        trackers.save_record(trainer.global_step)
     except BaseException as exc:
         dist.report_failure(exc)  # torchrun/submitit: the ranks waiting at a barrier stop now
+        trackers.close("KILLED" if isinstance(exc, (KeyboardInterrupt, TrainingInterrupted)) else "FAILED")
         raise
+    else:
+        trackers.close()
     finally:
-        tb.close()
         shutdown(dist)
     print(format_summary(summary, dataset.class_names, title=f"{dataset.name} test split"))
     result = {f"test/{k}": summary.get(k) for k in HEADLINE}
@@ -152,11 +172,24 @@ def train(cfg: DictConfig) -> dict:
     result["device"] = device_info
     result["environment"] = environment_record(device, tcfg.deterministic, reductions_before)
     # what mcseg-report reads: the configuration of this run and its validation (selection) metrics
-    # the run's identity: its overrides (labels), what it ran (the resolved config) and the content of its data
-    identity = {**run_identity(cfg), "configuration_sha256": configuration_sha256(container),
-                "dataset_content": trained_on.get("content_sha256")}
     write_json(run_dir / "result.json", {**result, "run": identity})
     return result
+
+
+def open_trackers(container: dict, run_dir: Path, dataset_name: str, resumed: bool, identity: dict,
+                  environment: dict) -> Trackers:
+    """The trackers of ``logger`` (mcseg.training.loggers) for this run: a fresh run sends its flat configuration
+    and its identity and provenance (code, libraries, data fingerprint); a resumed one reopens its run."""
+    logger = logger_settings(container.get("logger"), dataset_name)
+    trackers = build_trackers(logger, run_dir, resumed=resumed, sweep_dir=sweep_dir_of_job(), run_name=run_dir.name)
+    if not resumed:
+        tags = {"configuration": identity["configuration"], "configuration_sha256": identity["configuration_sha256"],
+                "loss": identity["loss_name"], "dataset": identity["dataset"], "seed": identity["seed"],
+                "dataset_content_sha256": identity.get("dataset_content"),
+                **flatten({"code": environment["code"], "libraries": environment["libraries"]})}
+        trackers.start(config_params(container), {k: v for k, v in tags.items() if v is not None})
+    trackers.save_record()  # before the first value: a resume or re-evaluation finds the run
+    return trackers
 
 
 def hparams_of(cfg: DictConfig) -> dict:

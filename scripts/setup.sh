@@ -13,8 +13,13 @@ python=${PYTHON:-python3}
 gpu=${MCSEG_GPU:-0}
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 pip=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
+nnunet_tests() {  # nnU-Net's export code for tests/test_nnunet_folders.py and kin, without torchvision
+    { "${pip[@]}" --no-deps -r scripts/nnunet-tests.txt && "${pip[@]}" "$@" "scikit-image>=0.22" "pandas>=2"; } ||
+        echo "setup: nnU-Net's export code (scripts/nnunet-tests.txt) not installed: the tests that need it are skipped"
+}
 if [ "$gpu" != "1" ]; then
     "${pip[@]}" -c constraints-cpu.txt -e ".[test]"
+    nnunet_tests -c constraints-cpu.txt
     exit 0
 fi
 if [ -n "${MCSEG_TORCH_INDEX:-}" ]; then
@@ -28,6 +33,7 @@ elif torch_dir=$("$python" -c 'import os, torch; print(os.path.dirname(os.path.d
     echo "setup: using torch from $torch_dir"
 fi
 "${pip[@]}" -e ".[test]"
+nnunet_tests
 .venv/bin/python - <<'EOF'
 import sys
 import torch

@@ -146,9 +146,9 @@ def train_command(base: tuple[str, ...], arm: list[str], seed: int, run_dir: Pat
 
 def train_all(jobs: list[tuple[str, list[str], Path]], parallel: int) -> dict[str, float]:
     """Trains the runs that have no ``result.json`` yet, ``parallel`` at a time with one torch thread each
-    (threads x processes <= cores); returns each run's wall seconds (0 when it had finished before)."""
+    (threads x processes <= cores); returns each run's wall seconds (:func:`job_seconds`)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    seconds = {name: 0.0 for name, _, _ in jobs}
+    seconds: dict[str, float] = {}
     pending = [(name, command, run_dir) for name, command, run_dir in jobs if not (run_dir / "result.json").exists()]
     running: list[tuple[str, subprocess.Popen, float, Path]] = []
     while pending or running:
@@ -168,9 +168,17 @@ def train_all(jobs: list[tuple[str, list[str], Path]], parallel: int) -> dict[st
             if process.returncode != 0 or not (run_dir / "result.json").exists():
                 raise RuntimeError(f"training {name} failed (exit {process.returncode}): see "
                                    f"{run_dir.parent / (run_dir.name + '.train.log')}")
-            seconds[name] = round(time.perf_counter() - start, 1)
-            log.info("trained %s in %.0f s", name, seconds[name])
+            log.info("trained %s in %.0f s", name, time.perf_counter() - start)
+    for name, _, run_dir in jobs:  # the job's own record: also right for a run trained before this piece
+        seconds[name] = job_seconds(run_dir)
     return seconds
+
+
+def job_seconds(run_dir: Path) -> float:
+    """A finished run's wall time (training, its validations, post-hoc fits and test evaluation), from its
+    ``status.json``; 0 when it has none."""
+    status = run_dir / "status.json"
+    return float(json.loads(status.read_text()).get("wall_time_s") or 0.0) if status.is_file() else 0.0
 
 
 def copy_raw(source: Path, target: Path) -> None:

@@ -243,3 +243,126 @@ def write_nnunet(root: Path, n_cases: int = 6, shape=(28, 24, 12), spacing=(0.8,
         description["regions_class_order"] = [1, 2, 3]
     (top / "dataset.json").write_text(json.dumps(description, indent=1))
     return top
+
+
+# --------------------------------------------------------------------------- several raters
+def rater_maps(label: np.ndarray, k: int, seed: int) -> list[np.ndarray]:
+    """``k`` raters of one structure: each grows (dilates) or shrinks (erodes) the label's foreground by a
+    voxel, or leaves it, so raters disagree at the boundary as real ones do."""
+    from scipy import ndimage
+
+    rng = np.random.default_rng(seed)
+    maps = []
+    for r in range(k):
+        move = (r % 3) - 1 if k > 1 else 0
+        out = label.copy()
+        for value in np.unique(label)[1:]:
+            mask = label == value
+            if move > 0:
+                grown = ndimage.binary_dilation(mask) & (out == 0)
+                out[grown] = value
+            elif move < 0:
+                out[mask & ~ndimage.binary_erosion(mask)] = 0
+        if rng.random() < 0.5 and out.any():  # one rater in two also drops a stray voxel of the boundary
+            idx = np.argwhere(out > 0)[0]
+            out[tuple(idx)] = 0
+        maps.append(out.astype(np.uint8))
+    return maps
+
+
+def write_qubiq(root: Path, raters_per_task=(6, 3), n_train: int = 4, n_val: int = 2, shape=(40, 36),
+                seed: int = 0, short_case: int | None = 1) -> Path:
+    """A QUBIQ dataset folder: ``{Training,Validation}/case<NN>/image.nii.gz`` (2D slices stored as
+    ``H x W x 1``) and ``task<TT>_seg<RR>.nii.gz``; task t has ``raters_per_task[t-1]`` raters, except the
+    Training case ``short_case`` which has one fewer in task 1 (as in QUBIQ prostate)."""
+    top = root / "prostate"
+    affine = make_affine((0.6, 0.6, 3.0), origin=(-10.0, 5.0, 2.0))
+    for part, count in (("Training", n_train), ("Validation", n_val)):
+        for i in range(count):
+            image, label = phantom(tuple(shape), seed, i + (100 if part == "Validation" else 0))
+            folder = top / part / f"case{i + 1:02d}"
+            save(folder / "image.nii.gz", (image * 300).astype(np.float32)[..., None], affine)
+            for t, k in enumerate(raters_per_task, start=1):
+                if part == "Training" and i + 1 == short_case and t == 1:
+                    k -= 1
+                structure = (label == t).astype(np.uint8) if t < 3 else (label > 0).astype(np.uint8)
+                for r, m in enumerate(rater_maps(structure, k, seed + i * 10 + t), start=1):
+                    save(folder / f"task{t:02d}_seg{r:02d}.nii.gz", m[..., None], affine)
+    return top
+
+
+def write_curvas(root: Path, n_raters: int = 3, n_train: int = 4, n_test: int = 2, shape=(28, 24, 10),
+                 seed: int = 0, nested: bool = True) -> Path:
+    """CURVAS as unzipped: ``training_set/training_set/<case>/`` (nested, as the zip holds it) and
+    ``testing_set/<case>/`` with ``image.nii.gz`` (CT in HU) and ``annotation_<r>.nii.gz`` (1 pancreas,
+    2 kidney, 3 liver); LPS-flipped axes."""
+    affine = make_affine((0.8, 0.8, 2.5), origin=(150.0, 140.0, -200.0), flips=(0, 1))
+    for part, count, first in (("training_set", n_train, 1), ("testing_set", n_test, 50)):
+        top = root / part / part if nested and part == "training_set" else root / part
+        for i in range(count):
+            image, label = phantom(tuple(shape), seed, first + i)
+            case = f"UKCHLL{first + i:03d}"
+            save(top / case / "image.nii.gz", (-100 + 200 * image).round().astype(np.int16), affine)
+            for r, m in enumerate(rater_maps(label, n_raters, seed + first + i), start=1):
+                save(top / case / f"annotation_{r}.nii.gz", m, affine)
+    return root
+
+
+def write_lidc_crops(root: Path, patients=("LIDC-IDRI-0001", "LIDC-IDRI-0002", "LIDC-IDRI-0003"),
+                     slices: int = 2, size: int = 180, seed: int = 0) -> Path:
+    """Kohl's PNG crops: ``lidc_crops_<split>/<split>/{images,gt}/<patient>/`` with ``<slice>.png`` (uint8)
+    and ``<slice>_l<r>.png`` (0/255) for four raters; the last patient is in ``test``, one in ``val``."""
+    import SimpleITK as sitk
+
+    for p, patient in enumerate(patients):
+        split = "test" if p == len(patients) - 1 else ("val" if p == 1 else "train")
+        top = root / f"lidc_crops_{split}" / split
+        for s in range(slices):
+            image, label = phantom((size, size), seed, p * 10 + s)
+            lesion = (label == 3).astype(np.uint8)  # the pool: a small blob
+            stem = f"z-{100 + s}.0_c0"
+            (top / "images" / patient).mkdir(parents=True, exist_ok=True)
+            (top / "gt" / patient).mkdir(parents=True, exist_ok=True)
+            png = np.clip(image / image.max() * 255, 0, 255).astype(np.uint8)
+            sitk.WriteImage(sitk.GetImageFromArray(png.T), str(top / "images" / patient / f"{stem}.png"))
+            for r, m in enumerate(rater_maps(lesion, 4, seed + p * 10 + s)):
+                sitk.WriteImage(sitk.GetImageFromArray((m * 255).astype(np.uint8).T),
+                                str(top / "gt" / patient / f"{stem}_l{r}.png"))
+    return root
+
+
+def write_lidc_pickle(root: Path, n_series: int = 3, slices: int = 2, size: int = 128, seed: int = 0) -> Path:
+    """Knegt's pickle: ``data_lidc.pickle``, a dict slice id -> {image (float in [0, 1]), masks (4 binary
+    maps), series_uid}."""
+    import pickle
+
+    data = {}
+    for s in range(n_series):
+        for k in range(slices):
+            image, label = phantom((size, size), seed, s * 10 + k)
+            lesion = (label == 3).astype(np.uint8)
+            data[f"LIDC-IDRI-{s + 1:04d}_slice_{k}"] = {
+                "image": (image / image.max()).astype(np.float32),
+                "masks": rater_maps(lesion, 4, seed + s * 10 + k),
+                "series_uid": f"1.3.6.1.4.1.14519.5.2.1.6279.{s}",
+            }
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / "data_lidc.pickle", "wb") as f:
+        pickle.dump(data, f)
+    return root
+
+
+def write_nnunet_raters(root: Path, n_raters: int = 3, n_cases: int = 4, shape=(20, 18, 8), seed: int = 0) -> Path:
+    """An nnU-Net v2 raw dataset with one labels folder per rater: ``labelsTr_rater<r>/<case>.nii.gz``."""
+    top = root / "Dataset043_Raters"
+    affine = make_affine((0.8, 0.8, 2.0), origin=(30.0, -20.0, 10.0), rotation_deg=12.0)
+    for i in range(n_cases):
+        image, label = phantom(tuple(shape), seed, i)
+        case = f"rat_{i:03d}"
+        save(top / "imagesTr" / f"{case}_0000.nii.gz", (image * 100).astype(np.float32), affine)
+        for r, m in enumerate(rater_maps(label, n_raters, seed + i), start=1):
+            save(top / f"labelsTr_rater{r}" / f"{case}.nii.gz", m, affine)
+    description = {"channel_names": {"0": "T1"}, "labels": {"background": 0, "crescent": 1, "ring": 2, "pool": 3},
+                   "numTraining": n_cases, "file_ending": ".nii.gz"}
+    (top / "dataset.json").write_text(json.dumps(description, indent=1))
+    return top

@@ -18,7 +18,7 @@ import mcseg
 PACKAGE = Path(__file__).resolve().parent.parent / "mcseg"
 # Each top-level module or package of mcseg and its layer, top (entry points) to bottom (config, runtime).
 LAYERS = {
-    "mcseg.train": 5, "mcseg.evaluate": 5, "mcseg.evaluate_folder": 5, "mcseg.cli": 5, "mcseg.sweep": 5,
+    "mcseg.train": 5, "mcseg.evaluate": 5, "mcseg.evaluate_folder": 5, "mcseg.calibrate_folder": 5, "mcseg.cli": 5, "mcseg.sweep": 5,
     "mcseg.report": 5,
     "mcseg.training": 4,
     "mcseg.evaluation": 3,

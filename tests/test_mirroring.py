@@ -119,3 +119,26 @@ def test_evaluate_mirrors_a_saved_checkpoint_as_asked(mirrored_run, make_cfg, tm
     assert plain["provenance"]["inference"]["mirror_axes"] == []
     assert mirrored["provenance"]["inference"]["mirror_axes"] == [0, 2]
     assert len({own["mean_nll"], plain["mean_nll"], mirrored["mean_nll"]}) == 3
+
+
+@pytest.mark.parametrize("overrides, unseen", [
+    (["inference.tta=[flips]", "dataset.sampling.flip_axes=[]"], "[0, 1, 2] (tta=[flips])"),
+    (["inference.mirror_axes=[0,1]", "dataset.sampling.flip_axes=[0]"], "[1] (inference.mirror_axes=[0, 1])"),
+    (["inference.tta=[flips]", "dataset.sampling.flip_axes=[0,1,2]"], None),
+    (["inference.tta=[noise]", "dataset.sampling.flip_axes=[]"], None),
+])
+def test_flips_that_training_never_made_are_warned_of(make_cfg, tmp_path, caplog, overrides, unseen):
+    """A network trained without flips sees its TTA or mirrored views for the first time at test time (on the
+    hippocampus study's networks every flipped view lost the structure): say so when the predictor is built."""
+    from mcseg.inference.build import build_predictor
+
+    cfg = make_cfg([*TINY_3D, *overrides], output_dir=tmp_path / "run")
+    model = torch.nn.Conv3d(1, 2, 1)
+    loss = SimpleNamespace(probabilities=lambda z: torch.softmax(z, 1), multilabel=False)
+    inference_cfg = InferenceConfig(**{k: cfg.inference[k] for k in ("tta", "mirror_axes")})
+    with caplog.at_level("WARNING", logger="mcseg.inference.build"):
+        build_predictor(cfg, model, loss, torch.device("cpu"), inference_cfg, "32")
+    if unseen is None:
+        assert "never flipped" not in caplog.text
+    else:
+        assert f"flips the network's axes {unseen}, which training never flipped" in caplog.text

@@ -91,7 +91,11 @@ def test_a_piece_trains_evaluates_every_predictor_and_resumes_without_training_a
     piece = json.loads((out / "piece.json").read_text())
     assert set(piece["training_seconds"]) == {"seed0", "seed1", "dropout_seed0"}
     assert all(s > 0 for s in piece["training_seconds"].values()) and piece["load_average"]["cores"]
+    logs = {p: p.stat().st_size for p in (tmp_path / "runs").rglob("*.train.log")}
+    assert len(logs) == 3
     study_pieces.run_piece("tiny", "ce", tmp_path / "runs", 2)  # the run folders are there: nothing trains again
+    assert {p: p.stat().st_size for p in logs} == logs
     again = json.loads((out / "piece.json").read_text())
-    assert all(s == 0 for s in again["training_seconds"].values())
+    assert again["training_seconds"] == piece["training_seconds"]  # each job's own record, read back
+    assert len(again["earlier_runs"]) == 1
     assert [r["Dice"] for r in csv.DictReader(open(out / "per_evaluation.csv"))] == [r["Dice"] for r in rows]

@@ -180,6 +180,7 @@ def test_job_directory_names_leave_out_resume_overrides():
     assert job_name(job + ["trainer.auto_resume=true"]) == job_name(job) == "loss=margin,margin=2,seed=0,optim.lr=0.01"
     assert job_name(["trainer.resume=true", *job]) == job_name(job)
     assert job_name(["++trainer.auto_resume=true", *job]) == job_name(job)
+    assert job_name([*job, "logger=[tensorboard,mlflow]", "logger.images=0"]) == job_name(job)  # trackers too
 
 
 def test_a_finished_job_is_skipped_when_its_sweep_runs_again(margin_sweep, make_cfg, monkeypatch, caplog):

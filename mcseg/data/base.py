@@ -23,6 +23,7 @@ from mcseg.data.cache import CaseCache
 from mcseg.data.cases import CaseData, CaseRef, load_case, to_regions
 from mcseg.data.normalize import check_normalization, normalize_image
 from mcseg.data.preprocess import Geometry, forward, invert, preprocess_config
+from mcseg.data.raters import hard_label, rater_config
 from mcseg.data.validate import GEOMETRY_TOLERANCE_MM, GeometryRule
 from mcseg.runtime import helper_processes
 from mcseg.text import plural
@@ -51,6 +52,8 @@ class SegmentationDataset(ABC):
         label_mapping: renames raw label values when reading (``{4: 3}`` for BraTS).
         regions: multi-label view, region name -> label values it unites
             (``{WT: [1, 2, 3], TC: [1, 3], ET: [3]}``); labels become ``R x *S`` masks.
+        raters: the ``dataset.raters`` node of datasets whose cases have several raters
+            (:mod:`mcseg.data.raters`): ``target`` says how the hard label is derived from them.
     """
 
     MODALITY: str | None = None  # "CT" | "MRI" where the kind of dataset fixes it (read by shift suites)
@@ -75,6 +78,7 @@ class SegmentationDataset(ABC):
         regions: Mapping[str, Sequence[int]] | None = None,
         geometry_check: str = "error",
         geometry_tolerance: float = GEOMETRY_TOLERANCE_MM,
+        raters: Mapping | None = None,
     ) -> None:
         if spatial_dims not in (2, 3):
             raise ValueError(f"dataset.spatial_dims={spatial_dims}: expected 2 or 3")
@@ -92,6 +96,7 @@ class SegmentationDataset(ABC):
         self.label_classes: int | None = None  # values a label file may hold (after label_mapping)
         self.layout_warnings: list[str] = []  # odd but usable things found by scan()
         self.geometry = GeometryRule(str(geometry_check), geometry_tolerance)
+        self.raters = rater_config(raters)
         self._cache: CaseCache | None = None
         self.corruption = None  # (raw case) -> corrupted raw case: evaluation under shift (:meth:`corrupted`)
 
@@ -152,11 +157,12 @@ class SegmentationDataset(ABC):
         return None
 
     def source_files(self, ref: CaseRef) -> list[Path | None]:
-        return [*ref.image_paths, ref.label_path]
+        return [*ref.image_paths, ref.label_path, *ref.raters]
 
     def content_fingerprint(self, ref: CaseRef, cache: DigestCache) -> str:
-        """The case's identity by content (:mod:`mcseg.data.fingerprint`): its source files' bytes."""
-        return files_fingerprint(self.source_files(ref), cache)
+        """The case's identity by content (:mod:`mcseg.data.fingerprint`): its source files' bytes, every
+        rater's label map included (by rater order, not file name)."""
+        return files_fingerprint([*ref.image_paths, ref.label_path], cache, ref.raters)
 
     # ------------------------------------------------------------------ reading
     def read(self, ref: CaseRef) -> CaseData:
@@ -166,7 +172,23 @@ class SegmentationDataset(ABC):
             raise ValueError(
                 f"{ref.image_paths[0]}: {case.image.shape[0]} channels, dataset.in_channels={self.in_channels}"
             )
+        return self.with_rater_label(case, ref)
+
+    def with_rater_label(self, case: CaseData, ref: CaseRef) -> CaseData:
+        """Set the hard ``label`` of a case read with several raters (``dataset.raters.target``)."""
+        if case.raters is None:
+            return case
+        if self.regions is not None:
+            raise ValueError(f"dataset {self.name}: dataset.regions (a multi-label view) is not available for "
+                             "cases with several raters")
+        case.label = self.rater_label(case.raters, ref)
         return case
+
+    def rater_label(self, raters: np.ndarray, ref: CaseRef) -> np.ndarray:
+        """The hard label of ``raters`` (``K x *S``, any grid) by ``dataset.raters.target``."""
+        names = ref.rater_names or [str(r) for r in range(len(raters))]
+        return hard_label(raters, names, self.raters["target"], self.label_classes or self.num_classes,
+                          ref.case_id)
 
     def _view(self, label: np.ndarray | None) -> np.ndarray | None:
         """The label as the network sees it: the class map, or ``R x *S`` region masks."""
@@ -222,6 +244,8 @@ class SegmentationDataset(ABC):
                 "normalization": self.normalization,
                 "preprocess": self.preprocess.settings(),
             }
+            if self.raters["target"] != "majority":  # the cached label is derived from the raters by it
+                settings["rater_target"] = self.raters["target"]
             label = Path(str(root)).name if root is not None else self.name
             self._cache = CaseCache(self.preprocess.cache_dir, settings, label)
         return self._cache
@@ -233,11 +257,16 @@ class SegmentationDataset(ABC):
         """Raw case to the arrays the cache keeps: image, label, original label, foreground points (with a
         corruption: of the corrupted raw case, whose label is the one scored)."""
         raw = self._read_raw(ref)
-        image, label, geometry = forward(raw.image, raw.label, raw.spacing, raw.affine, self.preprocess,
-                                         self.normalization)
+        several = raw.raters is not None  # the raters' maps are carried (nearest neighbour), the label derived
+        image, label, geometry = forward(raw.image, raw.raters if several else raw.label, raw.spacing, raw.affine,
+                                         self.preprocess, self.normalization)
         arrays = {"image": image}
         if raw.label is not None and not raw.label.any():
-            log.warning("%s: label map is empty (background only)", ref.label_path)
+            log.warning("%s: label map is empty (background only)", ref.label_path or ref.case_id)
+        if several:
+            dtype = self._label_dtype()
+            arrays["raters"], arrays["raters_original"] = label.astype(dtype), raw.raters.astype(dtype)
+            label = self.rater_label(label, ref)
         if label is not None:
             dtype = self._label_dtype()
             arrays["label"] = label.astype(dtype)
@@ -250,12 +279,13 @@ class SegmentationDataset(ABC):
     def _case_from(self, ref: CaseRef, arrays: dict[str, np.ndarray], meta: dict) -> CaseData:
         geometry = Geometry.from_dict(meta["geometry"])
         label = arrays.get("label")
-        info = {"geometry": geometry, "ref": ref, "label_original": arrays.get("label_original")}
+        info = {"geometry": geometry, "ref": ref, "label_original": arrays.get("label_original"),
+                "raters_original": arrays.get("raters_original")}
         if "fg_points" in arrays:
             pts = np.asarray(arrays["fg_points"])
             info["fg_points"] = {int(k): pts[pts[:, 0] == k, 1:].astype(np.int64) for k in np.unique(pts[:, 0])}
         return CaseData(ref.case_id, arrays["image"], self._view(label), geometry.spacing,
-                        np.asarray(geometry.affine), info)
+                        np.asarray(geometry.affine), info, raters=arrays.get("raters"))
 
     def prepare(self, refs: Sequence[CaseRef], workers: int | None = None, progress: bool = True) -> int:
         """Preprocess every case of ``refs`` missing from the cache, in parallel processes, with a
@@ -305,10 +335,19 @@ class SegmentationDataset(ABC):
         label = case.meta.get("label_original")
         if label is None:
             ref = case.meta.get("ref")
-            if ref is None or ref.label_path is None:
+            if ref is None or not ref.labelled:
                 return None
             label = self.read(ref).label
         return self._view(label)
+
+    def original_raters(self, case: CaseData) -> np.ndarray | None:
+        """The case's raters' maps (``K x *S``) in its file grid; ``None`` for a case with one label."""
+        if case.raters is None:
+            return None
+        if case.meta.get("geometry") is None:
+            return case.raters
+        raters = case.meta.get("raters_original")
+        return raters if raters is not None else self.read(case.meta["ref"]).raters
 
     def restore(self, case: CaseData, probs):
         """Map ``probs`` (C x *S, in the space :meth:`load` returned) back to the case's original

@@ -12,11 +12,31 @@ from mcseg.data.io import Volume, VolumeError, read_volume
 
 @dataclass(frozen=True)
 class CaseRef:
-    """Where one case lives on disk: one file per channel (or one multi-channel file) and a label."""
+    """Where one case lives on disk: one file per channel (or one multi-channel file) and a label.
+
+    A case labelled by several raters has no ``label_path`` but one file per rater in ``raters``, named
+    by ``rater_names`` (``seg01``, ``annotation_2``...); its hard label is derived from them
+    (:mod:`mcseg.data.raters`).
+    """
 
     case_id: str
     image_paths: tuple[Path, ...]
     label_path: Path | None
+    raters: tuple[Path, ...] = ()
+    rater_names: tuple[str, ...] = ()
+
+    @property
+    def labelled(self) -> bool:
+        return self.label_path is not None or bool(self.raters)
+
+    def rater_tag(self, index: int) -> str:
+        """What follows a rater file's path in errors: `` (case <id>, rater <name>)``."""
+        name = self.rater_names[index] if index < len(self.rater_names) else str(index)
+        return f" (case {self.case_id}, rater {name})"
+
+    def rater_source(self, index: int) -> str:
+        """How errors name rater ``index`` of this case: its file, the case and the rater."""
+        return f"{self.raters[index]}{self.rater_tag(index)}"
 
 
 @dataclass
@@ -27,6 +47,8 @@ class CaseData:
     the cache's compact integer type (uint8 below 256 classes). ``meta`` holds what the
     dataset needs to map predictions back (``geometry``), the ``ref`` and, from the cache,
     ``fg_points`` (foreground voxel coordinates per class, for sampling).
+    ``raters`` (``K x *S``, integer) holds the label maps of a case's K raters, ``None`` for a case with one
+    label (then ``label`` is a hard target derived from them, :mod:`mcseg.data.raters`).
     """
 
     case_id: str
@@ -35,6 +57,7 @@ class CaseData:
     spacing: tuple[float, ...]
     affine: np.ndarray
     meta: dict = field(default_factory=dict)
+    raters: np.ndarray | None = None
 
     @property
     def spatial_shape(self) -> tuple[int, ...]:
@@ -58,7 +81,16 @@ def load_case(
         lab = read_volume(ref.label_path, spatial_dims)
         check_same_grid(lab, first, ref.label_path, ref.image_paths[0], "label", exact_ndim=spatial_dims)
         label = read_label_array(lab.array, num_classes, ref.label_path, label_mapping)
-    return CaseData(ref.case_id, image, label, tuple(first.spacing), first.affine)
+    raters = None
+    if ref.raters:
+        maps = []
+        for r, path in enumerate(ref.raters):
+            source = ref.rater_source(r)
+            lab = read_volume(path, spatial_dims)
+            check_same_grid(lab, first, source, ref.image_paths[0], "rater label", exact_ndim=spatial_dims)
+            maps.append(read_label_array(lab.array, num_classes, source, label_mapping))
+        raters = np.stack(maps)
+    return CaseData(ref.case_id, image, label, tuple(first.spacing), first.affine, raters=raters)
 
 
 def read_channels(ref: CaseRef, spatial_dims: int = 3) -> tuple[np.ndarray, Volume]:

@@ -45,7 +45,11 @@ class CaseReport:
 
 def check_case(dataset, ref: CaseRef) -> CaseReport:
     """Read every file of ``ref`` and collect what is wrong with it (never raises for bad data):
-    the rules every run applies (:func:`~mcseg.data.validate.inspect_case`), then the voxels'."""
+    the rules every run applies (:func:`~mcseg.data.validate.inspect_case`), then the voxels'. The label
+    map of every rater of a multi-rater case is checked as a label is, and named by case and rater.
+    Datasets whose cases are not one file each (a pickle of slices) are checked by reading the case."""
+    if not getattr(dataset, "files_on_disk", True):
+        return _check_by_reading(dataset, ref)
     found = inspect_case(dataset, ref, read=read_volume)
     report = CaseReport(ref.case_id, found.errors, found.warnings)
     if found.images:
@@ -57,17 +61,40 @@ def check_case(dataset, ref: CaseRef) -> CaseReport:
             n_nan = int(np.isnan(vol.array).sum())
             n_inf = int((~finite).sum()) - n_nan
             report.errors.append(f"{path}: {n_nan} NaN and {n_inf} inf intensities")
-    if found.label is None:
-        return report
+    labels = [(found.label, ref.label_path)] if found.label is not None else []
+    labels += [(vol, ref.rater_source(r)) for r, vol in enumerate(found.raters) if vol is not None]
+    for vol, source in labels:
+        try:
+            label = read_label_array(vol.array, dataset.label_classes, source, dataset.label_mapping)
+        except VolumeError as exc:
+            report.errors.append(str(exc))
+            continue
+        _count(report, label, dataset.label_classes, source)
+    return report
+
+
+def _count(report: CaseReport, label: np.ndarray, n: int, source) -> None:
+    """Add a (checked) label map's voxels per class to ``report``; warn when it is empty."""
+    counts = np.bincount(np.asarray(label).ravel().astype(np.int64), minlength=n)
+    report.class_voxels = [int(c) + (report.class_voxels[i] if report.class_voxels else 0)
+                           for i, c in enumerate(counts)]
+    if counts[1:].sum() == 0:
+        report.warnings.append(f"{source}: label map is empty (background only)")
+
+
+def _check_by_reading(dataset, ref: CaseRef) -> CaseReport:
+    report = CaseReport(ref.case_id)
     try:
-        label = read_label_array(found.label.array, dataset.label_classes, ref.label_path, dataset.label_mapping)
-    except VolumeError as exc:
+        case = dataset.read(ref)
+    except (VolumeError, ValueError, OSError) as exc:
         report.errors.append(str(exc))
         return report
-    counts = np.bincount(label.ravel(), minlength=dataset.label_classes)
-    report.class_voxels = [int(c) for c in counts]
-    if counts[1:].sum() == 0:
-        report.warnings.append(f"{ref.label_path}: label map is empty (background only)")
+    report.shape, report.spacing = list(case.image.shape[1:]), [float(s) for s in case.spacing]
+    if case.raters is not None:
+        for r, rater in enumerate(case.raters):
+            _count(report, rater, dataset.label_classes, ref.rater_source(r))
+    elif case.label is not None:
+        _count(report, case.label, dataset.label_classes, ref.case_id)
     return report
 
 

@@ -29,6 +29,13 @@ def visible_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
 
 
+def visible_folders(folder: Path) -> list[Path]:
+    """Sub-folders of ``folder`` without hidden ones, sorted."""
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
 def find_volume(folder: Path, stem: str, extensions: Sequence[str] = VOLUME_EXTENSIONS) -> Path:
     """The file ``stem + ext`` in ``folder`` for the first extension that exists, else the path
     with the first extension (so that the error names the file that was expected)."""

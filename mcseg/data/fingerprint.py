@@ -82,11 +82,14 @@ class DigestCache:
         self.changed = False
 
 
-def files_fingerprint(paths: Sequence[Path | None], cache: DigestCache) -> str:
-    """The fingerprint of one case's source files: roles and contents, not names."""
+def files_fingerprint(paths: Sequence[Path | None], cache: DigestCache, raters: Sequence[Path] = ()) -> str:
+    """The fingerprint of one case's source files: roles and contents, not names. ``paths`` are the image
+    channels then the label; ``raters`` the label maps of a case's raters, in order (a case with one label
+    has none, and its fingerprint is what it was before raters existed)."""
     images, label = paths[:-1], paths[-1]
     parts = [f"image{i}:{cache.digest(p)}" for i, p in enumerate(images) if p is not None]
     parts.append(f"label:{cache.digest(label)}" if label is not None else "label:none")
+    parts += [f"rater{r}:{cache.digest(p)}" for r, p in enumerate(raters)]
     return combine(parts)
 
 

@@ -60,7 +60,7 @@ def _is_nifti(path: Path) -> bool:
     return path.name.endswith(_NIFTI)
 
 
-def _itk_geometry(img) -> tuple[tuple[float, ...], np.ndarray]:
+def itk_geometry(img) -> tuple[tuple[float, ...], np.ndarray]:
     """Spacing and RAS affine of a SimpleITK image or ImageFileReader (same getters)."""
     sdim = img.GetDimension()
     zooms = tuple(float(s) for s in img.GetSpacing())
@@ -122,8 +122,16 @@ def read_volume(path: str | os.PathLike, spatial_dims: int | None = None) -> Vol
             array = sitk.GetArrayFromImage(img)
             sdim = img.GetDimension()
             array = np.transpose(array, tuple(range(sdim - 1, -1, -1)) + tuple(range(sdim, array.ndim)))
-            zooms, affine = _itk_geometry(img)
+            zooms, affine = itk_geometry(img)
+    if _one_slice(array.shape, spatial_dims):
+        array, zooms = array[:, :, 0], zooms[:2] + zooms[3:]
     return Volume(array=array, spacing=_spatial(path, array.shape, zooms, spatial_dims), affine=affine)
+
+
+def _one_slice(shape: tuple[int, ...], spatial_dims: int | None) -> bool:
+    """A 2D image stored as the single slice of a volume (``H x W x 1 [x C]``, as QUBIQ's NIfTI files are):
+    read as ``H x W [x C]``. Either reading of ``H x W x 1`` gives one channel, so this is never ambiguous."""
+    return spatial_dims == 2 and len(shape) >= 3 and shape[2] == 1
 
 
 def read_header(path: str | os.PathLike, spatial_dims: int | None = None) -> VolumeHeader:
@@ -154,9 +162,11 @@ def read_header(path: str | os.PathLike, spatial_dims: int | None = None) -> Vol
             sdim = reader.GetDimension()
             components = reader.GetNumberOfComponents()
             shape = tuple(int(n) for n in reader.GetSize()) + ((components,) if components > 1 else ())
-            zooms, affine = _itk_geometry(reader)
+            zooms, affine = itk_geometry(reader)
             if sdim != len(zooms):
                 raise VolumeError(f"{path}: header dimension {sdim} but {len(zooms)} spacings")
+    if _one_slice(shape, spatial_dims):
+        shape, zooms = shape[:2] + shape[3:], zooms[:2] + zooms[3:]
     return VolumeHeader(shape=shape, spacing=_spatial(path, shape, zooms, spatial_dims), affine=affine)
 
 

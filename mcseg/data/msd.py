@@ -22,7 +22,8 @@ class MSDDataset(SegmentationDataset):
     """Any decathlon-style task; 3D images, or 4D with modalities on the last axis.
 
     ``num_classes``, ``class_names`` and ``in_channels`` default to what ``dataset.json``
-    declares (``labels``, ``modality``); when given in config they must agree with it.
+    declares (``labels``, ``modality``); when given in config they must agree with it. A ``training``
+    entry whose ``label`` is a list of files is a case with one label map per rater.
     """
 
     def __init__(self, root: str, name: str = "msd", **kwargs) -> None:
@@ -66,6 +67,11 @@ class MSDDataset(SegmentationDataset):
         refs = []
         for entry in self.description["training"]:
             image = inside_root(self.root, entry["image"], self.json_path)
+            if isinstance(entry["label"], list):  # several raters: one label file each
+                raters = tuple(inside_root(self.root, p, self.json_path) for p in entry["label"])
+                refs.append(CaseRef(_case_id(entry["image"]), (image,), None, raters,
+                                    tuple(f"rater{r}" for r in range(len(raters)))))
+                continue
             label = inside_root(self.root, entry["label"], self.json_path)
             refs.append(CaseRef(_case_id(entry["image"]), (image,), label))
         ids = [r.case_id for r in refs]

@@ -6,6 +6,10 @@ value, ``{"background": 0, "PZ": 1, "TZ": 2}``; region-based datasets give lists
 an optional ``dataset`` entry lists each case's ``images`` and ``label`` explicitly
 (paths relative to the dataset folder). Region-based datasets are read as multi-label
 (one sigmoid per region) unless ``multilabel: false`` asks for the plain label values.
+
+Several raters: ``rater_folders`` names one labels folder per rater (``[labelsTr_A, labelsTr_B]``, or
+``auto`` for every ``labelsTr_*`` folder), each holding ``<case><ending>``; in the ``dataset`` entry a
+case's ``label`` may be a list of files, one per rater.
 """
 from __future__ import annotations
 
@@ -24,8 +28,10 @@ class NnUNetDataset(SegmentationDataset):
     ``dataset.json`` when not given; when given they must agree with it.
     """
 
-    def __init__(self, root: str, name: str = "nnunet", multilabel: bool | None = None, **kwargs) -> None:
+    def __init__(self, root: str, name: str = "nnunet", multilabel: bool | None = None,
+                 rater_folders: list[str] | str | None = None, **kwargs) -> None:
         self.root = resolve_root(root)
+        self.rater_folders = _rater_folders(self.root, rater_folders)
         self.json_path = self.root / "dataset.json"
         if not self.json_path.is_file():
             raise FileNotFoundError(f"dataset.root={root}: no dataset.json in {self.root}")
@@ -85,13 +91,40 @@ class NnUNetDataset(SegmentationDataset):
             for case_id, entry in sorted(listed.items()):
                 images = tuple(inside_root(self.root, p, self.json_path) for p in entry.get("images", []))
                 label = entry.get("label")
+                if isinstance(label, list):  # one file per rater
+                    raters = tuple(inside_root(self.root, p, self.json_path) for p in label)
+                    refs.append(CaseRef(str(case_id), images, None, raters, tuple(f"rater{r}" for r in range(len(raters)))))
+                    continue
                 refs.append(CaseRef(str(case_id), images,
                                     inside_root(self.root, label, self.json_path) if label else None))
             return refs, []
-        refs, problems = channel_cases(self.root / "imagesTr", self.root / "labelsTr", self.in_channels,
-                                       self.file_ending)
+        if self.rater_folders:
+            refs, problems = channel_cases(self.root / "imagesTr", None, self.in_channels, self.file_ending)
+            names = tuple(f.removeprefix("labelsTr_") for f in self.rater_folders)
+            problems += [f"{self.root / f}: rater label folder not found" for f in self.rater_folders
+                         if not (self.root / f).is_dir()]
+            refs = [CaseRef(r.case_id, r.image_paths, None,
+                            tuple(self.root / f / f"{r.case_id}{self.file_ending}" for f in self.rater_folders), names)
+                    for r in refs]
+        else:
+            refs, problems = channel_cases(self.root / "imagesTr", self.root / "labelsTr", self.in_channels,
+                                           self.file_ending)
         declared = self.description.get("numTraining")
         if isinstance(declared, int) and declared != len(refs):
             self.note(f"{self.json_path}: numTraining={declared} but {plural(len(refs), 'case')} found in "
                       "imagesTr/labelsTr")
         return refs, problems
+
+
+def _rater_folders(root, folders) -> list[str]:
+    """``dataset.rater_folders``: ``auto`` finds every ``labelsTr_*`` folder; a list is taken as given."""
+    if folders in (None, "", []):
+        return []
+    if folders == "auto":
+        found = sorted(p.name for p in root.iterdir() if p.is_dir() and p.name.startswith("labelsTr_"))
+        if not found:
+            raise FileNotFoundError(f"dataset.rater_folders=auto: no labelsTr_* folder in {root}")
+        return found
+    if isinstance(folders, str) or not all(isinstance(f, str) and f for f in folders):
+        raise ValueError(f"dataset.rater_folders={folders!r}: expected auto or a list of folder names")
+    return list(folders)

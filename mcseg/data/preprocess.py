@@ -142,7 +142,9 @@ def _orient(image: np.ndarray, label: np.ndarray | None, affine: np.ndarray, cod
     if np.array_equal(ornt, [[0, 1], [1, 1], [2, 1]]):
         return image, label, affine, None
     image = np.moveaxis(nio.apply_orientation(np.moveaxis(image, 0, -1), ornt), -1, 0)
-    if label is not None:
+    if label is not None and label.ndim == image.ndim:  # K x *S: one map per rater
+        label = np.moveaxis(nio.apply_orientation(np.moveaxis(label, 0, -1), ornt), -1, 0)
+    elif label is not None:
         label = nio.apply_orientation(label, ornt)
     affine = affine @ nio.inv_ornt_aff(ornt, shape)
     return image, label, affine, ornt
@@ -209,10 +211,12 @@ def forward(
     image: np.ndarray, label: np.ndarray | None, spacing: Sequence[float], affine: np.ndarray,
     cfg: PreprocessConfig, normalization,
 ) -> tuple[np.ndarray, np.ndarray | None, Geometry]:
-    """Preprocess a raw case (``image`` C x *S, ``label`` *S) into the network's grid; return its geometry."""
+    """Preprocess a raw case (``image`` C x *S, ``label`` *S, or K x *S for K raters' maps) into the
+    network's grid; return its geometry."""
     from mcseg.data.sampling import crop_or_pad
 
     spatial = image.ndim - 1
+    lead = 0 if label is None else label.ndim - spatial  # 1 for a stack of raters' maps
     affine = np.asarray(affine, dtype=np.float64)
     geometry = dict(original_shape=tuple(int(n) for n in image.shape[1:]),
                     original_spacing=tuple(float(s) for s in spacing), original_affine=affine.tolist())
@@ -227,7 +231,7 @@ def forward(
     if cfg.crop_to_nonzero:
         box = (slice(None),) + tuple(slice(lo, hi) for lo, hi in bbox)
         image = image[box]
-        label = label[box[1:]] if label is not None else None
+        label = label[(slice(None),) * lead + box[1:]] if label is not None else None
         affine = affine @ _translate([lo for lo, _ in bbox])
     geometry["bbox"] = bbox
     new_shape = resampled_shape(image.shape[1:], spacing, cfg.target_spacing)
@@ -235,7 +239,7 @@ def forward(
         ratio = np.asarray(image.shape[1:], dtype=np.float64) / np.asarray(new_shape, dtype=np.float64)
         image = _resample(np.ascontiguousarray(image, dtype=np.float32), new_shape, cfg.image_order, lead=1)
         if label is not None:
-            label = _resample(np.ascontiguousarray(label), new_shape, 0, lead=0)
+            label = _resample(np.ascontiguousarray(label), new_shape, 0, lead=lead)
         affine = affine @ _scale_affine(ratio)
         spacing = [float(s * r) for s, r in zip(spacing, ratio)]
     geometry["resampled_shape"] = tuple(int(n) for n in new_shape)

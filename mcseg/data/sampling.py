@@ -16,6 +16,7 @@ from torch.utils.data import Dataset, Sampler
 
 from mcseg.data.augment import AugmentConfig, Augmenter, augment_config
 from mcseg.data.cases import CaseData
+from mcseg.data.raters import soft_target
 
 _MAX_FG_POINTS = 4096  # foreground voxels kept per class and case to draw centres from
 
@@ -53,12 +54,17 @@ class PatchDataset(Dataset):
         intensity: amplitude of random intensity scale (1 +- a) and shift (+- a); 0 disables.
         augment: MONAI rotation/scaling/gamma/noise (:class:`~mcseg.data.augment.AugmentConfig`
             or its mapping); ``None`` disables.
+        rater_target: ``dataset.raters.target``; with ``random`` a sample of a case with several raters takes
+            the map of one rater, drawn from the sample's own seed; with ``mean`` its label is the soft rater
+            mean, ``num_classes x *patch`` float32 (:mod:`mcseg.data.raters`).
+        num_classes: the task's classes (for ``rater_target=mean``).
     """
 
     def __init__(
         self, cases: list[CaseData], dims: int, patch_size: Sequence[int], samples_per_epoch: int,
         foreground_ratio: float = 0.33, flip_axes: Sequence[int] = (), intensity: float = 0.0,
         slice_axis: int = -1, seed: int = 0, augment: AugmentConfig | dict | None = None,
+        rater_target: str = "majority", num_classes: int | None = None,
     ) -> None:
         if dims not in (2, 3) or len(patch_size) != dims:
             raise ValueError(f"dataset.sampling: patch_size={list(patch_size)} does not match dims={dims}")
@@ -72,6 +78,10 @@ class PatchDataset(Dataset):
         self.samples_per_epoch, self.foreground_ratio = int(samples_per_epoch), float(foreground_ratio)
         self.flip_axes, self.intensity, self.seed = tuple(flip_axes), float(intensity), int(seed)
         self.slice_axis = slice_axis
+        self.random_rater, self.mean_rater = rater_target == "random", rater_target == "mean"
+        if self.mean_rater and num_classes is None:
+            raise ValueError("PatchDataset: rater_target=mean needs num_classes")
+        self.num_classes = num_classes
         cfg = augment_config(augment)
         self.augmenter = Augmenter(cfg, dims) if cfg is not None else None
         rng = np.random.default_rng(seed)
@@ -111,7 +121,12 @@ class PatchDataset(Dataset):
         c = int(rng.integers(len(self.cases)))
         case, points = self.cases[c], self.fg_points[c]
         image, label = case.image, case.label
-        lead = 1 if _has_channels(case) else 0  # label axes before the spatial ones
+        if self.random_rater and case.raters is not None:  # one rater per sample and iteration
+            label = case.raters[int(rng.integers(len(case.raters)))]
+        soft = self.mean_rater and case.raters is not None
+        if soft:  # every rater's map travels with the sample; their mean is taken at the end
+            label = case.raters
+        lead = 1 if soft or _has_channels(case) else 0  # label axes before the spatial ones
         centre = None
         if points and rng.random() < self.foreground_ratio:
             cls = list(points)[int(rng.integers(len(points)))]
@@ -149,9 +164,10 @@ class PatchDataset(Dataset):
         if self.intensity > 0:
             scale = 1 + rng.uniform(-self.intensity, self.intensity)
             image = image * scale + rng.uniform(-self.intensity, self.intensity)
+        target = soft_target(label, self.num_classes) if soft else np.ascontiguousarray(label, dtype=np.int64)
         return {
             "image": torch.from_numpy(np.ascontiguousarray(image, dtype=np.float32)),
-            "label": torch.from_numpy(np.ascontiguousarray(label, dtype=np.int64)),
+            "label": torch.from_numpy(np.ascontiguousarray(target)),
             "case_index": c,
             "case_id": case.case_id,
         }

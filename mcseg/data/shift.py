@@ -286,6 +286,9 @@ class Corruption:
     def __call__(self, case: CaseData, seed: int) -> tuple[CaseData, dict]:
         dims = case.image.ndim - 1
         kind = KINDS[self.kind]
+        if kind.geometric and case.raters is not None:
+            raise ValueError(f"{case.case_id}: {self.name} moves the label, and moving several raters' maps "
+                             "is not implemented; use an intensity corruption for a dataset with raters")
         transform = self.transform(dims)
         image = np.asarray(case.image, dtype=np.float32)
         label = case.label

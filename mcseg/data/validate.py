@@ -59,6 +59,7 @@ class CaseFindings:
     warnings: list[str] = field(default_factory=list)
     images: list[tuple[Path, object]] = field(default_factory=list)  # (path, Volume or VolumeHeader)
     label: object | None = None
+    raters: list = field(default_factory=list)  # one Volume/VolumeHeader (None when unreadable) per rater
     channels: int = 0
 
 
@@ -89,22 +90,33 @@ def inspect_case(dataset, ref: CaseRef, read: Callable = read_header) -> CaseFin
     expected = getattr(dataset, "in_channels", None)
     if expected is not None and found.channels and not found.errors and found.channels != expected:
         found.errors.append(f"{ref.image_paths[0]}: {found.channels} channels, dataset.in_channels={expected}")
-    if ref.label_path is None:
+    if not ref.labelled:
         found.errors.append(f"case {ref.case_id}: no label file")
         return found
+    if ref.label_path is not None:
+        found.label = _inspect_label(found, rule, read, dims, ref.label_path, "", first, "label")
+    for r, path in enumerate(ref.raters):  # each rater's map passes the label's rules, named by case and rater
+        found.raters.append(_inspect_label(found, rule, read, dims, path, ref.rater_tag(r), first, "rater label"))
+    return found
+
+
+def _inspect_label(found: CaseFindings, rule: GeometryRule, read: Callable, dims: int, path: Path, tag: str,
+                   first, what: str):
+    """Read one label file (the label, or a rater's with ``tag`` naming case and rater) and check it lies on
+    the image grid; ``None`` if it does not."""
+    source = f"{path}{tag}"
     try:
-        lab = read(ref.label_path, dims)
+        lab = read(path, dims)
     except VolumeError as exc:
-        found.errors.append(f"label: {exc}")
-        return found
+        found.errors.append(f"{what}: {exc}{tag}")
+        return None
     if first is not None:
         if lab.spatial_shape != first[1].spatial_shape or len(lab.shape) != dims:
-            found.errors.append(f"{ref.label_path}: label shape {tuple(lab.shape)} does not match image shape "
+            found.errors.append(f"{source}: {what} shape {tuple(lab.shape)} does not match image shape "
                                 f"{first[1].spatial_shape} of {first[0]}")
-            return found
-        _compare_affines(found, rule, ref.label_path, lab, first, "label affine")
-    found.label = lab
-    return found
+            return None
+        _compare_affines(found, rule, source, lab, first, f"{what} affine")
+    return lab
 
 
 def _compare_affines(found: CaseFindings, rule: GeometryRule, path: Path, vol, first, what: str) -> None:

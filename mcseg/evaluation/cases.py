@@ -24,6 +24,8 @@ def evaluate_cases(
     keep: int = 0,
     posthoc: Mapping[str, tuple[Callable[[torch.Tensor, CaseData], torch.Tensor], Evaluator, bool]] | None = None,
     failure: FailureDetection | None = None, restore_maps: Callable | None = None,
+    raters: Callable[[CaseData], np.ndarray | None] | None = None,
+    rater_image: Callable[[CaseData], np.ndarray] | None = None,
 ) -> list[tuple[CaseData, torch.Tensor]]:
     """Segment each case, add it to ``evaluator`` and write the requested NIfTI files.
 
@@ -40,8 +42,16 @@ def evaluate_cases(
     ``restore_maps`` maps several members' back, as ``restore`` does probabilities), its error voxels inside
     ``failure.region`` and its risk (``failure.risk``: 1 - the macro or micro foreground Dice); ``save_uncertainty``
     writes the maps (in nats) as NIfTI.
+
+    ``raters(case)`` gives a case's raters' label maps on the file grid (the dataset's
+    :meth:`~mcseg.data.base.SegmentationDataset.original_raters`; ``None`` for a case with one label): the
+    evaluator then scores against them, and against the label maps of the predictor's members (mapped back as
+    one-hot maps, each voxel to its most probable class) when it has several; ``rater_image(case)`` the raw CT
+    on that grid, for ``evaluation.rater_crop=curvas2024``.
     """
     predictor.eval()
+    if raters is not None:
+        predictor.keep_member_labels = True
     after = {name: t.transforms for name, (t, _, _) in (posthoc or {}).items() if isinstance(t, PerNetwork)}
     kept = []
     pred_dir = (out_dir / "predictions") if out_dir is not None else None
@@ -60,7 +70,12 @@ def evaluate_cases(
             kept.append((case, predictor.label_map(probs).cpu(), entropy_map.cpu()))
         probs, label, spacing, affine = restore(case, probs)
         label = torch.as_tensor(label, device=probs.device)
-        row = evaluator.add_case(case.case_id, probs, label, spacing)
+        rater_maps = raters(case) if raters is not None else None
+        against = {} if rater_maps is None else {  # the figures against several raters
+            "raters": rater_maps, "rater_names": getattr(ref_of(case), "rater_names", None),
+            "samples": member_labels(case, members, restore_maps, probs.shape[0]),
+            "image": rater_image(case) if rater_image is not None else None}
+        row = evaluator.add_case(case.case_id, probs, label, spacing, **against)
         pred = predictor.label_map(probs)
         maps = None
         if failure is not None or (pred_dir is not None and save_uncertainty):
@@ -71,7 +86,7 @@ def evaluate_cases(
                     micro_foreground_dice(pred, label, predictor.multilabel))
             failure.add_case(case.case_id, normalise(maps, probs.shape[0], predictor.multilabel), errors,
                              evaluator.region_of(label, pred, spacing, failure.region), 1.0 - dice)
-        ref = case.meta.get("ref") if case.meta else None
+        ref = ref_of(case)
         source = ref.image_paths[0] if ref is not None and ref.image_paths else None  # its header is copied
         if pred_dir is not None and save_predictions:
             arr = pred.cpu().numpy()
@@ -89,11 +104,32 @@ def evaluate_cases(
         for name, (transform, extra_evaluator, keeps_argmax) in (posthoc or {}).items():
             z = pooled_after[name] if name in pooled_after else transform(logits, case)
             scaled, label, spacing, _ = restore(case, predictor.probabilities(z))
+            scaled_against = against if keeps_argmax else {**against, "samples": None}  # members' maps: unscaled
             extra_evaluator.add_case(case.case_id, scaled, torch.as_tensor(label, device=scaled.device), spacing,
-                                     prediction=pred if keeps_argmax else None)
+                                     prediction=pred if keeps_argmax else None, **scaled_against)
             del scaled
         del pred
     return kept
+
+
+def ref_of(case: CaseData):
+    return case.meta.get("ref") if case.meta else None
+
+
+def member_labels(case: CaseData, members: MemberAccumulator | None, restore_maps: Callable | None,
+                  num_classes: int) -> torch.Tensor | None:
+    """``N x *S`` the members' label maps on the file grid (``None`` without members): each member's one-hot map
+    mapped back as probabilities are (:meth:`~mcseg.data.base.SegmentationDataset.restore_maps`), then its
+    arg-max; exact where preprocessing only reorients, crops and pads."""
+    if members is None or not members.labels:
+        return None
+    out = []
+    for labels in members.labels:
+        if restore_maps is not None:
+            onehot = torch.nn.functional.one_hot(labels.long(), num_classes).movedim(-1, 0).float()
+            labels = restore_maps(case, onehot).argmax(0)
+        out.append(labels)
+    return torch.stack(out)
 
 
 @dataclasses.dataclass

@@ -25,6 +25,7 @@ from mcseg.metrics.uncertainty import entropy
 from matplotlib.figure import Figure
 
 from mcseg.config import EvalProtocol  # the schema of the ``evaluation`` node; importable here too
+from mcseg.evaluation.raters import CASE_FIGURES, CLASS_FIGURES, RATER_COLUMNS, RaterFigures
 from mcseg.data.io import atomic_write
 from mcseg.metrics.binning import BinSums
 from mcseg.metrics.calibration import NLL_FLOOR, CalibrationStats, case_calibration, top_label
@@ -103,6 +104,7 @@ class Evaluator:
         self._empty_regions = 0
         n_bins = self.protocol.n_bins
         self._histogram = np.zeros((len(self.foreground), n_bins, n_bins), dtype=np.int64)
+        self._raters: RaterFigures | None = None
 
     @property
     def n_cases(self) -> int:
@@ -110,7 +112,9 @@ class Evaluator:
 
     # ---------------------------------------------------------------- one case
     def add_case(self, case_id: str, probs: torch.Tensor | None, label: torch.Tensor, spacing: Sequence[float],
-                 prediction: torch.Tensor | None = None) -> dict:
+                 prediction: torch.Tensor | None = None, raters: torch.Tensor | np.ndarray | None = None,
+                 rater_names: Sequence[str] | None = None, samples: torch.Tensor | None = None,
+                 image: torch.Tensor | np.ndarray | None = None) -> dict:
         """Evaluate one case; returns its metrics as a flat dict (also kept for per_case.csv).
 
         Args:
@@ -120,6 +124,11 @@ class Evaluator:
             spacing: voxel size in mm per spatial axis, in the array's axis order.
             prediction: the label map to score (same layout as ``label``); default: argmax of
                 ``probs`` (``probs > 0.5`` when multilabel). Calibration always uses ``probs``.
+            raters: ``K x *spatial`` label maps of the case's raters (a dataset with several raters): the
+                figures against them (:mod:`mcseg.evaluation.raters`) go to the ``raters`` key of the summary.
+            rater_names: their names (``seg01``, ``annotation_2``...), for per_rater.csv.
+            samples: ``N x *spatial`` label maps of the predictor's members (GED, Hungarian-matched IoU).
+            image: the raw ``*spatial`` CT (HU), for ``evaluation.rater_crop=curvas2024``.
         """
         if case_id in self._ids:
             raise ValueError(f"case {case_id!r} was already added to this evaluator")
@@ -146,6 +155,21 @@ class Evaluator:
             calib, stats = self._calibration(probs, label, prediction, spacing, top)
         except ValueError as exc:
             raise ValueError(f"case {case_id}: {exc}") from None
+        rater_case = None
+        if raters is not None:
+            if self.multilabel or probs is None:
+                raise ValueError(f"case {case_id}: figures against several raters need softmax probabilities")
+            raters = torch.as_tensor(np.asarray(raters) if not isinstance(raters, torch.Tensor) else raters,
+                                     device=device)
+            if self._raters is None:
+                p = self.protocol
+                self._raters = RaterFigures(self.num_classes, self.class_names, p.n_bins, p.hd_percentile,
+                                            p.hd_definition, p.rater_thresholds, p.rater_volume_crps, p.rater_crop)
+            try:
+                rater_case = self._raters.add_case(case_id, probs, prediction, raters, spacing, rater_names, samples,
+                                                   None if image is None else torch.as_tensor(np.asarray(image)))
+            except ValueError as exc:
+                raise ValueError(f"case {case_id}: {exc}") from None
         histogram = case_histogram(self._histogram_sums(stats)) if stats else 0
         # commit only a fully evaluated case
         self._histogram = self._histogram + histogram
@@ -158,7 +182,12 @@ class Evaluator:
                 "status": [s.value for s in counts.status()], **calib}
         self._cases.append(case)
         self._ids.add(case_id)
-        return self._flat(case)
+        flat = self._flat(case)
+        if rater_case is not None:
+            flat.update({f"raters/{key}": rater_case[key] for key in CASE_FIGURES})
+            for k in self.foreground:
+                flat.update({f"raters/{key}/{self.class_names[k]}": rater_case[key][k] for key in CLASS_FIGURES})
+        return flat
 
     def _check(self, case_id, probs, label, spacing, spatial) -> None:
         if len(spacing) != len(spatial) or not all(math.isfinite(s) and s > 0 for s in spacing):
@@ -276,6 +305,8 @@ class Evaluator:
             "pooled": self.pooled_values(),
             "protocol": self.protocol_description(),
         }
+        if self._raters is not None and self._raters.cases:
+            summary["raters"] = self._raters.summary(b, seed)
         return _json_safe(summary)
 
     def protocol_description(self) -> dict:
@@ -357,10 +388,15 @@ class Evaluator:
 
     def write(self, out_dir: Path, extra: dict | None = None) -> dict:
         """Write per_case.csv, summary.json (plus ``extra`` keys), reliability.png and reliability.csv, and the
-        dataset reliability histogram reliability_histogram.png and .csv (atomically)."""
+        dataset reliability histogram reliability_histogram.png and .csv (atomically); with several raters
+        also per_case_raters.csv and per_rater.csv."""
         out_dir = Path(out_dir)
         summary = {**self.summary(), **_json_safe(extra or {})}
         _write_csv(out_dir / "per_case.csv", self.per_case_rows(), (*ROW_COLUMNS, *CASE_COLUMNS))
+        if self._raters is not None and self._raters.cases:
+            _write_csv(out_dir / "per_case_raters.csv", self._raters.rows(), ("case", "class_name", *CLASS_FIGURES,
+                                                                               *CASE_FIGURES))
+            _write_csv(out_dir / "per_rater.csv", self._raters.rater_rows, RATER_COLUMNS)
         atomic_write(out_dir / "summary.json",
                      lambda tmp: tmp.write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n"))
         sums, names = self.reliability_sums()

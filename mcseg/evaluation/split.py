@@ -87,7 +87,9 @@ def evaluate_split(
     cases = (dataset.load(ref) for ref in tqdm(refs, desc=f"evaluating {len(refs)} cases", leave=False,
                                                 dynamic_ncols=True, disable=not progress))  # one in memory at a time
     evaluate_cases(predictor, cases, evaluator, dataset.restore, out_dir, save_predictions, save_probabilities,
-                   protocol.save_uncertainty, posthoc=posthoc, failure=failure, restore_maps=dataset.restore_maps)
+                   protocol.save_uncertainty, posthoc=posthoc, failure=failure, restore_maps=dataset.restore_maps,
+                   raters=dataset.original_raters if any(r.raters for r in refs) else None,
+                   rater_image=raw_ct(dataset) if protocol.rater_crop == "curvas2024" else None)
     after = {}
     for name, (_, scaled_evaluator, _) in posthoc.items():
         if name in described:  # pooled after: each network's own fit
@@ -125,6 +127,11 @@ def _fmt(value, digits: int = 4) -> str:
     return "nan" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
 
 
+def raw_ct(dataset: SegmentationDataset):
+    """``case -> its first channel as read from disk`` (raw intensities, the file grid): CURVAS 2024's crop."""
+    return lambda case: dataset.read(case.meta["ref"]).image[0]
+
+
 def format_summary(summary: dict, class_names: list[str], title: str) -> str:
     """A plain-text table of per-class Dice and HD95 plus the case-level calibration means."""
     protocol = summary.get("protocol", {})
@@ -146,6 +153,18 @@ def format_summary(summary: dict, class_names: list[str], title: str) -> str:
                  f"   (means of per-case values)")
     lines.append(f"ECE {_fmt(pooled.get('ece'))}   classwise ECE {_fmt(pooled.get('classwise_ece'))}"
                  f"   (pooled over all voxels of the split)")
+    raters = summary.get("raters")
+    if raters:  # the figures against several raters, foreground means over cases (docs/protocol.md)
+        fg, case, k = raters.get("foreground", {}), raters.get("case", {}), raters.get("raters_per_case") or {}
+        mean = lambda part, key: _fmt((part.get(key) or {}).get("mean"))  # noqa: E731
+        lines.append(f"against {k.get('min')}-{k.get('max')} raters: Dice per rater {mean(fg, 'dice_rater_mean')}   "
+                     f"consensus Dice {mean(fg, 'consensus_dice')}   STAPLE Dice {mean(fg, 'staple_dice')}   "
+                     f"thresholded Dice {mean(fg, 'thresholded_dice')}")
+        lines.append(f"against the rater mean: ECE {mean(case, 'ece_mean')}   NLL {mean(case, 'nll_mean')}   "
+                     f"Brier {mean(case, 'brier_mean')}   CURVAS ECE (mean over raters) "
+                     f"{mean(case, 'ece_curvas_rater_mean')}   volume CRPS {mean(fg, 'volume_crps')} mL")
+        if any(raters.get("n_samples") or []):
+            lines.append(f"samples {raters.get('n_samples')}: GED {mean(case, 'ged')}   HM-IoU {mean(case, 'hm_iou')}")
     for part, hits in (provenance.get("seen_in_training") or {}).items():
         lines.append(f"WARNING: {plural(len(hits), 'scored case')} of this split have the content of the checkpoint's "
                      f"{part} cases ({', '.join(list(hits)[:3])}{' ...' if len(hits) > 3 else ''})")
@@ -160,7 +179,7 @@ def format_summary(summary: dict, class_names: list[str], title: str) -> str:
 def clear_evaluation(out: Path, refits: bool = True) -> None:
     """Remove an earlier evaluation's files from ``out`` (only the files an evaluation writes); ``refits``:
     also a post-hoc refit saved with it (:func:`mcseg.evaluation.checkpoint.plan_posthoc`)."""
-    for name in ("summary.json", "per_case.csv", "reliability.csv", "reliability.png", "reliability_histogram.csv",
+    for name in ("summary.json", "per_case.csv", "per_case_raters.csv", "per_rater.csv", "reliability.csv", "reliability.png", "reliability_histogram.csv",
                  "reliability_histogram.png", PROVENANCE_FILE, "split.json", FAILURE_FILE):
         (out / name).unlink(missing_ok=True)
     if refits:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import itertools
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
@@ -38,6 +38,16 @@ def flip_views(dims: int, flips: bool) -> list[tuple[int, ...]]:
     if not flips:
         return [()]
     return [c for n in range(dims + 1) for c in itertools.combinations(range(dims), n)]
+
+
+def untrained_flips(dims: int, trained: Sequence[int], tta: Sequence[str], mirror_axes: Sequence[int]) -> list[int]:
+    """The network axes that inference flips (``tta`` with ``flips``: every axis; ``mirror_axes``: nnU-Net's
+    test-time mirroring) but training never flipped (``dataset.sampling.flip_axes``). A flipped view of such an
+    axis is an input the network never saw: TTA and mirroring assume a network that is (nearly) equivariant to
+    the flip, which nnU-Net obtains by training with mirroring. On anatomy of a fixed orientation a network
+    trained without flips can fail outright on its flipped views (docs/results.md, "Uncertainty compared")."""
+    flipped = set(range(dims)) if "flips" in tta else set()
+    return sorted((flipped | {int(a) for a in mirror_axes}) - {int(a) for a in trained})
 
 
 def dropout_modules(model: torch.nn.Module) -> list[torch.nn.Module]:

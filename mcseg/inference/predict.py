@@ -25,6 +25,8 @@ class SegmentationPredictor:
     own scaler (``posthoc.pool=after``).
     """
 
+    keep_member_labels = False  # each member's label map kept with the pooled prediction (sampled segmentations)
+
     def __init__(self, model: torch.nn.Module, model_dims: int, divisor: int, link: Callable, multilabel: bool,
                  cfg: InferenceConfig, roi_size: list[int] | None, precision: str, device: torch.device,
                  slice_axis: int = -1, input_size: tuple[int, ...] | None = None) -> None:
@@ -87,7 +89,7 @@ class SegmentationPredictor:
         network, applied to each member before pooling) the logits of that pooled prediction."""
         if not self.pooled and not after:
             return self.logits(case), None, {}
-        members = MemberAccumulator(self.multilabel)
+        members = MemberAccumulator(self.multilabel, keep_labels=self.keep_member_labels)
         scaled = {name: MemberAccumulator(self.multilabel) for name in after or {}}
         for network, logits in self.member_logits(case):
             members.add(self.probabilities(logits))

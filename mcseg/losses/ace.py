@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from .base import SegmentationLoss, check_bool, check_choice, check_float, check_int, masked_mean, one_hot
-from .cross_entropy import nll
+from .cross_entropy import nll, soft_nll
 from .dice import SoftDice
 
 __all__ = ["L1ACELoss", "binned_calibration", "l1_ace"]
@@ -158,10 +158,17 @@ class L1ACELoss(SegmentationLoss):
         self.empty_weight = check_float("empty_weight", empty_weight, low=0.0, low_open=True)
         self.dice = SoftDice(include_background, False, smooth_nr, smooth_dr, squared_pred)
 
-    def ace(self, probs: Tensor, target: Tensor, valid: Tensor | None) -> Tensor:
-        """The mL1-ACE term alone from ``B x C x spatial`` probabilities."""
+    @property
+    def soft_targets(self) -> bool:
+        """Soft targets (the rater mean) are taken by ACE and CE; the soft Dice term needs hard labels."""
+        return self.lambda_dice == 0
+
+    hard_label_reason = " with lambda_dice > 0 (its soft Dice term)"
+
+    def ace(self, probs: Tensor, truth: Tensor, valid: Tensor | None) -> Tensor:
+        """The mL1-ACE term alone from ``B x C x spatial`` probabilities and one-hot (or soft) targets ``truth``:
+        a bin's observed frequency is the mean of ``truth`` over its voxels."""
         b, c = probs.shape[:2]
-        truth = one_hot(target, c, probs.dtype)
         if not self.include_background:
             probs, truth = probs[:, 1:], truth[:, 1:]
         probs, truth = probs.reshape(b, probs.shape[1], -1), truth.reshape(b, truth.shape[1], -1)
@@ -181,11 +188,18 @@ class L1ACELoss(SegmentationLoss):
     def compute(self, logits: Tensor, target: Tensor, valid: Tensor | None) -> Tensor:
         log_probs = torch.log_softmax(logits, dim=1)
         probs = log_probs.exp()
-        total = self.lambda_ace * self.ace(probs, target, valid)
+        total = self.lambda_ace * self.ace(probs, one_hot(target, logits.shape[1], probs.dtype), valid)
         if self.lambda_ce:
             total = total + self.lambda_ce * masked_mean(nll(log_probs, target), valid)
         if self.lambda_dice:
             total = total + self.lambda_dice * self.dice(probs, target, valid)
+        return total
+
+    def compute_soft(self, logits: Tensor, q: Tensor) -> Tensor:
+        log_probs = torch.log_softmax(logits, dim=1)
+        total = self.lambda_ace * self.ace(log_probs.exp(), q, None)
+        if self.lambda_ce:
+            total = total + self.lambda_ce * masked_mean(soft_nll(log_probs, q), None)
         return total
 
     def extra_repr(self) -> str:

@@ -43,6 +43,8 @@ __all__ = [
     "masked_sum",
     "no_autocast",
     "one_hot",
+    "hard_label_only",
+    "is_soft_target",
     "target_checks",
 ]
 
@@ -180,6 +182,21 @@ def target_checks(loss: nn.Module, enabled: bool):
             m.check_target_range = value
 
 
+# ---------------------------------------------------------------- soft targets
+def is_soft_target(logits: Tensor, target: Tensor) -> bool:
+    """A ``B x C x spatial`` floating target of the logits' shape: class probabilities per voxel (the rater
+    mean of ``dataset.raters.target=mean``), not labels."""
+    return target.is_floating_point() and target.shape == logits.shape and logits.shape[1] > 1
+
+
+def hard_label_only(loss) -> str:
+    """The one-line refusal of soft targets by a loss (class or instance) that needs a hard label."""
+    name = loss.__name__ if isinstance(loss, type) else type(loss).__name__
+    reason = "" if isinstance(loss, type) else getattr(loss, "hard_label_reason", "")
+    return (f"loss {name}{reason} needs a hard label per voxel and refuses dataset.raters.target=mean (the soft rater "
+            "mean); it accepts dataset.raters.target=majority, staple, random or a rater's name")
+
+
 # ---------------------------------------------------------------- base class
 class SegmentationLoss(nn.Module):
     """Base of the softmax (mutually exclusive classes) losses.
@@ -187,7 +204,9 @@ class SegmentationLoss(nn.Module):
     Subclasses implement ``compute(logits, target, valid)`` with float32 (or float64) logits
     ``B x C x spatial``, int64 labels ``B x spatial`` where ignored voxels hold 0, and
     ``valid`` (``B x spatial`` bool or None). Per-voxel losses return
-    ``self.reduce(per_voxel, valid)``.
+    ``self.reduce(per_voxel, valid)``. A loss defined for soft targets (``soft_targets = True``) also
+    implements ``compute_soft(logits, q)`` for ``B x C x spatial`` class probabilities q (the rater mean:
+    ``dataset.raters.target=mean``); the others refuse them in one line (:func:`hard_label_only`).
 
     Args:
         ignore_index: label excluded from the data term AND the penalty (None: none).
@@ -201,6 +220,8 @@ class SegmentationLoss(nn.Module):
     reductions: tuple[str, ...] = ("mean", "sum")
     #: the numbers of spatial dimensions this loss supports
     spatial_dims: tuple[int, ...] = (1, 2, 3)
+    #: the loss is defined for soft targets and implements :meth:`compute_soft`
+    soft_targets = False
 
     def __init__(self, ignore_index: int | None = None, reduction: str = "mean") -> None:
         super().__init__()
@@ -215,11 +236,31 @@ class SegmentationLoss(nn.Module):
 
     def forward(self, logits: Tensor, target: Tensor) -> Tensor:
         with no_autocast(logits.device.type):
+            if isinstance(target, Tensor) and isinstance(logits, Tensor) and is_soft_target(logits, target):
+                if not self.soft_targets:
+                    raise ValueError(hard_label_only(self))
+                return self.compute_soft(*self.prepare_soft(logits, target))
             logits, target, valid = self.prepare(logits, target)
             return self.compute(logits, target, valid)
 
     def compute(self, logits: Tensor, target: Tensor, valid: Tensor | None) -> Tensor:
         raise NotImplementedError
+
+    def compute_soft(self, logits: Tensor, q: Tensor) -> Tensor:
+        """The loss against ``B x C x spatial`` class probabilities ``q`` (every voxel counts)."""
+        raise NotImplementedError
+
+    def prepare_soft(self, logits: Tensor, q: Tensor) -> tuple[Tensor, Tensor]:
+        """Soft targets in the logits' compute type; with the range check on, q must be finite, in [0, 1] and
+        sum to 1 over the classes (a host read, like the label check)."""
+        dtype = compute_dtype(logits.dtype)
+        logits, q = logits.to(dtype), q.to(dtype)
+        if self.check_target_range and q.numel() > 0:
+            lo, hi, gap = torch.stack([q.min(), q.max(), (q.sum(1) - 1).abs().max()]).tolist()
+            if not (math.isfinite(lo) and math.isfinite(hi)) or lo < 0 or hi > 1 or gap > 1e-4:
+                raise ValueError(f"soft target must hold class probabilities (in [0, 1], summing to 1 over the "
+                                 f"classes); found values in [{lo:g}, {hi:g}], sums off by up to {gap:g}")
+        return logits, q
 
     # -- helpers for subclasses -------------------------------------------------------
     def prepare(self, logits: Tensor, target: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:

@@ -15,18 +15,29 @@ def nll(log_probs: Tensor, target: Tensor) -> Tensor:
     return -log_probs.gather(1, target.unsqueeze(1)).squeeze(1)
 
 
+def soft_nll(log_probs: Tensor, q: Tensor) -> Tensor:
+    """Per-voxel ``-sum_k q_k log p_k`` against ``B x C x spatial`` class probabilities ``q``."""
+    return -(q * log_probs).sum(dim=1)
+
+
 class CELoss(SegmentationLoss):
     """Cross-entropy ``-log p_y`` from ``log_softmax``, mean over non-ignored voxels.
 
-    Input: logits ``B x C x spatial``, integer labels ``B x spatial``.
+    Input: logits ``B x C x spatial``, integer labels ``B x spatial``, or soft targets ``B x C x spatial``
+    (class probabilities q: ``-sum_k q_k log p_k``; against the rater mean, the mean of the raters' CEs).
 
     Args:
         ignore_index: label excluded from the loss (default None).
         reduction: ``"mean"`` (default) or ``"sum"`` over non-ignored voxels.
     """
 
+    soft_targets = True
+
     def compute(self, logits: Tensor, target: Tensor, valid: Tensor | None) -> Tensor:
         return self.reduce(nll(torch.log_softmax(logits, dim=1), target), valid)
+
+    def compute_soft(self, logits: Tensor, q: Tensor) -> Tensor:
+        return self.reduce(soft_nll(torch.log_softmax(logits, dim=1), q), None)
 
 
 class LabelSmoothingLoss(SegmentationLoss):
@@ -36,10 +47,14 @@ class LabelSmoothingLoss(SegmentationLoss):
     ``(1 - alpha) e_y + alpha / K``; equal to ``F.cross_entropy(label_smoothing=alpha)``.
     Mean over non-ignored voxels.
 
+    Soft targets q smooth the same way: CE against ``(1 - alpha) q + alpha / K``.
+
     Args:
         alpha: smoothing in [0, 1]; default 0.1 (segmentation studies; 0.05 in classification).
         ignore_index, reduction: see :class:`~mcseg.losses.base.SegmentationLoss`.
     """
+
+    soft_targets = True
 
     def __init__(self, alpha: float = 0.1, ignore_index: int | None = None, reduction: str = "mean") -> None:
         super().__init__(ignore_index=ignore_index, reduction=reduction)
@@ -49,6 +64,11 @@ class LabelSmoothingLoss(SegmentationLoss):
         log_probs = torch.log_softmax(logits, dim=1)
         per_voxel = (1.0 - self.alpha) * nll(log_probs, target) - self.alpha * log_probs.mean(dim=1)
         return self.reduce(per_voxel, valid)
+
+    def compute_soft(self, logits: Tensor, q: Tensor) -> Tensor:
+        log_probs = torch.log_softmax(logits, dim=1)
+        per_voxel = (1.0 - self.alpha) * soft_nll(log_probs, q) - self.alpha * log_probs.mean(dim=1)
+        return self.reduce(per_voxel, None)
 
     def extra_repr(self) -> str:
         return f"alpha={self.alpha}, {super().extra_repr()}"

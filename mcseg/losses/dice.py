@@ -188,7 +188,8 @@ class DiceSemimetricLoss(SegmentationLoss):
     ``"all"``. If no class is active the DML term is 0. Probabilities from
     ``log_softmax(z).exp()``; ignored voxels are zeroed in p and q (the authors' ``keep_mask``).
     Not provided: the authors' ``gamma`` power, ``log_loss``, class weights and the per-image
-    ``mIoUI`` / ``mIoUC`` modes (all off in their configs).
+    ``mIoUI`` / ``mIoUC`` modes (all off in their configs). Soft targets (the rater mean,
+    ``dataset.raters.target=mean``) are taken as q directly, without boundary smoothing.
 
     Args:
         lambda_dml: weight of DML >= 0; default 1.
@@ -203,6 +204,7 @@ class DiceSemimetricLoss(SegmentationLoss):
     """
 
     reductions = ("mean",)
+    soft_targets = True
 
     def __init__(
         self,
@@ -244,6 +246,16 @@ class DiceSemimetricLoss(SegmentationLoss):
         if self.lambda_ce > 0:
             kl = (torch.xlogy(labels, labels) - labels * log_probs).sum(dim=1)
             total = total + self.lambda_ce * masked_mean(kl, valid)
+        return total
+
+    def compute_soft(self, logits: Tensor, q: Tensor) -> Tensor:
+        """DML (and KL) against soft targets q used as they are (the boundary smoothing is for hard labels);
+        ``active_classes="auto"`` takes every class, as the authors do for soft labels."""
+        log_probs = torch.log_softmax(logits, dim=1)
+        active = "all" if self.active_classes == "auto" else self.active_classes
+        total = self.lambda_dml * dice_semimetric(log_probs.exp(), q, self.smooth, active, self.threshold, None)
+        if self.lambda_ce > 0:
+            total = total + self.lambda_ce * masked_mean((torch.xlogy(q, q) - q * log_probs).sum(dim=1), None)
         return total
 
     def extra_repr(self) -> str:

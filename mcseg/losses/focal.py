@@ -29,7 +29,8 @@ class FocalLoss(SegmentationLoss):
     """Softmax focal loss (Lin et al., ICCV 2017; calibration: Mukhoti et al., NeurIPS 2020).
 
     ``-(1 - p_y)^gamma log p_y`` per voxel, MEAN over non-ignored voxels (several public
-    versions sum instead). ``gamma = 0`` is CE.
+    versions sum instead). ``gamma = 0`` is CE. Soft targets q (the rater mean):
+    ``-sum_k q_k (1 - p_k)^gamma log p_k``, the mean of the raters' focal losses.
 
     Args:
         gamma: focusing parameter >= 0; default 3 (the segmentation study; 1 and 2 also swept).
@@ -40,9 +41,15 @@ class FocalLoss(SegmentationLoss):
         super().__init__(ignore_index=ignore_index, reduction=reduction)
         self.gamma = check_float("gamma", gamma, low=0.0)
 
+    soft_targets = True
+
     def compute(self, logits: Tensor, target: Tensor, valid: Tensor | None) -> Tensor:
         _, log_p_y = _log_p_y(logits, target)
         return self.reduce(focal_per_voxel(-torch.expm1(log_p_y), log_p_y, self.gamma), valid)
+
+    def compute_soft(self, logits: Tensor, q: Tensor) -> Tensor:
+        log_probs = torch.log_softmax(logits, dim=1)
+        return self.reduce((q * focal_per_voxel(-torch.expm1(log_probs), log_probs, self.gamma)).sum(dim=1), None)
 
     def extra_repr(self) -> str:
         return f"gamma={self.gamma}, {super().extra_repr()}"

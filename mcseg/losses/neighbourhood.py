@@ -98,12 +98,19 @@ def smooth_labels(
     truth = one_hot(target, num_classes, dtype)
     background = 1.0 if padding == "background" else 0.0
     if valid is None:
-        return _depthwise(_pad(truth, r, padding, background), kernel)
+        return smooth_probabilities(truth, kernel, padding)
     weight = valid.unsqueeze(1).to(dtype)
     numerator = _depthwise(_pad(truth * weight, r, padding, background), kernel)
     denominator = _depthwise(_pad(weight, r, padding, 0.0 if padding == "replicate" else 1.0), kernel)
     # > 0 at every valid voxel (the centre tap is positive); ignored voxels are masked by the caller
     return numerator / denominator.clamp(min=torch.finfo(dtype).tiny)
+
+
+def smooth_probabilities(truth: Tensor, kernel: Tensor, padding: str) -> Tensor:
+    """``tau`` from ``B x C x spatial`` class probabilities (one-hot labels or a soft target such as the rater
+    mean): the window applied to each class map; linear in ``truth``."""
+    check_choice("padding", padding, PADDINGS)
+    return _depthwise(_pad(truth, kernel.shape[0] // 2, padding, 1.0 if padding == "background" else 0.0), kernel)
 
 
 def kernel_repr(kind: str, size: int, sigma: float) -> str:

@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from .base import SegmentationLoss
-from .neighbourhood import device_kernel, kernel_repr, make_kernel, smooth_labels
+from .neighbourhood import device_kernel, kernel_repr, make_kernel, smooth_labels, smooth_probabilities
 
 __all__ = ["SVLSLoss"]
 
@@ -23,6 +23,7 @@ class SVLSLoss(SegmentationLoss):
     works here. 2D and 3D inputs. Inside a uniform region q is one-hot, so SVLS equals CE
     there for any sigma; as sigma -> 0 the window tends to centre 1/2 and 1/(4d) on each
     face neighbour (NOT to CE). Ignored voxels are left out of q (window renormalised).
+    A soft target (the rater mean) is smoothed by the same window: CE against the window applied to it.
 
     Args:
         kernel_size: odd >= 3; default 3.
@@ -31,6 +32,7 @@ class SVLSLoss(SegmentationLoss):
     """
 
     spatial_dims = (2, 3)
+    soft_targets = True
 
     def __init__(
         self, kernel_size: int = 3, sigma: float = 1.0, ignore_index: int | None = None, reduction: str = "mean"
@@ -46,6 +48,11 @@ class SVLSLoss(SegmentationLoss):
     def compute(self, logits: Tensor, target: Tensor, valid: Tensor | None) -> Tensor:
         q = self.soft_target(target, valid, logits.shape[1], logits.dtype)
         return self.reduce(-(q * torch.log_softmax(logits, dim=1)).sum(dim=1), valid)
+
+    def compute_soft(self, logits: Tensor, q: Tensor) -> Tensor:
+        kernel = device_kernel("svls", self.kernel_size, self.sigma, q.ndim - 2, q.device, q.dtype)
+        smoothed = smooth_probabilities(q, kernel, "replicate")
+        return self.reduce(-(smoothed * torch.log_softmax(logits, dim=1)).sum(dim=1), None)
 
     def extra_repr(self) -> str:
         return f"{kernel_repr('svls', self.kernel_size, self.sigma)}, {super().extra_repr()}"

@@ -16,7 +16,26 @@ from mcseg.metrics.calibration import (
 )
 from mcseg.metrics.empty import StructureStatus, status_counts, structure_status, worst_case_distance
 from mcseg.metrics.overlap import DiceMetric, OverlapCounts, dice, dice_score, overlap_counts
+from mcseg.metrics.rater_calibration import (
+    SoftCalibration,
+    curvas2024_crop,
+    curvas2025_crop,
+    curvas_ece,
+    soft_calibration,
+)
+from mcseg.metrics.raters import (
+    CURVAS2025_THRESHOLDS,
+    QUBIQ_THRESHOLDS,
+    consensus_dice,
+    curvas_row_dice,
+    per_rater_dice,
+    per_rater_hd,
+    rater_mean,
+    thresholded_dice,
+)
 from mcseg.metrics.regions import REGIONS, boundary_band, region_mask
+from mcseg.metrics.samples import generalised_energy_distance, hungarian_matched_iou, linear_assignment
+from mcseg.metrics.volume import crps_curvas_code, crps_normal, volume_crps
 from mcseg.metrics.reliability import reliability_figure, reliability_table
 from mcseg.metrics.statistics import bootstrap_ci, describe
 from mcseg.metrics.surface import (
@@ -36,6 +55,11 @@ __all__ = [
     "StructureStatus", "status_counts", "structure_status", "worst_case_distance",
     "DiceMetric", "OverlapCounts", "dice", "dice_score", "overlap_counts",
     "REGIONS", "boundary_band", "region_mask",
+    "SoftCalibration", "curvas2024_crop", "curvas2025_crop", "curvas_ece", "soft_calibration",
+    "CURVAS2025_THRESHOLDS", "QUBIQ_THRESHOLDS", "consensus_dice", "curvas_row_dice", "per_rater_dice",
+    "per_rater_hd", "rater_mean", "thresholded_dice",
+    "generalised_energy_distance", "hungarian_matched_iou", "linear_assignment",
+    "crps_curvas_code", "crps_normal", "volume_crps",
     "reliability_figure", "reliability_table",
     "bootstrap_ci", "describe",
     "HD_DEFINITIONS", "SurfaceDistanceMetric", "SurfaceDistances", "boundary_mask", "directed_distances",

@@ -39,14 +39,18 @@ class MemberAccumulator:
     :meth:`mean` is :math:`\\bar p`, :meth:`maps` the uncertainty maps of the module docstring.
     """
 
-    def __init__(self, multilabel: bool = False) -> None:
+    def __init__(self, multilabel: bool = False, keep_labels: bool = False) -> None:
         self.multilabel = multilabel
         self.members = 0
+        self.keep_labels = keep_labels
+        self.labels: list[torch.Tensor] = []  # with keep_labels: each member's label map (uint8), for the GED
         self.sum_probs: torch.Tensor | None = None
         self.sum_entropy: torch.Tensor | None = None
 
     def add(self, probs: torch.Tensor) -> None:
         probs = probs.float()
+        if self.keep_labels:
+            self.labels.append((probs > 0.5).to(torch.uint8) if self.multilabel else probs.argmax(0).to(torch.uint8))
         if self.sum_probs is None:
             self.sum_probs, self.sum_entropy = probs.clone(), entropy(probs, self.multilabel)
         else:

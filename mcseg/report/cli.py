@@ -1,7 +1,8 @@
 """``mcseg-report DIR...``: the comparison table and figures of every run under run or sweep directories.
 
 Runs whose evaluation (or post-hoc temperature scaling) is missing are evaluated first with
-``evaluate.py``'s code and default protocol, or listed with ``--no-eval``. Writes
+``evaluate.py``'s code and default protocol, or listed with ``--no-eval``. Evaluations of other tools' prediction
+folders under the directories (``mcseg-evaluate-folder``) are rows of their own, the tool in the loss column. Writes
 ``report.md``, ``report.csv``, ``report.tex``, ``reliability_selected.png``,
 ``reliability_histogram_selected.png`` (the dataset reliability histograms), for margin sweeps
 ``margin_heatmap.png`` and, where runs or ensembles were evaluated under shift (``evaluate.py shift=...``),
@@ -16,7 +17,7 @@ import sys
 from pathlib import Path
 
 from mcseg.data.io import atomic_write
-from mcseg.report.collect import RunRecord, collect_ensembles, collect_runs, read_run
+from mcseg.report.collect import RunRecord, collect_ensembles, collect_folder_evaluations, collect_runs, read_run
 from mcseg.report.figures import margin_heatmap, reliability_histograms, reliability_overlay, risk_coverage_overlay, \
     shift_severity
 from mcseg.report.render import ENVIRONMENT_MARK, SEEN_MARK, SHIFT_FIGURE, latex, markdown, write_csv, write_shift_csv
@@ -118,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
     try:
-        runs = collect_runs(args.dirs, args.split)
+        # mcseg's runs, and evaluations of other tools' prediction folders (mcseg-evaluate-folder) beside them
+        runs = collect_runs(args.dirs, args.split) + collect_folder_evaluations(args.dirs)
     except FileNotFoundError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -183,3 +183,30 @@ def collect_ensembles(roots: list[Path], split: str = "test") -> list[EnsembleRe
 def collect_runs(roots: list[Path], split: str = "test") -> list[RunRecord]:
     records = [read_run(d, split) for d in find_run_dirs(roots)]
     return [r for r in records if r is not None]
+
+
+def read_folder_evaluation(eval_dir: Path) -> RunRecord | None:
+    """An evaluation of another tool's prediction folder (``mcseg-evaluate-folder``: a summary.json whose
+    provenance names the ``predictions``) as a report row of its own: the tool in the loss column, the
+    configuration ``predictions=<folder>[+<folder>...]``, the reference folder's name as the dataset (its path
+    as the dataset key), one evaluation (seed 0). None for any other summary.json."""
+    summary = _read_json(eval_dir / "summary.json")
+    provenance = (summary or {}).get("provenance") or {}
+    predictions = provenance.get("predictions")
+    if not predictions or not isinstance(predictions, list):
+        return None
+    tool = " + ".join(dict.fromkeys(str(p.get("tool")) for p in predictions))
+    folders = "+".join("/".join(Path(str(p.get("path"))).parts[-2:]) for p in predictions)
+    reference = (provenance.get("reference") or {}).get("path") or "?"
+    record = RunRecord(eval_dir, f"predictions={folders.replace(' ', '_')}", tool, {}, 0, "completed",
+                       dataset=Path(reference).name, dataset_key=str(reference))
+    record.summaries[""] = summary
+    record.per_case[""] = read_per_case(eval_dir / "per_case.csv")
+    return record
+
+
+def collect_folder_evaluations(roots: list[Path]) -> list[RunRecord]:
+    """Every evaluation of a prediction folder under ``roots`` (:func:`read_folder_evaluation`)."""
+    found = {path.parent.resolve() for root in roots for path in Path(root).glob("**/summary.json")}
+    records = [read_folder_evaluation(path) for path in sorted(found)]
+    return [r for r in records if r is not None]

@@ -68,6 +68,7 @@ def build_train_loader(
     dataset = PatchDataset(
         cases, s.dims, s.patch_size, s.samples_per_epoch, s.foreground_ratio, s.flip_axes, s.intensity,
         s.slice_axis, seed, augment=node.get("augment"),
+        rater_target=(node.get("raters") or {}).get("target", "majority"), num_classes=node.get("num_classes"),
     )
     sampler = EpochSampler(s.samples_per_epoch, dist.rank, dist.world_size)
     workers = default_workers(device) if s.num_workers is None else s.num_workers

@@ -55,6 +55,7 @@ class TensorBoardLogger:
 
     def __init__(self, log_dir: Path | None) -> None:
         self.log_dir, self._writer, self._purge_step = log_dir, None, None
+        self.error: str | None = None  # why logging stopped (a full disk), once it has
 
     def resume_at(self, step: int) -> None:
         if self._writer is not None:
@@ -73,6 +74,7 @@ class TensorBoardLogger:
 
     def _failed(self, exc: OSError) -> None:
         log.warning("cannot write TensorBoard events in %s (%s); TensorBoard logging stopped", self.log_dir, exc)
+        self.error = f"{type(exc).__name__}: {exc}"
         self.log_dir, self._writer = None, None
 
     def scalars(self, values: dict[str, float], step: int) -> None:

@@ -24,7 +24,7 @@ logging interval and before every checkpoint; with ``trainer.nonfinite=skip`` ea
 checked on the host instead (one synchronisation per step, the price of skipping exactly the
 bad step). ``trainer.compile`` and ``trainer.channels_last`` apply to the training module
 only; checkpoints and inference use the plain model. Under torchrun (``dist``) the training
-module is wrapped in DistributedDataParallel, and validation, checkpoints and TensorBoard are
+module is wrapped in DistributedDataParallel, and validation, checkpoints and the trackers are
 rank 0's while the other ranks wait at a barrier (:mod:`mcseg.training.distributed`).
 """
 from __future__ import annotations
@@ -48,7 +48,7 @@ from mcseg.inference.volume import autocast_context
 from mcseg.evaluation.cases import evaluate_cases
 from mcseg.inference.predict import SegmentationPredictor
 from mcseg.training.relaunch import resume_mismatch
-from mcseg.training.tb_logger import TensorBoardLogger
+from mcseg.training.loggers import Trackers
 from mcseg.training.window import FINITE, WHAT, BadStep, TrainingWindow, nonfinite_code
 from mcseg.errors import NonFiniteLossError, TrainingInterrupted
 from mcseg.losses.base import target_checks
@@ -75,7 +75,7 @@ class Trainer:
     def __init__(
         self, cfg: TrainerConfig, run_dir: Path, model, loss_fn, optimizer, scheduler, loader, sampler,
         predictor: SegmentationPredictor, val_cases: list, restore, num_classes: int, class_names: list[str],
-        protocol: EvalProtocol, tb: TensorBoardLogger, config_container: dict, images: int = 2,
+        protocol: EvalProtocol, trackers: Trackers, config_container: dict, images: int = 2,
         dist: DistContext | None = None,
     ) -> None:
         if cfg.monitor_mode not in ("min", "max"):
@@ -89,7 +89,7 @@ class Trainer:
         self.loader, self.sampler, self.predictor, self.restore = loader, sampler, predictor, restore
         self.val_cases = val_cases  # all of them, or capped at trainer.val_max_cases when loaded (no full_val_every)
         self.num_classes, self.class_names, self.protocol = num_classes, class_names, protocol
-        self.tb, self.config_container, self.images = tb, config_container, images
+        self.trackers, self.config_container, self.images = trackers, config_container, images
         self.device = predictor.device
         self.dist = dist or DistContext()
         self.channels_last = use_channels_last(cfg.channels_last, self.device, predictor.model_dims, model)
@@ -161,7 +161,7 @@ class Trainer:
         self.history = list(state.get("history", []))
         restore_rng_states(state["rng"])
         self._check_resumed_environment(state.get("environment"), path)
-        self.tb.resume_at(self.global_step + 1)  # drop what the interrupted run logged after this checkpoint
+        self.trackers.resume_at(self.global_step + 1)  # drop what the interrupted run logged after this checkpoint
         log.info("resumed %s in epoch %d after %d steps of it (best %s at epoch %s)", path, self.epoch + 1,
                  self.step_in_epoch, self.best_value, self.best_epoch)
 
@@ -225,7 +225,7 @@ class Trainer:
         if self.vote.now(self._stop_requested):
             self._save_last()  # the epoch's steps are done: resuming validates it again
             self._interrupted(epoch)
-        self.tb.scalars({k: v for k, v in metrics.items() if k != "epoch"}, self.global_step)
+        self.trackers.scalars({k: v for k, v in metrics.items() if k != "epoch"}, self.global_step)
         self.scheduler.step()
         self.epoch, self.step_in_epoch, self.epoch_loss_sum = epoch + 1, 0, 0.0
         self.history.append(metrics)
@@ -235,6 +235,7 @@ class Trainer:
                 self.best_value, self.best_epoch = float(monitored), epoch + 1
                 save_checkpoint(self.ckpt_dir / "best.pt", self.state_dict())
             save_checkpoint(self.ckpt_dir / "last.pt", self.state_dict())
+            self.trackers.flush()  # what a resume would not log again
             shown = {k: round(v, 4) for k, v in metrics.items() if k != "epoch" and isinstance(v, float)}
             log.info("epoch %d/%d %s", epoch + 1, self.cfg.max_epochs, shown)
         self.dist.barrier()
@@ -248,6 +249,7 @@ class Trainer:
     def _save_last(self) -> None:
         if self.dist.is_main:
             save_checkpoint(self.ckpt_dir / "last.pt", self.state_dict())
+            self.trackers.flush()
         self.dist.barrier()
 
     def _nonfinite_message(self, bad: BadStep, epoch: int) -> str:
@@ -296,7 +298,7 @@ class Trainer:
                     value = close()
                     rate = n_samples / (time.perf_counter() - start)
                     bar.set_postfix(loss=f"{value:.4f}", samples_s=f"{rate:.1f}")
-                    self.tb.scalars({"train/loss_step": value}, self.global_step)
+                    self.trackers.scalars({"train/loss_step": value}, self.global_step)
             stop_agreed = self.vote.step(self._stop_requested) or stop_agreed
             every = self.cfg.checkpoint_every_n_steps
             if stop_agreed or (every and self.step_in_epoch % every == 0):
@@ -388,8 +390,8 @@ class Trainer:
         prefix = "val_full" if full else "val"
         metrics = {f"{prefix}/{k}": float(summary[k]) for k in HEADLINE if summary.get(k) is not None}
         if images:
-            self.tb.overlays("val", kept, self.global_step)
-            self.tb.figure("val/reliability", reliability_figure(evaluator), self.global_step)
+            self.trackers.overlays("val", kept, self.global_step)
+            self.trackers.figure("val/reliability", reliability_figure(evaluator), self.global_step)
         return metrics
 
     def _until_stopped(self, cases: list):

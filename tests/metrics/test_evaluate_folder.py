@@ -51,10 +51,15 @@ def test_cli_matches_the_evaluator(folders, tmp_path, capsys):
     for case, (probs, label, _) in cases.items():
         spacing = nib.load(str(dirs["labels"] / f"{case}.nii.gz")).header.get_zooms()  # float32 in the header
         ev.add_case(case, probs, label, spacing)
+    # the evaluator's summary, plus what produced it (every input file's sha256) and failure detection
+    provenance, detection = summary.pop("provenance"), summary.pop("failure_detection")
     assert summary == json.loads(json.dumps(ev.summary()))
     assert "foreground mean" in capsys.readouterr().out
     assert {p.name for p in out.iterdir()} == {"per_case.csv", "summary.json", "reliability.csv", "reliability.png",
-                                               "reliability_histogram.csv", "reliability_histogram.png"}
+                                               "reliability_histogram.csv", "reliability_histogram.png",
+                                               "provenance.json", "failure_per_case.csv"}
+    assert provenance["predictions"][0]["format"] == "mcseg" and len(provenance["input_files_sha256"]) == 6
+    assert 0.5 < detection["predictive_entropy"]["voxel_auroc"] <= 1
 
 
 def test_labels_only_and_classes_from_dataset_json(folders, tmp_path):
@@ -81,7 +86,8 @@ def test_uncertainty_maps_are_written_beside_the_predictions(folders, tmp_path):
 @pytest.mark.parametrize(
     ("break_it", "message"),
     [
-        (lambda d: _save(d["preds"] / "case_02.nii.gz", np.zeros((18, 16, 9), np.uint8)), "spatial shape"),
+        (lambda d: _save(d["preds"] / "case_02.nii.gz", np.zeros((18, 16, 9), np.uint8)),
+         r"has shape \(18, 16, 9\) in the label's axis order, label case_02.nii.gz has \(18, 16, 10\)"),
         (lambda d: _save(d["preds"] / "case_02.nii.gz", np.zeros((18, 16, 10), np.uint8),
                          np.diag([0.9, 1.1, 2.5, 1.0])), "spacing"),
         (lambda d: _save(d["preds"] / "case_02.nii.gz", np.zeros((18, 16, 10), np.uint8),
@@ -91,7 +97,7 @@ def test_uncertainty_maps_are_written_beside_the_predictions(folders, tmp_path):
         (lambda d: (d["preds"] / "case_02.nii.gz").unlink(), "label\\(s\\) without a prediction"),
         (lambda d: (d["probs"] / "case_02_probs.nii.gz").unlink(), "without <case>_probs"),
         (lambda d: _save(d["probs"] / "case_02_probs.nii.gz", np.full((18, 16, 10, 2), 0.5, np.float32)),
-         "channel last, 3 classes"),
+         "has 2 channels, the task is a softmax over 3 labels"),
         (lambda d: _save(d["preds"] / "case_02.nii.gz", np.full((18, 16, 10), 0.5, np.float32)), "non-integer"),
         (lambda d: _save(d["preds"] / "case_02.nii.gz", np.full((18, 16, 10), 7, np.uint8)), "values must lie"),
     ],

@@ -1,0 +1,105 @@
+"""``mcseg-calibrate-folder --fit VAL_DIR [...] --reference REF --apply TEST_DIR -o OUT_DIR``
+
+Post-hoc calibration of another tool's saved probabilities (:mod:`mcseg.evaluation.folder_posthoc`): a
+temperature (or vector scaling) is fitted on validation prediction folders (nnU-Net's ``fold_k/validation``
+folders written with ``--npz``: together every training case once, out of fold; or any folder, or the
+validation cases of ``--splits splits_final.json --fold K``), recorded in ``OUT_DIR/calibration.json`` as mcseg
+records its fits, and applied to the test folder, written to ``OUT_DIR`` in the tool's own format (nnU-Net:
+npz + pkl copied + label map re-derived as nnU-Net does, plans.json and dataset.json copied), so that nnU-Net's
+own tools read it. ``--apply`` may be left out (fit only).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from mcseg.calibration import PosthocConfig
+from mcseg.calibration.posthoc import OBJECTIVES, VOXEL_SAMPLES
+from mcseg.data.io import VolumeError
+from mcseg.evaluation.evaluator import EvalProtocol
+from mcseg.evaluation.folder_posthoc import REFUSED, calibrate_folder, fit_folders
+from mcseg.evaluation.folders import FORMATS, FolderError, fold_cases, open_folder, read_reference
+from mcseg.metrics.regions import REGIONS
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    defaults, posthoc = EvalProtocol(), PosthocConfig()
+    p = argparse.ArgumentParser(
+        prog="mcseg-calibrate-folder",
+        description="Fit a temperature (or vector scaling) on saved validation probabilities of nnU-Net, MONAI or "
+                    "mcseg and write the calibrated test probabilities in the tool's own format. "
+                    f"Refused: {', '.join(f'{k} ({v})' for k, v in REFUSED.items())}.")
+    p.add_argument("--fit", nargs="+", type=Path, required=True, metavar="VAL_DIR",
+                   help="validation prediction folders (e.g. nnU-Net's fold_0/validation ... fold_4/validation)")
+    p.add_argument("--reference", type=Path, required=True,
+                   help="their labels: an nnU-Net raw dataset, an MSD folder or a folder of <case>.nii.gz")
+    p.add_argument("--apply", type=Path, metavar="TEST_DIR", help="the prediction folder to calibrate")
+    p.add_argument("-o", "--output-dir", type=Path, required=True,
+                   help="where calibration.json and the calibrated files go (never the input folders)")
+    p.add_argument("--scaler", default="temperature", choices=[s for s in ("temperature", "vector")])
+    p.add_argument("--voxels", default=posthoc.voxels, choices=VOXEL_SAMPLES,
+                   help="fit voxels: the calibration region of --region (default), balanced or all")
+    p.add_argument("--objective", default=posthoc.objective, choices=OBJECTIVES)
+    p.add_argument("--max-voxels", type=int, default=posthoc.max_voxels)
+    p.add_argument("--seed", type=int, default=posthoc.seed)
+    p.add_argument("--region", choices=REGIONS, default=defaults.region, help="the calibration region (--voxels region)")
+    p.add_argument("--n-bins", type=int, default=defaults.n_bins, help="ECE bins of --objective ece")
+    p.add_argument("--splits", type=Path, help="nnU-Net's splits_final.json: fit on the validation cases of --fold")
+    p.add_argument("--fold", help="a fold of --splits, or 'all'")
+    p.add_argument("--format", dest="fmt", default="auto", choices=("auto", *FORMATS))
+    p.add_argument("--monai-postfix", default="trans")
+    p.add_argument("--dataset-json", type=Path, help="the dataset.json that gives the classes")
+    return p
+
+
+def calibrate(args: argparse.Namespace) -> tuple[dict, list[str]]:
+    out = args.output_dir.resolve()
+    inputs = [d.resolve() for d in [*args.fit, *([args.apply] if args.apply else [])]]
+    if out in inputs:
+        raise FolderError(f"-o {args.output_dir}: write the calibrated files to a new folder, not an input folder")
+    reference = read_reference(args.reference, dataset_json=args.dataset_json)
+    fit = [open_folder(d, reference.task, args.fmt, args.monai_postfix) for d in args.fit]
+    if (args.splits is None) != (args.fold is None):
+        raise FolderError("--splits and --fold go together")
+    cases = fold_cases(args.splits, args.fold) if args.splits else None
+    if args.scaler == "vector" and args.voxels == "region":
+        raise FolderError("--voxels region: vector scaling can change the arg-max, so the region it would be fitted on "
+                          "is not where it is scored; pass --voxels balanced or all")
+    if args.scaler == "vector" and args.objective == "ece":
+        raise FolderError("--objective ece fits a temperature only; vector scaling is fitted by the NLL")
+    posthoc = PosthocConfig(fit=[args.scaler], apply=[args.scaler], max_voxels=args.max_voxels, seed=args.seed,
+                            voxels=args.voxels, objective=args.objective)
+    protocol = EvalProtocol(region=args.region, n_bins=args.n_bins)
+    record, scalers = fit_folders(fit, reference, out, [args.scaler], cases, posthoc, protocol)
+    written = []
+    if args.apply is not None:
+        target = open_folder(args.apply, reference.task, args.fmt, args.monai_postfix)
+        written = calibrate_folder(target, scalers[args.scaler], out, reference.task.multilabel)
+    return record, written
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        record, written = calibrate(args)
+    except (FolderError, VolumeError, ValueError) as exc:
+        print(f"mcseg-calibrate-folder: error: {exc}", file=sys.stderr)
+        return 2
+    fitted = record["scalers"][args.scaler]
+    values = (f"T={fitted['temperature']:.4g}" if "temperature" in fitted else
+              f"w={[round(w, 4) for w in fitted['weight']]} b={[round(b, 4) for b in fitted['bias']]}")
+    print(f"{args.scaler} {values} fitted on {record['n_cases']} case(s), {record['n_voxels']} voxels "
+          f"({fitted.get('voxels')}); NLL {fitted['nll_before']:.5g} -> {fitted['nll_after']:.5g}; "
+          f"recorded in {args.output_dir / 'calibration.json'}")
+    for warning in record.get("warnings", []):
+        print(f"warning: {warning}")
+    if written:
+        print(f"{len(written)} calibrated case(s) written to {args.output_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,249 @@
+"""Post-hoc calibration of another tool's saved probabilities: fit on a validation folder, apply to a test
+folder, write the calibrated probabilities back in the tool's own format.
+
+**Why the saved probabilities suffice.** For a softmax, ln p_k = z_k - logsumexp(z): the log-probabilities are
+the logits up to one constant per voxel, and a softmax ignores a per-voxel constant, so
+softmax(ln p / T) = softmax(z / T) for every T: a temperature fitted on ln p *is* the logits' temperature
+(same NLL at every T, so the same fit). For independent sigmoids (nnU-Net's region models) logit(p) = z exactly,
+so logit(p) / T per channel is the logits' temperature too. Two roundings remain. p is stored in float32: ln p
+carries its relative rounding (6e-8), but a sigmoid near 1 holds 1 - p only to float32's spacing there (6e-8), so
+logit(p) is exact only to about 6e-8 / (1 - p) (2e-4 at logit 8). And a p that underflowed to 0 (or a sigmoid that
+saturated to 1) has no finite log: p is clamped to [2^-126, 1 - 2^-24] (float32's smallest normal number, and the
+largest float32 below 1), i.e. a log-probability of at least -87.3 and a logit within +-16.6; a temperature
+T moves such a voxel as if its logit gap were exactly that bound (saturated voxels stay saturated for T < ~5).
+nnU-Net writes p = 0 on purpose outside its crop box (background 1, other channels 0): those voxels keep a
+certain background after scaling, up to exp(-87.3 / T).
+
+**Vector scaling** maps channel k to w_k u_k + b_k. On sigmoid logits u = z it is the logits' vector scaling; on
+softmax log-probabilities u = ln p = z - c(x) it is *not* (the per-voxel constant becomes -w_k c(x), which does not
+drop out unless all w_k are equal): it is then a calibration map of its own on the log-probabilities (a diagonal
+Dirichlet calibration, Kull et al. 2019), recorded as such.
+
+**Refused**: local temperature scaling (``lts``) is a network on the image and the logits themselves; the saved
+probabilities give the logits only up to a per-voxel constant its convolutions are not invariant to, and no image.
+
+Fits go through :func:`mcseg.calibration.posthoc.fit_posthoc` (same voxel sample, objectives, identity fallback and
+warnings as a trained run's) with :class:`SavedProbabilities` as the predictor, and are recorded in
+``<out>/calibration.json`` keyed by the sha256 of the validation files (the checkpoint's hash for a trained run).
+"""
+from __future__ import annotations
+
+import hashlib
+import pickle
+import shutil
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mcseg.calibration import PosthocConfig, fit_posthoc
+from mcseg.calibration.scalers import SCALER_TYPES, Scaler, load_scaler
+from mcseg.data.cases import CaseData
+from mcseg.evaluation.evaluator import EvalProtocol
+from mcseg.evaluation.folders import (ChannelLastFolder, FolderError, McsegFolder, NnUNetFolder, PredictionFolder,
+                                      Reference, read_case, segmentation_of)
+from mcseg.evaluation.provenance import file_sha256
+
+__all__ = ["FLOOR", "CEIL", "REFUSED", "SavedProbabilities", "calibrate_folder", "fit_folders", "log_probabilities"]
+
+FLOOR = 2.0 ** -126   # float32's smallest normal number: ln FLOOR = -87.34
+CEIL = 1.0 - 2.0 ** -24  # the largest float32 below 1: logit(CEIL) = 16.64
+REFUSED = {"lts": "local temperature scaling is a network on the image and the logits themselves; saved "
+                  "probabilities give the logits only up to a per-voxel constant, which its convolutions are not "
+                  "invariant to, and no image"}
+CLAMP_TEXT = (f"p clamped to [2^-126, 1 - 2^-24] before the log (softmax: ln max(p, 2^-126) >= -87.34; sigmoid: "
+              f"logit(p) within +-16.64): float32 underflow and saturation, and nnU-Net's p = 0 outside its crop box")
+
+
+def log_probabilities(probs: torch.Tensor, multilabel: bool) -> torch.Tensor:
+    """The logits of saved probabilities, up to what the link ignores: ln p (softmax: the logits up to a
+    per-voxel constant) or logit(p) (sigmoid: the logits), p clamped as stated in the module docstring."""
+    p = probs.float()
+    if multilabel:
+        p = p.clamp(FLOOR, CEIL)
+        return torch.log(p) - torch.log1p(-p)
+    return torch.log(p.clamp_min(FLOOR))
+
+
+def _link(multilabel: bool):
+    return torch.sigmoid if multilabel else (lambda z: torch.softmax(z, 1))
+
+
+class SavedProbabilities:
+    """Saved probabilities as the predictor :func:`~mcseg.calibration.posthoc.fit_posthoc` fits scalers to: its
+    "logits" are the log-probabilities of each case (:func:`log_probabilities`), carried in ``case.meta``."""
+
+    def __init__(self, multilabel: bool) -> None:
+        self.multilabel = multilabel
+        self.link = _link(multilabel)
+
+    def eval(self) -> SavedProbabilities:
+        return self
+
+    def logits(self, case: CaseData) -> torch.Tensor:
+        return case.meta["log_probabilities"]
+
+    def probabilities(self, logits: torch.Tensor) -> torch.Tensor:
+        return self.link(logits[None])[0]
+
+    def label_map(self, probs: torch.Tensor) -> torch.Tensor:
+        return (probs > 0.5).to(torch.uint8) if self.multilabel else probs.argmax(0).to(torch.uint8)
+
+
+def _fit_owners(folders: Sequence[PredictionFolder], cases: Sequence[str] | None) -> dict[str, PredictionFolder]:
+    """Which folder holds each fit case: folds' validation folders hold disjoint cases (together, every training
+    case once, out of fold)."""
+    owners: dict[str, PredictionFolder] = {}
+    for folder in folders:
+        for case in folder.cases():
+            if case in owners:
+                raise FolderError(f"case {case} is in both {owners[case].path} and {folder.path}: the folders a "
+                                  f"temperature is fitted on must hold different cases (the folds' validation outputs)")
+            owners[case] = folder
+    if cases is not None:
+        missing = [c for c in cases if c not in owners]
+        if missing:
+            raise FolderError(f"{len(missing)} fit case(s) in no fit folder: {', '.join(missing[:10])}")
+        owners = {c: owners[c] for c in cases}
+    return dict(sorted(owners.items()))
+
+
+def fit_folders(folders: Sequence[PredictionFolder], reference: Reference, out_dir: Path,
+                scalers: Sequence[str] = ("temperature",), cases: Sequence[str] | None = None,
+                posthoc: PosthocConfig | None = None, protocol: EvalProtocol | None = None) -> tuple[dict, dict[str, Scaler]]:
+    """Fit ``scalers`` on the saved probabilities of the fit cases (every case of ``folders``, or ``cases``)
+    against ``reference``; the record goes to ``out_dir/calibration.json``. Returns it and the fitted scalers."""
+    refused = [s for s in scalers if s in REFUSED]
+    if refused:
+        raise FolderError(f"post-hoc scaler {refused[0]!r} cannot be fitted on saved probabilities: {REFUSED[refused[0]]}")
+    unknown = [s for s in scalers if s not in SCALER_TYPES]
+    if unknown:
+        raise FolderError(f"post-hoc scaler {unknown[0]!r}: expected one of "
+                          f"{', '.join(s for s in SCALER_TYPES if s not in REFUSED)}")
+    protocol = protocol or EvalProtocol()
+    default = PosthocConfig()
+    posthoc = posthoc or default
+    try:
+        cfg = PosthocConfig(fit=list(scalers), apply=list(scalers), max_voxels=posthoc.max_voxels,
+                            max_iter=posthoc.max_iter, seed=posthoc.seed, voxels=posthoc.voxels,
+                            objective=posthoc.objective)
+    except ValueError as exc:
+        raise FolderError(str(exc)) from None
+    owners = _fit_owners(folders, cases)
+    unlabelled = [c for c in owners if c not in reference.labels]
+    if unlabelled:
+        raise FolderError(f"{len(unlabelled)} fit case(s) without a label in {reference.root}: "
+                          f"{', '.join(unlabelled[:10])}")
+    task = reference.task
+    read: list[Path] = [*reference.files, *dict.fromkeys(f for folder in folders for f in folder.config_files())]
+    for case, folder in owners.items():
+        read += [reference.labels[case], *folder.case_files(case)]
+    digests = {str(p.resolve()): file_sha256(p) for p in dict.fromkeys(read)}
+    key = hashlib.sha256("\n".join(f"{digests[p]}" for p in sorted(digests)).encode()).hexdigest()
+
+    def fit_cases() -> Iterator[CaseData]:
+        for case, folder in owners.items():
+            label_vol, label, probs, _, _ = read_case([folder], reference, case)
+            if probs is None:
+                raise FolderError(f"case {case}: {folder.path} has label maps only; a fit needs probabilities")
+            yield CaseData(case, np.zeros((0,), np.float32), label.numpy(), tuple(label_vol.spacing), label_vol.affine,
+                           {"log_probabilities": log_probabilities(probs, task.multilabel)})
+
+    identity = {"path": [str(Path(f.path).resolve()) for f in folders], "sha256": key,
+                "kind": "saved probabilities (sha256 over the sha256 of every file read for the fit)"}
+    how = {"link": "sigmoid per region" if task.multilabel else "softmax",
+           "logits_from_probabilities": ("logit(p) = the logits" if task.multilabel else
+                                         "ln p = the logits minus a per-voxel constant, which the softmax ignores"),
+           "clamp": CLAMP_TEXT}
+    if "vector" in scalers and not task.multilabel:
+        how["vector"] = ("vector scaling of the log-probabilities w_k ln p_k + b_k: not the logits' vector scaling "
+                         "(the per-voxel constant does not drop out), a diagonal Dirichlet calibration")
+    provenance = {"fitted_on_probabilities": how, "predictions": [f.identity() for f in folders],
+                  "reference": {"path": str(reference.root.resolve()), "kind": reference.kind},
+                  "input_files_sha256": digests}
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    try:
+        record = fit_posthoc(SavedProbabilities(task.multilabel), fit_cases(), cfg, Path(out_dir), identity,
+                             provenance, protocol)
+    except ValueError as exc:
+        raise FolderError(str(exc)) from None
+    fitted = {name: load_scaler(name, record["scalers"][name], Path(out_dir)) for name in scalers}
+    return record, fitted
+
+
+def calibrate_folder(folder: PredictionFolder, scaler: Scaler, out_dir: Path, multilabel: bool) -> list[str]:
+    """Write ``folder``'s probabilities scaled by ``scaler`` to ``out_dir`` in the tool's own format: nnU-Net's
+    ``<case>.npz`` (float32, same axis order), ``<case>.pkl`` copied, the label map re-derived as nnU-Net does
+    (argmax; regions: p > 0.5 in ``regions_class_order``) on the original label map's grid, plans.json and
+    dataset.json copied; MONAI's and mcseg's maps with their NIfTI header. Returns the cases written."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    link = _link(multilabel)
+
+    def scaled(case: str, path: Path, probs: np.ndarray, channel_axis: int) -> np.ndarray:
+        checked = folder.check_probabilities(case, path, np.moveaxis(np.asarray(probs), channel_axis, 0))
+        z = log_probabilities(torch.from_numpy(checked), multilabel)
+        with torch.no_grad():
+            p = link(scaler.apply(z)[None])[0]
+        return np.ascontiguousarray(np.moveaxis(p.numpy().astype(np.float32), 0, channel_axis))
+
+    for config in folder.config_files():
+        if config.parent != out_dir:
+            shutil.copy2(config, out_dir / config.name)
+    for case in folder.cases():
+        if isinstance(folder, NnUNetFolder):
+            _write_nnunet(folder, case, scaled, out_dir)
+        elif isinstance(folder, ChannelLastFolder):
+            _write_channel_last(folder, case, scaled, out_dir)
+        else:  # pragma: no cover - every format is one of the two
+            raise FolderError(f"{folder.path}: cannot write {folder.format} files")
+    return folder.cases()
+
+
+def _write_nnunet(folder: NnUNetFolder, case: str, scaled, out_dir: Path) -> None:
+    import SimpleITK as sitk
+
+    from mcseg.data.io import atomic_write
+
+    with np.load(folder.path / f"{case}.npz") as stored:
+        probs = scaled(case, folder.path / f"{case}.npz", stored["probabilities"], 0)
+    atomic_write(out_dir / f"{case}.npz", lambda tmp: _savez(tmp, probs))
+    shutil.copy2(folder.path / f"{case}.pkl", out_dir / f"{case}.pkl")
+    props = pickle.loads((folder.path / f"{case}.pkl").read_bytes())  # nnU-Net's own file, of the folder given
+    seg_path = folder.path / f"{case}{folder.file_ending}"
+    template = sitk.ReadImage(str(seg_path))
+    seg = segmentation_of(probs, folder.task)  # in nnU-Net's array order, then the file's (x, y[, z])
+    seg = folder.file_order(case, seg.reshape(-1, *seg.shape[-template.GetDimension():]), props)[0][0]
+    array = sitk.GetArrayViewFromImage(template)  # SimpleITK's (z, y, x): the file's axes reversed
+    image = sitk.GetImageFromArray(np.ascontiguousarray(seg.T).astype(array.dtype))
+    image.CopyInformation(template)
+    atomic_write(out_dir / seg_path.name, lambda tmp: sitk.WriteImage(image, str(tmp), True))
+
+
+def _savez(tmp: Path, probs: np.ndarray) -> None:
+    with open(tmp, "wb") as f:  # a file object: np.savez would append .npz to a temporary name
+        np.savez_compressed(f, probabilities=probs)
+
+
+def _write_channel_last(folder: ChannelLastFolder, case: str, scaled, out_dir: Path) -> None:
+    import nibabel as nib
+
+    from mcseg.data.io import atomic_write
+
+    path = folder.files[case]
+    img = nib.load(str(path))
+    probs = scaled(case, path, img.get_fdata(dtype=np.float32), -1)
+    target = out_dir / path.relative_to(folder.path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    header = img.header.copy()
+    header.set_data_dtype(np.float32)
+    atomic_write(target, lambda tmp: nib.save(nib.Nifti1Image(probs, img.affine, header), str(tmp)))
+    if isinstance(folder, McsegFolder) and case in folder.label_maps:  # mcseg's label map: the new arg-max
+        maps = folder.label_maps[case]
+        ref = nib.load(str(maps))
+        channels_first = np.moveaxis(probs, -1, 0)
+        labels = (channels_first > 0.5).astype(np.uint8) if folder.task.multilabel else channels_first.argmax(0)
+        labels = np.moveaxis(labels, 0, -1) if folder.task.multilabel else labels
+        out = nib.Nifti1Image(labels.reshape(ref.shape).astype(ref.get_data_dtype()), ref.affine, ref.header)
+        atomic_write(out_dir / maps.name, lambda tmp: nib.save(out, str(tmp)))

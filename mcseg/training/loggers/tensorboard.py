@@ -1,0 +1,47 @@
+"""TensorBoard as a tracker: today's events in ``<run>/tensorboard`` (:mod:`mcseg.training.tb_logger`)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from mcseg.training.loggers.base import Tracker, note_failure
+from mcseg.training.tb_logger import TensorBoardLogger
+
+
+class TensorBoardTracker(Tracker):
+    """Scalars, validation overlays and reliability diagrams at the global step, and the HParams view of the
+    training's test evaluation. TensorBoard's own full-disk handling (one warning) stays; its failure is
+    recorded like any tracker's."""
+
+    name = "tensorboard"
+
+    def __init__(self, settings: dict, run_dir: Path, record=None, parent=None, run_name=None, resumed=False):
+        self.tb = TensorBoardLogger(run_dir / "tensorboard")
+
+    def _call(self, method: str, *args) -> None:
+        was_on = self.tb.log_dir is not None
+        getattr(self.tb, method)(*args)
+        if was_on and self.tb.log_dir is None:
+            note_failure(self.name, self.tb.error or "stopped")
+
+    def resume_at(self, step: int) -> None:
+        self.tb.resume_at(step)
+
+    def scalars(self, values, step):
+        self._call("scalars", values, step)
+
+    def figure(self, tag, fig, step):
+        self._call("figure", tag, fig, step)
+
+    def overlays(self, tag, cases, step):
+        self._call("overlays", tag, cases, step)
+
+    def evaluation(self, name, metrics, files, step, hparams=None):
+        if hparams is not None:  # the training's own test evaluation: TensorBoard's HParams view of a sweep's runs
+            final = {f"final/test_{k}": metrics.get(k) for k in HPARAM_METRICS}
+            self._call("hparams", hparams["params"], final | hparams.get("metrics", {}))
+
+    def close(self, status="FINISHED"):
+        self._call("close")
+
+
+HPARAM_METRICS = ("mean_foreground_dice", "mean_foreground_hd95_mm", "mean_ece", "mean_classwise_ece")

@@ -1,0 +1,85 @@
+"""Soft targets (dataset.raters.target=mean): CE, label smoothing, focal, SVLS and Brier take class probabilities; one-hot
+soft targets give the hard loss; CE on the rater mean is the mean of the raters' CEs; the other losses refuse
+soft targets in one line naming the loss and the targets it accepts. Focal and SVLS are linear in the
+target too, so on the rater mean they are the mean of the raters' losses."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mcseg.losses import BrierLoss, CELoss, FocalLoss, LabelSmoothingLoss, SVLSLoss
+from mcseg.losses.base import hard_label_only
+from mcseg.losses import CEDiceLoss
+
+
+def _case(seed: int = 0, k: int = 3):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(2, 3, 5, 4, generator=g, dtype=torch.float64)
+    raters = torch.randint(0, 3, (k, 2, 5, 4), generator=g)
+    q = torch.stack([(raters == c).double().mean(0) for c in range(3)], dim=1)  # B x C x S rater mean
+    return logits, raters, q
+
+
+SOFT = [CELoss(), LabelSmoothingLoss(alpha=0.2), BrierLoss(), FocalLoss(gamma=2.0), SVLSLoss(sigma=1.0)]
+
+
+@pytest.mark.parametrize("loss", SOFT, ids=lambda loss: type(loss).__name__)
+def test_one_hot_soft_targets_give_the_hard_loss(loss):
+    logits, raters, _ = _case()
+    onehot = torch.nn.functional.one_hot(raters[0], 3).movedim(-1, 1).double()
+    assert loss(logits, onehot).item() == pytest.approx(loss(logits, raters[0]).item(), rel=1e-12)
+
+
+@pytest.mark.parametrize("loss", [CELoss(), LabelSmoothingLoss(alpha=0.2), FocalLoss(gamma=2.0), SVLSLoss()],
+                         ids=lambda loss: type(loss).__name__)
+def test_ce_on_the_rater_mean_is_the_mean_of_the_raters_ce(loss):
+    logits, raters, q = _case(1, k=4)
+    assert loss(logits, q).item() == pytest.approx(torch.stack([loss(logits, r) for r in raters]).mean().item(),
+                                                   rel=1e-12)
+
+
+def test_brier_on_the_rater_mean_is_not_the_mean_of_the_raters_brier():
+    logits, raters, q = _case(2, k=4)
+    loss = BrierLoss()
+    disagreement = (q * (1 - q)).sum(1).mean()
+    assert loss(logits, q).item() == pytest.approx(
+        torch.stack([loss(logits, r) for r in raters]).mean().item() - disagreement.item(), rel=1e-12)
+
+
+def test_soft_targets_have_gradients_and_are_checked():
+    logits, _, q = _case(3)
+    logits.requires_grad_(True)
+    CELoss()(logits, q).backward()
+    assert torch.isfinite(logits.grad).all()
+    with pytest.raises(ValueError, match="soft target must hold class probabilities"):
+        CELoss()(logits.detach(), q * 2)
+
+
+def test_a_hard_label_loss_refuses_soft_targets_in_one_line():
+    logits, _, q = _case(4)
+    message = hard_label_only(CEDiceLoss)
+    assert "\n" not in message and message.startswith("loss CEDiceLoss needs a hard label")
+    assert "majority, staple, random or a rater's name" in message
+    with pytest.raises(ValueError, match="loss CEDiceLoss needs a hard label per voxel and refuses "
+                                         "dataset.raters.target=mean"):
+        CEDiceLoss()(logits, q)
+
+
+def test_dice_semimetric_and_ace_take_soft_targets():
+    from mcseg.losses import DiceSemimetricLoss, L1ACELoss
+
+    logits, raters, q = _case(5, k=4)
+    onehot = torch.nn.functional.one_hot(raters[0], 3).movedim(-1, 1).double()
+    dml = DiceSemimetricLoss(lambda_ce=0.25, active_classes="present")
+    assert dml(logits, onehot).item() == pytest.approx(dml(logits, raters[0]).item(), rel=1e-12)
+    # DML is a semimetric: 0 exactly where the prediction is the (soft) target
+    positive = (q + 0.1) / (q + 0.1).sum(1, keepdim=True)
+    assert DiceSemimetricLoss(smooth=0.0)(positive.log(), positive).item() == pytest.approx(0.0, abs=1e-12)
+    for binning in ("hard", "soft"):
+        ace = L1ACELoss(binning=binning, lambda_ce=0.5)
+        assert ace(logits, onehot).item() == pytest.approx(ace(logits, raters[0]).item(), rel=1e-12)
+        assert torch.isfinite(ace(logits, q))
+    with_dice = L1ACELoss(lambda_dice=0.5)
+    assert not with_dice.soft_targets
+    with pytest.raises(ValueError, match=r"^loss L1ACELoss with lambda_dice > 0 \(its soft Dice term\) needs a hard"):
+        with_dice(logits, q)

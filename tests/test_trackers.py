@@ -1,0 +1,289 @@
+"""Trackers (issue #38): what a training, its resume, a re-evaluation and a sweep log, read back through each
+library's own API (MLflow: MlflowClient on the SQLite store; wandb: the offline run's transaction log, read
+with wandb's DataStore; CSV: the csv module; TensorBoard: its EventAccumulator).
+
+One tiny training with every tracker on, interrupted in its last epoch and resumed, then re-evaluated on its
+validation split, is shared by the module (one MLflow database, created once: its migrations are the slow part)."""
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import logging
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, TINY_2D, compose_config, run_cli
+
+mlflow_missing = importlib.util.find_spec("mlflow") is None
+wandb_missing = importlib.util.find_spec("wandb") is None
+needs_both = pytest.mark.skipif(mlflow_missing or wandb_missing, reason="needs the mlflow and wandb extras "
+                                "(pip install -e '.[test]')")
+ALL = "logger=[tensorboard,csv,mlflow,wandb]"
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> str:
+    return f"sqlite:///{tmp_path_factory.mktemp('mlflow')}/mlflow.db"
+
+
+@pytest.fixture(scope="module")
+def logged(tmp_path_factory, store):
+    """A tiny run with every tracker on: killed in its second (last) epoch's validation, resumed, then
+    re-evaluated on its validation split. Returns the run folder."""
+    if mlflow_missing or wandb_missing:
+        pytest.skip("needs the mlflow and wandb extras")
+    from mcseg.evaluate import evaluate
+    from mcseg.train import train
+    from mcseg.training.trainer import Trainer
+
+    base = tmp_path_factory.mktemp("tracked")
+    run = base / "run"
+    overrides = TINY_2D + [ALL, f"logger.mlflow.tracking_uri={store}", "trainer.deterministic=true"]
+    validate = Trainer.validate
+
+    def killed_in_the_second_validation(self, epoch, full=False):
+        if epoch == 1:  # epoch 2's steps were logged, its checkpoint not yet written
+            raise KeyboardInterrupt("simulated interruption")
+        return validate(self, epoch, full)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MCSEG_CACHE_DIR", str(base / "cache"))
+        mp.setenv("WANDB_SILENT", "true")
+        mp.setattr(Trainer, "validate", killed_in_the_second_validation)
+        with pytest.raises(KeyboardInterrupt):
+            train(compose_config("train", overrides, run))
+        mp.setattr(Trainer, "validate", validate)
+        train(compose_config("train", overrides + ["trainer.resume=true"], run))
+        evaluate(compose_config("evaluate", [f"ckpt={run}", "split=val"], base / "evaluate"))
+    return run
+
+
+@needs_both
+def test_mlflow_holds_one_run_with_params_metrics_per_step_and_artefacts(logged, store):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=store)
+    record = json.loads((logged / "trackers.json").read_text())
+    assert record["mlflow"]["tracking_uri"] == store and record["step"] == 4
+    experiment = client.get_experiment_by_name("synthetic2d")  # the dataset's name
+    runs = client.search_runs([experiment.experiment_id], filter_string=f"tags.`mcseg.run_dir` = '{logged}'")
+    assert [r.info.run_id for r in runs] == [record["mlflow"]["run_id"]]  # the resume did not start another run
+    run = runs[0]
+    assert run.info.status == "FINISHED" and run.info.run_name == "run"
+    params, tags = run.data.params, run.data.tags
+    assert params["loss._target_"] == "mcseg.losses.CELoss" and params["optim.lr"] == "0.001"
+    assert params["model.channels"] == "[8, 16, 32]" and params["trainer.max_epochs"] == "2"
+    result = json.loads((logged / "result.json").read_text())["run"]
+    assert tags["configuration"] == result["configuration"]
+    assert tags["configuration_sha256"] == result["configuration_sha256"]
+    assert tags["dataset_content_sha256"] == result["dataset_content"]
+    assert tags["code.git_commit"] and tags["libraries.torch"]
+
+    def steps(key):
+        return [m.step for m in client.get_metric_history(run.info.run_id, key)]
+
+    # each step once, continuing where the checkpoint was: the interrupted epoch's values were never sent
+    assert steps("train/loss_step") == [1, 2, 3, 4]
+    assert steps("val/mean_ece") == [2, 4] and steps("train/loss") == [2, 4]
+    summary = json.loads((logged / "eval/test/summary.json").read_text())
+    metrics = run.data.metrics
+    for key in ("mean_foreground_dice", "mean_foreground_hd95_mm", "mean_ece", "mean_classwise_ece", "mean_nll",
+                "mean_brier"):
+        assert metrics[f"eval/test/{key}"] == pytest.approx(summary[key]), key
+    assert "eval/test/failure_detection/predictive_entropy/image/aurc" in metrics
+    # the re-evaluation went to the same run, at its last step
+    val = json.loads((logged / "eval/val/summary.json").read_text())
+    assert metrics["eval/val/mean_ece"] == pytest.approx(val["mean_ece"]) and steps("eval/val/mean_ece") == [4]
+    assert {f.path for f in client.list_artifacts(run.info.run_id, "eval/test")} >= {
+        "eval/test/summary.json", "eval/test/provenance.json"}
+    assert "eval/val/summary.json" in {f.path for f in client.list_artifacts(run.info.run_id, "eval/val")}
+
+
+def _wandb_records(run: Path) -> list[tuple[str, object]]:
+    """Every record of the run's offline transaction logs, oldest folder first, read with wandb's own reader."""
+    from wandb.proto import wandb_internal_pb2
+    from wandb.sdk.internal import datastore
+
+    records = []
+    for path in sorted(run.glob("wandb/offline-run-*/run-*.wandb")):
+        store = datastore.DataStore()
+        store.open_for_scan(str(path))
+        while (data := store.scan_data()) is not None:
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(data)
+            records.append((record.WhichOneof("record_type"), record))
+    return records
+
+
+def _key(item) -> str:
+    return item.key or "/".join(item.nested_key)  # wandb stores a key with "/" as its nested path
+
+
+@needs_both
+def test_wandb_offline_run_continues_one_run_id_read_with_wandb_reader(logged):
+    record = json.loads((logged / "trackers.json").read_text())["wandb"]
+    assert record["mode"] == "offline"
+    folders = sorted(logged.glob("wandb/offline-run-*"))
+    assert len(folders) == 3 and all(f.name.endswith(record["id"]) for f in folders)  # train, resume, re-evaluation
+    records = _wandb_records(logged)
+    assert {r.run.run_id for kind, r in records if kind == "run"} == {record["id"]}
+    history = [{_key(item): json.loads(item.value_json) for item in r.history.item} for kind, r in records
+               if kind == "history"]
+    loss_steps = [h["_step"] for h in history if "train/loss_step" in h]
+    assert loss_steps == [1, 2, 3, 4]
+    assert [h["_step"] for h in history if "val/mean_ece" in h] == [2, 4]
+    summary = json.loads((logged / "eval/test/summary.json").read_text())
+    test = next(h for h in history if "eval/test/mean_ece" in h)
+    assert test["eval/test/mean_ece"] == pytest.approx(summary["mean_ece"]) and test["_step"] == 4
+    assert any("eval/val/mean_ece" in h for h in history)
+    config = {_key(item): json.loads(item.value_json) for kind, r in records if kind in ("run", "config")
+              for item in (r.run.config.update if kind == "run" else r.config.update)}
+    assert config["optim.lr"] == pytest.approx(1e-3) and config["tag.loss"] == "ce"
+    assert json.loads((folders[1] / "files/eval/test/summary.json").read_text())["mean_ece"] == summary["mean_ece"]
+
+
+@needs_both
+def test_csv_and_tensorboard_hold_each_step_once(logged):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    with open(logged / "csv/metrics.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["step"]) for r in rows if r["key"] == "train/loss_step"] == [1, 2, 3, 4]
+    assert {r["key"] for r in rows} >= {"val/mean_ece", "eval/test/mean_ece", "eval/val/mean_ece"}
+    with open(logged / "csv/params.csv", newline="") as f:
+        params = dict(csv.reader(f))
+    assert params["trainer.max_epochs"] == "2" and params["tag.loss"] == "ce"
+    events = EventAccumulator(str(logged / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    assert [e.step for e in events.Scalars("train/loss_step")] == [1, 2, 3, 4]  # TensorBoard as before
+
+
+@needs_both
+def test_a_sweep_job_is_a_child_of_the_sweeps_parent_run(tmp_path, store):
+    """What a sweep's jobs find in its folder (written before the first job by the SweepSummary callback)."""
+    from mlflow.tracking import MlflowClient
+
+    from mcseg.training.loggers import build_trackers, close_sweep, open_sweep
+
+    logger = {"mlflow": {"tracking_uri": store, "experiment_name": "sweeps"}, "wandb": {"mode": "offline"}}
+    sweep = tmp_path / "multiruns/2026-01-01_00-00-00"
+    open_sweep(logger, sweep)
+    parent = json.loads((sweep / "trackers.json").read_text())
+    assert parent["wandb"] == {"group": "2026-01-01_00-00-00"}
+    jobs = [build_trackers({"mlflow": logger["mlflow"]}, sweep / f"{n}_seed={n}", sweep_dir=sweep,
+                           run_name=f"{n}_seed={n}") for n in range(2)]
+    for job in jobs:
+        job.close()
+    (sweep / "sweep_summary.json").write_text("{}")
+    close_sweep(sweep, [sweep / "sweep_summary.json"])
+    client = MlflowClient(tracking_uri=store)
+    children = client.search_runs([parent["mlflow"]["experiment_id"]],
+                                  filter_string=f"tags.`mlflow.parentRunId` = '{parent['mlflow']['run_id']}'")
+    assert sorted(r.info.run_name for r in children) == ["0_seed=0", "1_seed=1"]
+    top = client.get_run(parent["mlflow"]["run_id"])
+    assert top.info.status == "FINISHED" and top.info.run_name == "2026-01-01_00-00-00"
+    assert [f.path for f in client.list_artifacts(top.info.run_id)] == ["sweep_summary.json"]
+
+
+def test_a_tracker_that_fails_warns_once_and_the_run_goes_on(tmp_path, caplog):
+    """A tracker raising (a locked database, a server that does not answer) is one warning naming it and the
+    error; the others go on and the failure is recorded for the run's status."""
+    from mcseg.training.loggers import Tracker, Trackers, failures, reset_failures
+
+    class Locked(Tracker):
+        name = "mlflow"
+
+        def scalars(self, values, step):
+            raise RuntimeError("(sqlite3.OperationalError) database is locked\n[SQL: INSERT ...]")
+
+    class Kept(Tracker):
+        name = "csv"
+        seen: list = []
+
+        def scalars(self, values, step):
+            self.seen.append(step)
+
+    reset_failures()
+    trackers = Trackers([Locked(), Kept()])
+    with caplog.at_level(logging.WARNING):
+        for step in (1, 2, 3):
+            trackers.scalars({"train/loss": 1.0}, step)
+        trackers.close()
+    warned = [r.getMessage() for r in caplog.records if "tracker" in r.getMessage()]
+    assert warned == ["tracker mlflow failed (RuntimeError: (sqlite3.OperationalError) database is locked); it is "
+                      "off for the rest of this run, which goes on (its folder stays the record)"]
+    assert Kept.seen == [1, 2, 3] and trackers.names == ["csv"]
+    assert failures() == [{"tracker": "mlflow", "error": "RuntimeError: (sqlite3.OperationalError) database is locked"}]
+    reset_failures()
+
+
+@pytest.mark.skipif(mlflow_missing, reason="needs the mlflow extra")
+def test_a_store_that_cannot_be_opened_is_recorded_in_the_runs_status(tmp_path, caplog, monkeypatch):
+    """A real failure at start (the store's folder cannot be made: a file is in its way): the run completes,
+    the CSV tracker beside it logs everything, and status.json names the tracker and the error."""
+    from mcseg import sweep
+    from mcseg.train import train
+
+    monkeypatch.setenv("MCSEG_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "blocked").write_text("a file, not a folder")
+    run = tmp_path / "run"
+    cfg = compose_config("train", TINY_2D + ["logger=[csv,mlflow]", "trainer.max_epochs=1",
+                                             f"logger.mlflow.tracking_uri=sqlite:///{tmp_path}/blocked/mlflow.db"], run)
+    with caplog.at_level(logging.WARNING):
+        assert sweep.run_job(train, cfg, checks_itself=True)["test/mean_ece"] is not None
+    status = json.loads((run / "status.json").read_text())
+    assert status["status"] == "completed"
+    [failure] = status["tracker_failures"]
+    assert failure["tracker"] == "mlflow" and "blocked" in failure["error"]
+    assert sum("tracker mlflow failed" in r.getMessage() for r in caplog.records) == 1
+    assert "eval/test/mean_ece" in (run / "csv/metrics.csv").read_text()
+
+
+def test_logger_group_composes_each_tracker_and_lists_of_them(tmp_path, monkeypatch):
+    from mcseg.config import LoggerConfig, typed
+    from mcseg.errors import ConfigError
+    from mcseg.training import loggers
+
+    def chosen(*overrides):
+        cfg = compose_config("train", list(overrides), tmp_path / "run")
+        return loggers.enabled(cfg.logger), typed(cfg.logger, LoggerConfig, "logger")
+
+    assert chosen()[0] == ["tensorboard"]  # the default, as before
+    assert chosen("logger=none")[0] == [] and chosen("logger=none")[1].images == 0
+    assert chosen("logger=[tensorboard,mlflow]")[0] == ["tensorboard", "mlflow"]
+    names, typed_cfg = chosen("logger=[csv,wandb]", "logger.wandb.mode=online")
+    assert names == ["csv", "wandb"] and typed_cfg.wandb.mode == "online" and typed_cfg.images == 2
+    assert chosen("logger=mlflow")[1].mlflow.tracking_uri == "sqlite:///outputs/mlflow.db"
+    with pytest.raises(ConfigError, match="logger.wandb.mode"):
+        chosen("logger=wandb", "logger.wandb.mode=sometimes")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ConfigError, match=r"logger=mlflow needs the mlflow library: pip install .*\[mlflow\]"):
+        loggers.build_trackers({"mlflow": {}}, tmp_path / "run")
+
+
+@pytest.mark.slow
+@needs_both
+def test_a_two_job_sweep_is_one_parent_run_with_a_child_per_job(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    done = run_cli("train.py", ["-m", *TINY_2D, "seed=0,1", "logger=[mlflow,wandb]", f"logger.mlflow.tracking_uri={store}",
+                                f"hydra.sweep.dir={sweep_dir}"], timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    from mlflow.tracking import MlflowClient
+
+    parent = json.loads((sweep_dir / "trackers.json").read_text())
+    client = MlflowClient(tracking_uri=store)
+    top = client.get_run(parent["mlflow"]["run_id"])
+    assert top.info.status == "FINISHED" and top.info.run_name == sweep_dir.name
+    assert {f.path for f in client.list_artifacts(top.info.run_id)} == {"sweep_summary.json", "sweep_summary.md"}
+    children = client.search_runs([parent["mlflow"]["experiment_id"]],
+                                  filter_string=f"tags.`mlflow.parentRunId` = '{top.info.run_id}'")
+    assert sorted(r.data.params["seed"] for r in children) == ["0", "1"]
+    assert all(r.info.status == "FINISHED" and "eval/test/mean_ece" in r.data.metrics for r in children)
+    for job in sorted(p for p in sweep_dir.iterdir() if (p / "result.json").is_file()):
+        record = json.loads((job / "trackers.json").read_text())
+        assert record["wandb"]["group"] == sweep_dir.name
+        assert record["mlflow"]["run_id"] in {r.info.run_id for r in children}
