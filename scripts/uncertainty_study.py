@@ -74,9 +74,11 @@ def _evaluate(kind: str, target, overrides: list[str]) -> tuple[dict, float]:
     try:
         summary = evaluate_ensemble(cfg, target, overrides) if kind == "ensemble" else \
             evaluate_checkpoint(cfg, target, overrides)
-    except FileExistsError as exc:  # evaluated before: read back
-        path = Path(str(exc).split(" exists")[0])
-        return json.loads(path.read_text()), 0.0
+    except FileExistsError as exc:  # evaluated before: read back; any other refusal is the user's to read
+        path, sep, _ = str(exc).partition(" exists (an earlier evaluation")
+        if not sep or not Path(path).is_file():
+            raise
+        return json.loads(Path(path).read_text()), 0.0
     return summary, time.perf_counter() - start
 
 

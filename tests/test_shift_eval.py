@@ -41,6 +41,22 @@ def test_a_clean_evaluation_from_before_the_failure_detection_options_is_still_o
         "another evaluation protocol (evaluation.failure_region: None stored, 'all' requested)")
 
 
+def test_a_clean_evaluation_from_before_the_rater_options_is_still_of_the_same_protocol():
+    """A summary written before a protocol key existed was computed with its default: the rater_* keys (which
+    only datasets with several raters use) must not make every earlier clean evaluation 'another protocol'
+    (the uncertainty study's ensembles under shift were refused so)."""
+    from dataclasses import asdict
+
+    from mcseg.config import EvalProtocol
+    from mcseg.evaluation.shift import _same_origin
+
+    now = json.loads(json.dumps(asdict(EvalProtocol())))
+    older = {"protocol": {k: v for k, v in now.items() if not k.startswith("rater_")}}
+    assert _same_origin(older, "ab" * 32, now, None) is None
+    assert _same_origin(older, "ab" * 32, {**now, "rater_crop": "curvas2024"}, None) == (
+        "another evaluation protocol (evaluation.rater_crop: 'all' stored, 'curvas2024' requested)")
+
+
 def test_a_shift_suite_writes_one_evaluation_per_condition_and_a_summary(tiny_run, tmp_path):
     clean = tiny_run / "eval" / "test"
     official = (clean / "summary.json").read_bytes()

@@ -22,7 +22,7 @@ import json
 import logging
 import math
 import time
-from dataclasses import fields
+from dataclasses import asdict, fields
 from pathlib import Path
 
 from mcseg.data.base import SegmentationDataset
@@ -66,14 +66,19 @@ def _protocol_record(dataset: SegmentationDataset, protocol: EvalProtocol, multi
     return json.loads(json.dumps(_json_safe(evaluator.protocol_description())))
 
 
+# Every key of the evaluation protocol at its default, as a summary records it (JSON).
+PROTOCOL_DEFAULTS = json.loads(json.dumps(asdict(EvalProtocol())))
+
+
 def _same_origin(summary: dict, sha256: str, protocol: dict, inference: dict | None) -> str | None:
     """What differs between an earlier summary and this evaluation (checkpoint, protocol, members), or None."""
     prov = summary.get("provenance") or {}
     if (prov.get("checkpoint") or {}).get("sha256", sha256) != sha256:
         return f"checkpoint sha256 {prov['checkpoint']['sha256'][:8]}, not {sha256[:8]}"
     def numbers(record: dict | None) -> dict:  # what the figures depend on, not which files are written
-        # summaries written before failure detection took its own region and risk used these defaults
-        record = {"failure_region": None, "failure_risk": "macro", **(record or {})}
+        # a summary written before a protocol key existed (failure_region and failure_risk, the rater_* keys)
+        # was computed with that key's default
+        record = {**PROTOCOL_DEFAULTS, **(record or {})}
         return {k: v for k, v in record.items() if k not in ("figures", "save_uncertainty")}
 
     stored, requested = numbers(summary.get("protocol")), numbers(protocol)
