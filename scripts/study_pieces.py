@@ -370,7 +370,8 @@ STUDIES_DOC = {
                     "and after the temperature fitted on the validation split.",
     "ensembles_under_shift": "The three-seed ensembles of CE + Dice and of the margin loss (m = 3) under ROOD-MRI "
                              "(`shift=rood_mri`), raw and after the temperature fitted on the clean validation "
-                             "prediction of the pooled ensemble.",
+                             "prediction of the pooled ensemble. Its training seconds are those of the uncertainty "
+                             "study's runs that it evaluates (retrained only when their run folders are gone).",
 }
 
 
