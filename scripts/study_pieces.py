@@ -271,7 +271,6 @@ def run_piece(study_name: str, config: str, runs_root: Path, parallel: int) -> P
             add(f"MC dropout ({k}) + T (pooled)", 0, _scaled(mc), 0.0, None, None)
     out.mkdir(parents=True, exist_ok=True)
     earlier = json.loads((out / "piece.json").read_text()) if (out / "piece.json").is_file() else {}
-    train_seconds = kept_costs(train_seconds, earlier.get("training_seconds"))
     costs = kept_costs(costs, earlier.get("evaluation_seconds"))
     for row in rows:  # an evaluation read back costs what it cost when it ran
         row["seconds"] = row["seconds"] or costs.get(row["evaluation"], 0.0)
