@@ -16,7 +16,7 @@ from .base import (
     masked_mean,
     no_autocast,
 )
-from .cross_entropy import nll
+from .cross_entropy import nll, soft_nll
 from .dice import SoftDice
 
 __all__ = ["ACLSLoss", "CALSLoss", "MarginDiceLoss", "MarginLoss", "logit_distances", "margin_penalty"]
@@ -40,6 +40,10 @@ class MarginLoss(SegmentationLoss):
     is averaged over the non-ignored voxels AND all K classes (as the official code,
     ``F.relu(diff - margin).mean()``). The distance is to the MAX logit (not the true-class
     logit), so the arg-max class contributes 0. ``m -> inf`` gives CE.
+
+    Soft targets q (class probabilities per voxel, e.g. the rater mean of ``dataset.raters.target=mean``):
+    ``-sum_k q_k log p_k + alpha * penalty``. The penalty does not depend on the target and CE is linear in
+    it, so on the rater mean this is the mean of the raters' MbLS losses.
 
     Optional schedule of alpha (lambda), as the official ``schedule_alpha``, which the
     official trainer calls at the END of each epoch; here the trainer calls
@@ -98,8 +102,15 @@ class MarginLoss(SegmentationLoss):
         alpha = self.current_alpha.to(logits.dtype)
         return ce_weight * nll(log_probs, target) + alpha * margin_penalty(logits, self.margin)
 
+    soft_targets = True
+
     def compute(self, logits: Tensor, target: Tensor, valid: Tensor | None) -> Tensor:
         return self.reduce(self.per_voxel(logits, torch.log_softmax(logits, dim=1), target), valid)
+
+    def compute_soft(self, logits: Tensor, q: Tensor) -> Tensor:
+        alpha = self.current_alpha.to(logits.dtype)
+        per_voxel = soft_nll(torch.log_softmax(logits, dim=1), q) + alpha * margin_penalty(logits, self.margin)
+        return self.reduce(per_voxel, None)
 
     def extra_repr(self) -> str:
         s = f"margin={self.margin}, alpha={self.alpha}, "
@@ -126,6 +137,7 @@ class MarginDiceLoss(MarginLoss):
     """
 
     reductions = ("mean",)
+    soft_targets = False  # its Dice term needs a hard label (the plain MarginLoss takes soft targets)
 
     def __init__(
         self,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mcseg.losses import BrierLoss, CELoss, FocalLoss, LabelSmoothingLoss, SVLSLoss
+from mcseg.losses import BrierLoss, CELoss, FocalLoss, LabelSmoothingLoss, MarginLoss, SVLSLoss
 from mcseg.losses.base import hard_label_only
 from mcseg.losses import CEDiceLoss
 
@@ -20,7 +20,8 @@ def _case(seed: int = 0, k: int = 3):
     return logits, raters, q
 
 
-SOFT = [CELoss(), LabelSmoothingLoss(alpha=0.2), BrierLoss(), FocalLoss(gamma=2.0), SVLSLoss(sigma=1.0)]
+SOFT = [CELoss(), LabelSmoothingLoss(alpha=0.2), BrierLoss(), FocalLoss(gamma=2.0), SVLSLoss(sigma=1.0),
+        MarginLoss(margin=0.5, alpha=0.3)]
 
 
 @pytest.mark.parametrize("loss", SOFT, ids=lambda loss: type(loss).__name__)
@@ -30,7 +31,8 @@ def test_one_hot_soft_targets_give_the_hard_loss(loss):
     assert loss(logits, onehot).item() == pytest.approx(loss(logits, raters[0]).item(), rel=1e-12)
 
 
-@pytest.mark.parametrize("loss", [CELoss(), LabelSmoothingLoss(alpha=0.2), FocalLoss(gamma=2.0), SVLSLoss()],
+@pytest.mark.parametrize("loss", [CELoss(), LabelSmoothingLoss(alpha=0.2), FocalLoss(gamma=2.0), SVLSLoss(),
+                                  MarginLoss(margin=0.5, alpha=0.3)],
                          ids=lambda loss: type(loss).__name__)
 def test_ce_on_the_rater_mean_is_the_mean_of_the_raters_ce(loss):
     logits, raters, q = _case(1, k=4)
@@ -55,6 +57,16 @@ def test_soft_targets_have_gradients_and_are_checked():
         CELoss()(logits.detach(), q * 2)
 
 
+def test_margin_loss_on_soft_targets_is_soft_ce_plus_the_label_free_penalty():
+    logits, _, q = _case(6, k=4)
+    logits = logits * 4  # distances beyond the margin, so that the penalty is not zero
+    alpha, margin = 0.3, 1.0
+    distances = logits.max(1, keepdim=True).values - logits
+    by_hand = (-(q * logits.log_softmax(1)).sum(1) + alpha * (distances - margin).clamp(min=0).mean(1)).mean()
+    assert MarginLoss(margin=margin, alpha=alpha)(logits, q).item() == pytest.approx(by_hand.item(), rel=1e-12)
+    assert (distances > margin).any()
+
+
 def test_a_hard_label_loss_refuses_soft_targets_in_one_line():
     logits, _, q = _case(4)
     message = hard_label_only(CEDiceLoss)
@@ -63,6 +75,10 @@ def test_a_hard_label_loss_refuses_soft_targets_in_one_line():
     with pytest.raises(ValueError, match="loss CEDiceLoss needs a hard label per voxel and refuses "
                                          "dataset.raters.target=mean"):
         CEDiceLoss()(logits, q)
+    from mcseg.losses import MarginDiceLoss
+
+    with pytest.raises(ValueError, match="loss MarginDiceLoss needs a hard label"):
+        MarginDiceLoss()(logits, q)
 
 
 def test_dice_semimetric_and_ace_take_soft_targets():
