@@ -18,6 +18,7 @@ from mcseg.evaluation.split import evaluate_split, format_summary  # noqa: F401 
 from mcseg.errors import ConfigError
 from mcseg.evaluation.provenance import hydra_overrides
 from mcseg.rundir import find_run_dirs
+from mcseg.runtime import keep_freed_memory
 from mcseg.training.loggers import read_record, reopen_trackers
 
 log = logging.getLogger(__name__)
@@ -25,6 +26,7 @@ log = logging.getLogger(__name__)
 
 def evaluate(cfg: DictConfig) -> dict:
     """Evaluate ``cfg.ckpt``, or the ``cfg.checkpoint`` of every run under ``cfg.runs`` (a run or sweep directory)."""
+    keep_freed_memory()  # mcseg.runtime: large volumes' tensors are reused, not faulted in again
     cfg = without_training_settings(cfg, hydra_overrides())
     if bool(cfg.get("ckpt")) == bool(cfg.get("runs")):
         raise ConfigError("evaluate: set exactly one of ckpt=<run>/checkpoints/best.pt (one checkpoint) "

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from mcseg.data.io import VolumeError
 from mcseg.evaluation.evaluator import EvalProtocol
+from mcseg.runtime import keep_freed_memory
 from mcseg.evaluation.folders import (FORMATS, FolderError, evaluate_folders, fold_cases, open_folder,
                                       read_reference)
 from mcseg.metrics.regions import REGIONS
@@ -110,6 +111,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    keep_freed_memory()  # mcseg.runtime
     try:
         # the protocol's keys this command has options for
         protocol = EvalProtocol(**{f.name: getattr(args, f.name) for f in fields(EvalProtocol) if hasattr(args, f.name)})

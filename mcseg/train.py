@@ -34,7 +34,7 @@ from mcseg.training.relaunch import check_launch
 from mcseg.sweep import run_identity, sweep_dir_of_job
 from mcseg.rundir import begin as begin_run
 from mcseg.environment import environment_record
-from mcseg.runtime import describe_device, seed_everything, thread_reductions
+from mcseg.runtime import describe_device, keep_freed_memory, seed_everything, thread_reductions
 from mcseg.targets import instantiate_checked
 
 log = logging.getLogger(__name__)
@@ -69,6 +69,7 @@ def train(cfg: DictConfig) -> dict:
     unknown = sorted(set(cfg.get("score") or {}) - set(HEADLINE))
     if unknown:
         raise ConfigError(f"config key 'score.{unknown[0]}': not a validation metric (expected {', '.join(HEADLINE)})")
+    keep_freed_memory()  # before the first large tensor (mcseg.runtime)
     seed_everything(int(cfg.seed), tcfg.deterministic)
     reductions_before = thread_reductions()
     dist, device = init_distributed(tcfg.device)  # torchrun: this rank's process group and device
