@@ -299,7 +299,7 @@ def fit_lts(cases: Sequence[CaseLogits], cfg: LTSConfig, link: Callable | None =
             share_cpu("cpu")  # a busy machine: fewer torch threads (mcseg.runtime.AdaptiveThreads)
             batch = [sampler[epoch * n + step * cfg.batch_size + j] for j in range(cfg.batch_size)]
             x = torch.stack([b["image"] for b in batch])
-            y = torch.stack([b["label"] for b in batch])
+            y = torch.stack([b["label"] for b in batch]).long()  # samples keep the compact label type
             z, inside = x[:, :k], x[:, -1] > 0.5
             image = x[:, k:k + image_channels] if image_channels else None
             v = _voxel_nll(z / net(z, image), y, link, multilabel)

@@ -164,13 +164,20 @@ class PatchDataset(Dataset):
         if self.intensity > 0:
             scale = 1 + rng.uniform(-self.intensity, self.intensity)
             image = image * scale + rng.uniform(-self.intensity, self.intensity)
-        target = soft_target(label, self.num_classes) if soft else np.ascontiguousarray(label, dtype=np.int64)
+        target = soft_target(label, self.num_classes) if soft else np.ascontiguousarray(label, dtype=_travel_dtype(label))
         return {
             "image": torch.from_numpy(np.ascontiguousarray(image, dtype=np.float32)),
             "label": torch.from_numpy(np.ascontiguousarray(target)),
             "case_index": c,
             "case_id": case.case_id,
         }
+
+
+def _travel_dtype(label: np.ndarray) -> np.dtype:
+    """The integer type a sample's labels travel in: the stored one when it is at most 16 bits (the cache keeps
+    uint8 below 257 classes), else int64. Labels are widened to int64 on the device (``to_device``), so a
+    3D batch of 32 x 48 x 64 x 48 moves 4.7 MB of labels through shared and pinned memory instead of 38 MB."""
+    return label.dtype if label.dtype.kind in "ui" and label.dtype.itemsize <= 2 else np.dtype(np.int64)
 
 
 def _plane(array: np.ndarray, index: int, axis: int) -> np.ndarray:

@@ -115,11 +115,15 @@ def _stop_workers_at_exit(ref: weakref.ref) -> None:
 
 
 def to_device(batch: dict, device: torch.device, channels_last: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Image and label of a batch on ``device``; asynchronous from pinned memory on CUDA.
+    """Image and label of a batch on ``device``; asynchronous from pinned memory on CUDA. Integer labels
+    arrive in their compact type (uint8 for most tasks) and leave as int64, the losses' label type.
 
     ``channels_last``: the image in the channels-last layout (NHWC / NDHWC) the model was put in.
     """
     image = batch["image"].to(device, non_blocking=True)
     if channels_last:
         image = image.contiguous(memory_format=torch.channels_last if image.ndim == 4 else torch.channels_last_3d)
-    return image, batch["label"].to(device, non_blocking=True)
+    label = batch["label"].to(device, non_blocking=True)
+    if not label.is_floating_point() and label.dtype != torch.int64:  # compact labels (PatchDataset), widened here
+        label = label.long()
+    return image, label

@@ -100,3 +100,18 @@ def test_unknown_augmentation_key_and_all_off():
     with pytest.raises(ConfigError, match="dataset.augment.rotation"):
         augment_config({"rotation": 10})
     assert augment_config({"rotate_deg": 0.0, "scale": None}) is None
+
+
+def test_labels_travel_compact_and_reach_the_device_as_int64():
+    from mcseg.training.loader import to_device
+
+    data = [CaseData(c.case_id, c.image, c.label.astype(np.uint8), c.spacing, c.affine)
+            for c in cases(2)]  # uint8 labels, as the preprocessing cache keeps them
+    ds = PatchDataset(data, 3, (12, 12, 12), 4, foreground_ratio=1.0, seed=0)
+    sample = ds[0]
+    assert sample["label"].dtype == torch.uint8  # an eighth of int64's bytes through shared and pinned memory
+    batch = {"image": sample["image"][None], "label": sample["label"][None]}
+    _, label = to_device(batch, torch.device("cpu"))
+    assert label.dtype == torch.int64 and torch.equal(label, sample["label"][None].long())
+    wide = [CaseData("w", c.image, c.label.astype(np.int32), c.spacing, c.affine) for c in data]
+    assert PatchDataset(wide, 3, (12, 12, 12), 2, seed=0)[0]["label"].dtype == torch.int64
