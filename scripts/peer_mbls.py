@@ -187,10 +187,15 @@ def rates(work: Path, batch: int, warmup: int) -> dict:
     mean = {side: sum(r["samples_per_s"] for r in v) / len(v) for side, v in runs.items()}
     result = {"batch": batch, "warmup_steps": warmup, "runs": runs, "mean_samples_per_s": mean,
               "ratio_mcseg_over_authors": mean["mcseg"] / mean["authors"]}
-    print("| run (in the order run) | samples/s | timed steps |")
-    print("|---|---|---|")
-    for r in sorted(runs["authors"] + runs["mcseg"], key=lambda r: r["run"].split("-")[1]):
-        print(f"| {r['run']} | {r['samples_per_s']:.2f} | {r['timed_steps']} |")
+    # Pair r ran authors first when r is odd, mcseg first when even (peer_mbls.sh alternates the order).
+    print("| pair | ran first | authors, samples/s | mcseg, samples/s | mcseg / authors | timed steps |")
+    print("|---|---|---|---|---|---|")
+    by_pair = {side: {r["run"].split("-")[1]: r for r in v} for side, v in runs.items()}
+    for pair in sorted(set(by_pair["authors"]) & set(by_pair["mcseg"]), key=int):
+        a, m = by_pair["authors"][pair], by_pair["mcseg"][pair]
+        first = "authors" if int(pair) % 2 else "mcseg"
+        print(f"| {pair} | {first} | {a['samples_per_s']:.2f} | {m['samples_per_s']:.2f} | "
+              f"{m['samples_per_s'] / a['samples_per_s']:.3f} | {a['timed_steps']} / {m['timed_steps']} |")
     print(f"mean: authors {mean['authors']:.2f}, mcseg {mean['mcseg']:.2f} samples/s; "
           f"mcseg / authors = {result['ratio_mcseg_over_authors']:.3f}")
     (work / "rates.json").write_text(json.dumps(result, indent=1))

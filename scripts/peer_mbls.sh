@@ -8,7 +8,7 @@
 # AUTHORS_CHECKOUT: a checkout of github.com/Bala93/MarginLoss (measured at commit 5466662); it is run
 #   from its own folder (tools/train_net.py with their configs/), never copied.
 # STEPS: timed training steps per run (default 12, a multiple of WARMUP); REPEATS: authors/mcseg pairs,
-#   run A/B/A/B (default 2).
+#   run A/B, B/A, A/B, ... (default 2).
 # Environment: MCSEG_HIPPOCAMPUS_ROOT (default ../shared/data/hippocampus), PEER_WORK (default
 #   outputs/peer_mbls), PEER_VENV (default .venv-mbls), MCSEG_PY (default .venv/bin/python), BATCH (32,
 #   the preset's), PATCH (64: the preset's 64 x 48 is not a multiple of the U-Net's 32), WARMUP (3 steps),
@@ -98,7 +98,10 @@ echo "mcseg:   ${mcseg_cmd[*]} hydra.run.dir=..."
 rm -rf "$work/runs"
 mkdir -p "$work/runs"
 for r in $(seq 1 "$repeats"); do
-    for side in authors mcseg; do
+    # Pairs alternate which side runs first (A/B, B/A, ...), so that neither always runs on a machine just
+    # left by the other (the quiet run of issue #33 found mcseg second and lower in each of three A/B pairs).
+    sides="authors mcseg"; (( r % 2 == 0 )) && sides="mcseg authors"
+    for side in $sides; do
         dir=$work/runs/$side-$r
         start=$(date +%s.%N)
         if [ "$side" = authors ]; then

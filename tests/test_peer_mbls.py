@@ -92,4 +92,5 @@ def test_rates_reads_both_sides_runs(tmp_path, capsys):
     assert result["ratio_mcseg_over_authors"] == pytest.approx((128 / 24) / 8.0, rel=1e-3)
     assert json.loads((tmp_path / "rates.json").read_text())["runs"]["mcseg"][1]["timed_steps"] == 4
     out = capsys.readouterr().out
-    assert out.index("authors-1") < out.index("mcseg-1") < out.index("authors-2")
+    # one row per pair, saying which side ran first (peer_mbls.sh alternates), with the pair's ratio
+    assert "| 1 | authors | 8.00 | 5.33 | 0.667 |" in out and "| 2 | mcseg | 8.00 | 5.33 | 0.667 |" in out
