@@ -39,6 +39,7 @@ import argparse
 import csv
 import json
 import logging
+import math
 import os
 import shutil
 import statistics
@@ -58,7 +59,8 @@ from uncertainty_study import COLUMNS, _evaluate, _rows, _scaled, table  # noqa:
 log = logging.getLogger("study_pieces")
 
 EXPERIMENT = "experiment=hippocampus_study"
-RAW_FILES = ("summary.json", "per_case.csv", "failure_per_case.csv", "provenance.json", "shift_summary.json")
+RAW_FILES = ("summary.json", "per_case.csv", "failure_per_case.csv", "provenance.json", "shift_summary.json",
+             "per_case_raters.csv", "per_rater.csv")
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,7 @@ class Study:
     extra: tuple[str, ...] = ()    # overrides of every evaluation
     base: tuple[str, ...] = (EXPERIMENT,)  # overrides of every training, before the arm's
     runs_of: str | None = None     # another study whose run folders this one evaluates (the same trainings)
+    prepare: object = None         # a function called before a piece trains (e.g. writing its data folder)
 
 
 UNCERTAINTY_ARMS = {"ce": ["loss=ce"], "ce_dice": ["loss=ce_dice"], "focal": ["loss=focal"], "ls": ["loss=ls"],
@@ -87,6 +90,30 @@ NEWER_ARMS = {"hardl1ace_dice_ce": ["loss=hardl1ace_dice_ce"], "softl1ace_dice_c
 NEWER_LABELS = {"hardl1ace_dice_ce": "hard mL1-ACE + Dice + CE", "softl1ace_dice_ce": "soft mL1-ACE + Dice + CE",
                 "mdca": "MDCA (+ CE)", "dca": "DCA (+ CE)", "acls": "ACLS", "adafocal": "AdaFocal",
                 "ce_dml": "CE + Dice semimetric loss"}
+# The simulated multi-rater study (issue #37): each hippocampus case's own label and four synthetic raters
+# (scripts/synthetic_raters.py), written outside git and rebuilt identically when missing.
+SYNTHETIC_RATERS = ROOT / "outputs" / "synthetic_raters"
+ONE_RATER = "original"  # the "one rater" arms train on the data set's own label, as a single-rater study does
+
+
+def synthetic_raters() -> None:
+    if (SYNTHETIC_RATERS / "dataset.json").is_file():
+        return
+    import synthetic_raters as sr
+
+    data = Path(os.environ.get("MCSEG_HIPPOCAMPUS_ROOT", ROOT.parent / "shared" / "data" / "hippocampus"))
+    log.info("synthetic raters: %s", sr.build(data, SYNTHETIC_RATERS))
+
+
+MULTIRATER_ARMS = {f"{loss}_{target}": [*overrides, f"dataset.raters.target={target}"]
+                   for loss, overrides in (("ce", ["loss=ce"]), ("margin3", ["loss=margin", "loss.margin=3"]))
+                   for target in ("mean", ONE_RATER, "random")}
+MULTIRATER_LABELS = {f"{loss}_{target}": f"{name}, trained on {what}"
+                     for loss, name in (("ce", "CE"), ("margin3", "margin, m = 3"))
+                     for target, what in (("mean", "the rater mean"), (ONE_RATER, "one rater (the data set's own label)"),
+                                          ("random", "a random rater per sample"))}
+MULTIRATER_BASE = (EXPERIMENT, f"dataset.root={SYNTHETIC_RATERS}")
+
 STUDIES = {
     "uncertainty_study": Study(UNCERTAINTY_ARMS, UNCERTAINTY_LABELS, seeds=(0, 1, 2), dropout=0.2, tta_seeds=(0,),
                                tta=("flips", "noise"),
@@ -95,6 +122,10 @@ STUDIES = {
     "ensembles_under_shift": Study({k: UNCERTAINTY_ARMS[k] for k in ("ce_dice", "margin3")}, UNCERTAINTY_LABELS,
                                    seeds=(0, 1, 2), shift="rood_mri", extra=("evaluation.figures=false",),
                                    runs_of="uncertainty_study"),
+    "multirater": Study(MULTIRATER_ARMS, MULTIRATER_LABELS, base=MULTIRATER_BASE, prepare=synthetic_raters),
+    "multirater_ensembles": Study({k: MULTIRATER_ARMS[k] for k in ("ce_mean", "margin3_mean")}, MULTIRATER_LABELS,
+                                  seeds=(0, 1, 2), ensembles=True, base=MULTIRATER_BASE, runs_of="multirater",
+                                  prepare=synthetic_raters),
 }
 
 
@@ -230,6 +261,8 @@ def run_piece(study_name: str, config: str, runs_root: Path, parallel: int) -> P
             copy_raw(source, out / slug)
             costs[slug] = round(seconds, 1)
 
+    if study.prepare is not None:
+        study.prepare()
     with LoadMonitor() as load:
         train_seconds = train_all(jobs, parallel)
         seed_runs = [runs / f"seed{s}" for s in study.seeds]
@@ -330,8 +363,51 @@ def assemble(study_name: str) -> str:
     if rows:
         write_rows(base / "per_evaluation.csv", rows)
         (base / "table.md").write_text(table(rows))
+    if study_name.startswith("multirater") and rows:
+        (results_dir("multirater") / "raters_table.md").write_text(rater_table())
     (base / "README.md").write_text(readme(study_name, done))
     return table(rows) if rows else "(no piece yet)\n"
+
+
+RATER_COLUMNS = {  # the multi-rater table: column -> (where in summary["raters"], format)
+    "Dice vs raters": (("foreground", "dice_rater_mean"), "{:.3f}"),
+    "consensus Dice": (("foreground", "consensus_dice"), "{:.3f}"),
+    "QUBIQ Dice": (("foreground", "thresholded_dice"), "{:.3f}"),
+    "ECE vs rater mean": (("case", "ece_mean"), "{:.4f}"),
+    "CECE vs rater mean": (("case", "classwise_ece_mean"), "{:.4f}"),
+    "NLL vs rater mean": (("case", "nll_mean"), "{:.4f}"),
+    "ECE vs each rater (CURVAS, mean)": (("case", "ece_curvas_rater_mean"), "{:.4f}"),
+    "volume CRPS (mL)": (("foreground", "volume_crps"), "{:.4f}"),
+    "GED": (("case", "ged"), "{:.3f}"),
+    "HM-IoU": (("case", "hm_iou"), "{:.3f}"),
+}
+
+
+def rater_table(study_names: tuple[str, ...] = ("multirater", "multirater_ensembles")) -> str:
+    """The multi-rater figures of every committed evaluation of the simulated study (the ``raters`` part of
+    each summary.json), one row per network or ensemble; the ECE against the data set's own label alone is
+    the CURVAS ECE of rater ``original`` (per_rater)."""
+    head = ["configuration", "predictor", "Dice (majority label)", "ECE (majority label)",
+            f"ECE vs {ONE_RATER} (CURVAS)", *RATER_COLUMNS]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    seen = set()
+    for study_name in study_names:
+        for config, piece in pieces(study_name).items():
+            for summary_path in sorted((results_dir(study_name) / config).glob("*/summary.json")):
+                slug = summary_path.parent.name
+                if (config, slug) in seen:  # seed 0 of the ensembles' study is the multirater run
+                    continue
+                seen.add((config, slug))
+                summary = json.loads(summary_path.read_text())
+                raters = summary.get("raters") or {}
+                cells = [piece["label"], slug.replace("_", " "), f"{summary.get('mean_foreground_dice', math.nan):.3f}",
+                         f"{summary.get('mean_ece', math.nan):.4f}",
+                         f"{(raters.get('per_rater') or {}).get(ONE_RATER, {}).get('ece_curvas', math.nan):.4f}"]
+                for (part, key), form in RATER_COLUMNS.values():
+                    value = ((raters.get(part) or {}).get(key) or {}).get("mean", math.nan)
+                    cells.append("-" if value is None or value != value else form.format(value))
+                lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def readme(study_name: str, done: dict[str, dict]) -> str:
@@ -371,6 +447,16 @@ STUDIES_DOC = {
                              "(`shift=rood_mri`), raw and after the temperature fitted on the clean validation "
                              "prediction of the pooled ensemble. Its training seconds are those of the uncertainty "
                              "study's runs that it evaluates (retrained only when their run folders are gone).",
+    "multirater": "SIMULATED: calibration against several raters (issue #37, docs/results.md) on the hippocampus "
+                  "cases with five raters: the data set's own label and four synthetic ones made from it "
+                  "(scripts/synthetic_raters.py: one voxel of erosion, one of dilation, two smooth displacements "
+                  "of 1 mm root mean square), CE and the margin loss (m = 3) trained "
+                  "on the rater mean, on one rater and on a random rater per sample, seed 0; every figure "
+                  "against each rater and the rater mean (the `raters` part of each summary.json, "
+                  "per_rater.csv, per_case_raters.csv).",
+    "multirater_ensembles": "SIMULATED (as `multirater`): the three-seed ensembles of the networks trained on the "
+                            "rater mean; their GED and Hungarian-matched IoU against the five raters. Seed 0 is "
+                            "the `multirater` run.",
 }
 
 

@@ -23,7 +23,8 @@ class MSDDataset(SegmentationDataset):
 
     ``num_classes``, ``class_names`` and ``in_channels`` default to what ``dataset.json``
     declares (``labels``, ``modality``); when given in config they must agree with it. A ``training``
-    entry whose ``label`` is a list of files is a case with one label map per rater.
+    entry whose ``label`` is a list of files is a case with one label map per rater, named by the files'
+    ``labelsTr_<name>`` folders when each lies in its own, else ``rater0``, ``rater1``, ...
     """
 
     def __init__(self, root: str, name: str = "msd", **kwargs) -> None:
@@ -69,8 +70,7 @@ class MSDDataset(SegmentationDataset):
             image = inside_root(self.root, entry["image"], self.json_path)
             if isinstance(entry["label"], list):  # several raters: one label file each
                 raters = tuple(inside_root(self.root, p, self.json_path) for p in entry["label"])
-                refs.append(CaseRef(_case_id(entry["image"]), (image,), None, raters,
-                                    tuple(f"rater{r}" for r in range(len(raters)))))
+                refs.append(CaseRef(_case_id(entry["image"]), (image,), None, raters, _rater_names(raters)))
                 continue
             label = inside_root(self.root, entry["label"], self.json_path)
             refs.append(CaseRef(_case_id(entry["image"]), (image,), label))
@@ -78,3 +78,13 @@ class MSDDataset(SegmentationDataset):
         if len(set(ids)) != len(ids):
             raise ValueError(f"{self.json_path}: duplicate case ids in 'training'")
         return sorted(refs, key=lambda r: r.case_id)
+
+
+def _rater_names(files) -> tuple[str, ...]:
+    """Raters named by their folders where every file lies in its own ``labelsTr_<name>`` (the layout of
+    nnU-Net's ``rater_folders``), else ``rater0``, ``rater1``, ... in the order listed."""
+    folders = [Path(f).parent.name for f in files]
+    if all(f.startswith("labelsTr_") and len(f) > len("labelsTr_") for f in folders) and len(set(folders)) == len(folders):
+        return tuple(f.removeprefix("labelsTr_") for f in folders)
+    return tuple(f"rater{r}" for r in range(len(files)))
+
