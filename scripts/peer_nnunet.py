@@ -27,9 +27,11 @@ import numpy as np
 
 
 def read_split(run_dir: Path) -> dict[str, list[str]]:
-    path = run_dir / "split.json"
+    """The split of an mcseg run directory (its split.json), or a split.json itself."""
+    path = run_dir if run_dir.is_file() else run_dir / "split.json"
     if not path.is_file():
-        sys.exit(f"{path}: missing; RUN_DIR must be an mcseg run directory (it writes split.json when it starts)")
+        sys.exit(f"{path}: missing; RUN_DIR must be an mcseg run directory (it writes split.json when it starts) "
+                 "or a split.json")
     split = json.loads(path.read_text())
     missing = [k for k in ("train", "val", "test") if not split.get(k)]
     if missing:

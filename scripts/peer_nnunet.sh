@@ -15,9 +15,7 @@
 #
 # nnU-Net runs as shipped (nnUNetTrainer, 3d_fullres plan, mirroring at test time) on the CPU, except
 # that scripts/nnunet_budget_trainer.py stops it at the budget with the poly schedule stretched to end
-# there. It is installed into its own venv: torch pinned by constraints-cpu.txt (a CPU build, as in
-# mcseg's venv); timm, which nnU-Net's network package lists, without its torchvision (the 3d_fullres
-# U-Net does not use it; see the copy of the trainer below).
+# there. It is installed into its own venv by scripts/nnunet_venv.sh.
 # Cost measured on the 2-core machine: docs/benchmarks.md, "nnU-Net v2 side by side".
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,22 +33,8 @@ else
     budget_s=$(python3 -c "import json; print(int(json.load(open('$run/status.json'))['wall_time_s']))")
 fi
 
-if [ ! -x "$venv/bin/nnUNetv2_train" ]; then
-    python3 -m venv "$venv"
-    pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check -c constraints-cpu.txt)
-    "${pip[@]}" torch
-    "${pip[@]}" --no-deps nnunetv2==2.8.1 dynamic-network-architectures==0.4.4 timm==1.0.22
-    "${pip[@]}" acvl-utils batchgenerators batchgeneratorsv2 tqdm scipy scikit-learn scikit-image SimpleITK \
-        pandas graphviz tifffile requests nibabel matplotlib seaborn imagecodecs yacs einops blosc2 pyyaml \
-        huggingface_hub safetensors
-fi
-package=$("$venv/bin/python" -c 'import os, nnunetv2; print(os.path.dirname(nnunetv2.__file__))')
-# at the top of nnU-Net's trainer package: its trainer search imports the top-level modules first, and
-# reaching the variants would import timm's models, which need the torchvision this venv lacks
-cp scripts/nnunet_budget_trainer.py "$package/training/nnUNetTrainer/nnUNetTrainer_mcsegBudget.py"
-
-export nnUNet_raw=$work/nnUNet_raw nnUNet_preprocessed=$work/nnUNet_preprocessed nnUNet_results=$work/nnUNet_results
-export nnUNet_n_proc_DA=${nnUNet_n_proc_DA:-$(nproc)}
+source scripts/nnunet_venv.sh
+nnunet_venv "$venv" "$work"
 export MCSEG_PEER_BUDGET_S=$budget_s
 now() { date +%s.%N; }
 minutes() { python3 -c "print(round(($2 - $1) / 60, 2))"; }
