@@ -36,8 +36,8 @@ from mcseg.metrics.binning import BinSums, bin_index, bin_sums
 from mcseg.metrics.calibration import NLL_FLOOR, top_label
 from mcseg.metrics.raters import check_raters, rater_mean
 
-__all__ = ["SoftCalibration", "soft_calibration", "rater_reliability", "curvas_ece", "curvas2024_crop", "curvas2025_crop",
-           "CURVAS_BINS"]
+__all__ = ["SoftCalibration", "soft_calibration", "rater_reliability", "curvas_ece", "curvas2024_crop",
+           "curvas2025_crop", "CURVAS_BINS"]
 
 CURVAS_BINS = 50
 
