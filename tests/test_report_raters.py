@@ -1,5 +1,5 @@
 """mcseg-report with evaluations against several raters: their columns beside the single-label ones (only when
-some row has raters)."""
+some row has raters), and reliability_raters.png: against the rater mean beside against the first rater."""
 from __future__ import annotations
 
 import csv
@@ -12,6 +12,7 @@ from mcseg.config import EvalProtocol
 from mcseg.evaluation.evaluator import Evaluator
 from mcseg.report import cli
 from mcseg.report.collect import collect_runs
+from mcseg.report.figures import pooled_reliability, reliability_raters
 from mcseg.report.table import build_rows
 
 from .metrics.test_rater_evaluator import _case
@@ -65,6 +66,7 @@ def test_rater_columns_beside_the_single_label_ones_only_where_raters_exist(tmp_
     assert float(by_loss["margin"]["dice_raters_mean"]) == pytest.approx(np.mean(means))
     assert by_loss["ce"]["dice_raters_mean"] == ""
     assert "Dice vs raters" in (tmp_path / "report/report.tex").read_text()
+    assert (tmp_path / "report/reliability_raters.png").is_file()
 
 
 def test_a_report_without_raters_has_no_rater_columns_nor_figure(tmp_path):
@@ -74,3 +76,24 @@ def test_a_report_without_raters_has_no_rater_columns_nor_figure(tmp_path):
     text = (tmp_path / "report/report.md").read_text()
     assert not any(h in text for h in RATER_HEADERS) and "Several raters" not in text
     assert "dice_raters" not in (tmp_path / "report/report.csv").read_text().splitlines()[0]
+    assert not (tmp_path / "report/reliability_raters.png").exists()
+
+
+def test_reliability_raters_figure_pools_the_seeds_against_the_mean_and_the_first_rater(tmp_path):
+    _runs(tmp_path)
+    rows = {r.loss_name: r for r in build_rows(collect_runs([tmp_path]), baseline="ce", n_boot=10)}
+    fig = reliability_raters(list(rows.values()), "test")
+    titles = [ax.get_title() for ax in fig.axes]
+    assert titles == ["margin: against the rater mean", "margin: against rater r1"]  # ce: no raters, no panels
+    paths = [tmp_path / "m0", tmp_path / "m1"]
+    for ax, panel in zip(fig.axes, ("rater mean", "rater r1")):
+        conf, observed, counts = pooled_reliability(paths, "test", panel, "reliability_raters.csv")
+        assert counts.sum() == 3 * 8 * 7 * 5  # every voxel of both seeds' cases
+        x, y = ax.lines[1].get_data()
+        np.testing.assert_allclose(x, conf[counts > 0])
+        np.testing.assert_allclose(y, observed[counts > 0])
+    mean_curve, rater_curve = (ax.lines[1].get_ydata() for ax in fig.axes)
+    assert not np.allclose(mean_curve, rater_curve)  # two references, two curves
+    fig.canvas.draw()
+    rows["margin"].selected = False
+    assert reliability_raters(list(rows.values()), "test") is None
