@@ -97,3 +97,20 @@ def test_reliability_raters_figure_pools_the_seeds_against_the_mean_and_the_firs
     fig.canvas.draw()
     rows["margin"].selected = False
     assert reliability_raters(list(rows.values()), "test") is None
+
+
+def test_the_predictor_table_gets_the_rater_columns_only_where_a_predictor_has_them(tmp_path):
+    from mcseg.report.render import predictor_table
+    from mcseg.report.table import ConfigRow, predictor_cells
+
+    summaries = _runs(tmp_path)
+    row = ConfigRow("d", "margin", "margin", "defaults", [], [0, 1], None)
+    row.predictors = {"single": predictor_cells(summaries), "single + T": predictor_cells([{}]),
+                      "ensemble of 2": predictor_cells(summaries[:1])}
+    header = predictor_table([row])[2]
+    assert header.endswith("| AUROC | " + " | ".join(RATER_HEADERS) + " |")
+    ensemble = predictor_table([row])[-2]
+    assert ensemble.startswith("| margin | defaults | ensemble of 2 | 1 |")
+    assert ensemble.endswith(f"| {summaries[0]['raters']['case']['hm_iou']['mean']:.3f} |")
+    row.predictors = {name: predictor_cells([{"mean_ece": 0.1}]) for name in ("single", "a", "b")}
+    assert predictor_table([row])[2].endswith("| AUROC |")
