@@ -25,7 +25,9 @@ from mcseg.metrics.uncertainty import entropy
 from matplotlib.figure import Figure
 
 from mcseg.config import EvalProtocol  # the schema of the ``evaluation`` node; importable here too
-from mcseg.evaluation.raters import CASE_FIGURES, CLASS_FIGURES, RATER_COLUMNS, RaterFigures
+from mcseg.evaluation.raters import (
+    CASE_FIGURES, CLASS_FIGURES, RATER_COLUMNS, RELIABILITY_COLUMNS, RELIABILITY_FILE, RaterFigures,
+)
 from mcseg.data.io import atomic_write
 from mcseg.metrics.binning import BinSums
 from mcseg.metrics.calibration import NLL_FLOOR, CalibrationStats, case_calibration, top_label
@@ -389,7 +391,7 @@ class Evaluator:
     def write(self, out_dir: Path, extra: dict | None = None) -> dict:
         """Write per_case.csv, summary.json (plus ``extra`` keys), reliability.png and reliability.csv, and the
         dataset reliability histogram reliability_histogram.png and .csv (atomically); with several raters
-        also per_case_raters.csv and per_rater.csv."""
+        also per_case_raters.csv, per_rater.csv and reliability_raters.csv."""
         out_dir = Path(out_dir)
         summary = {**self.summary(), **_json_safe(extra or {})}
         _write_csv(out_dir / "per_case.csv", self.per_case_rows(), (*ROW_COLUMNS, *CASE_COLUMNS))
@@ -397,6 +399,7 @@ class Evaluator:
             _write_csv(out_dir / "per_case_raters.csv", self._raters.rows(), ("case", "class_name", *CLASS_FIGURES,
                                                                                *CASE_FIGURES))
             _write_csv(out_dir / "per_rater.csv", self._raters.rater_rows, RATER_COLUMNS)
+            _write_csv(out_dir / RELIABILITY_FILE, self._raters.reliability_rows(), RELIABILITY_COLUMNS)
         atomic_write(out_dir / "summary.json",
                      lambda tmp: tmp.write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n"))
         sums, names = self.reliability_sums()

@@ -4,7 +4,8 @@
 prediction and raters' maps (on the file grid), and the label maps of a predictor's members when it has them;
 the definitions are those of :mod:`mcseg.metrics.raters`, :mod:`mcseg.metrics.rater_calibration`,
 :mod:`mcseg.metrics.volume` and :mod:`mcseg.metrics.samples`. Its summary is the ``raters`` key of
-summary.json; its rows are per_case_raters.csv (case x class) and per_rater.csv (case x rater x class).
+summary.json; its rows are per_case_raters.csv (case x class) and per_rater.csv (case x rater x class), and its
+pooled top-label reliability bins against the rater mean and against each rater are reliability_raters.csv.
 """
 from __future__ import annotations
 
@@ -15,17 +16,20 @@ import numpy as np
 import torch
 
 from mcseg.data.raters import staple_reference
+from mcseg.metrics.binning import BinSums
 from mcseg.metrics.rater_calibration import (
-    SoftCalibration, curvas2024_crop, curvas2025_crop, curvas_ece, soft_calibration,
+    SoftCalibration, curvas2024_crop, curvas2025_crop, curvas_ece, rater_reliability, soft_calibration,
 )
 from mcseg.metrics.raters import (
     binary_dice, consensus_dice, curvas_row_dice, per_rater_dice, per_rater_hd, thresholded_dice, thresholds_of,
 )
+from mcseg.metrics.reliability import TABLE_COLUMNS, reliability_table
 from mcseg.metrics.samples import generalised_energy_distance, hungarian_matched_iou
 from mcseg.metrics.statistics import describe, nanmean
 from mcseg.metrics.volume import volume_crps
 
-__all__ = ["RaterFigures", "CLASS_FIGURES", "CASE_FIGURES", "RATER_COLUMNS"]
+__all__ = ["RaterFigures", "CLASS_FIGURES", "CASE_FIGURES", "RATER_COLUMNS", "RELIABILITY_FILE",
+           "RELIABILITY_COLUMNS", "MEAN_PANEL", "rater_panel"]
 
 # per case and class
 CLASS_FIGURES = ("dice_rater_mean", "hd95_rater_mean_mm", "consensus_dice", "curvas2024_row_dice", "staple_dice",
@@ -36,8 +40,17 @@ FOREGROUND_FIGURES = CLASS_FIGURES[:7]
 CASE_FIGURES = ("n_raters", "ece_mean", "classwise_ece_mean", "nll_mean", "brier_mean", "ece_curvas_rater_mean",
                 "ged", "hm_iou", "diversity", "n_samples")
 RATER_COLUMNS = ("case", "rater", "class_name", "dice", "hd95_mm", "ece_curvas")
+# reliability_raters.csv: reliability.csv's columns and the rater of each panel ("" for the rater mean)
+RELIABILITY_FILE = "reliability_raters.csv"
+RELIABILITY_COLUMNS = (TABLE_COLUMNS[0], "rater", *TABLE_COLUMNS[1:])
+MEAN_PANEL = "rater mean"
 VOLUME_CRPS = ("normal", "curvas_code")
 CROPS = ("all", "curvas2024", "curvas2025")
+
+
+def rater_panel(name: str) -> str:
+    """The panel of reliability_raters.csv against rater ``name``."""
+    return f"rater {name}"
 
 
 class RaterFigures:
@@ -61,6 +74,7 @@ class RaterFigures:
         self.cases: list[dict] = []
         self.rater_rows: list[dict] = []
         self.pooled: SoftCalibration | None = None
+        self.rater_bins: dict[str, BinSums] = {}  # rater name -> top-label bins against it, pooled over cases
 
     def add_case(self, case_id: str, probs: torch.Tensor, prediction: torch.Tensor, raters: torch.Tensor,
                  spacing: Sequence[float], rater_names: Sequence[str] | None = None,
@@ -80,7 +94,7 @@ class RaterFigures:
         volume = volume_crps(probs[cropped], raters[cropped], float(np.prod(spacing)) / 1000.0,
                              self.volume == "curvas_code")
         soft = soft_calibration(probs, raters, self.n_bins)
-        self.pooled = soft if self.pooled is None else self.pooled + soft
+        by_rater = rater_reliability(probs, raters, self.n_bins)
         ece = curvas_ece(probs, raters, 2025 if c == 2 else 2024, crop=box)  # binary: 2025's [1 - p, p]
         per_class = {
             "dice_rater_mean": _nanmean_rows(dice), "hd95_rater_mean_mm": _nanmean_rows(hd),
@@ -100,8 +114,12 @@ class RaterFigures:
             ged = generalised_energy_distance(samples, raters, c)
             case.update(ged=ged["ged"], diversity=ged["diversity"], n_samples=ged["n_samples"],
                         hm_iou=hungarian_matched_iou(samples, raters, c))
+        # commit only a fully scored case
+        self.pooled = soft if self.pooled is None else self.pooled + soft
         self.cases.append(case)
         for r, name in enumerate(names):
+            prior = self.rater_bins.get(name)
+            self.rater_bins[name] = by_rater[r] if prior is None else prior + by_rater[r]
             for j in range(1, c):
                 self.rater_rows.append({"case": case_id, "rater": name, "class_name": self.class_names[j],
                                         "dice": float(dice[r, j]), "hd95_mm": float(hd[r, j]),
@@ -130,6 +148,19 @@ class RaterFigures:
                 out.append({"case": case["case"], "class_name": self.class_names[j],
                             **{key: case[key][j] for key in CLASS_FIGURES}, **shared})
         return out
+
+    def reliability_rows(self) -> list[dict]:
+        """reliability_raters.csv: the top-label bins pooled over cases against the rater mean (panel
+        ``MEAN_PANEL``, the bins of the pooled ``ece_mean``), then against each rater in the order first seen
+        (panel :func:`rater_panel`, over the cases that rater labelled); ``accuracy`` is the observed frequency,
+        mean m_yhat or mean 1[y_k = yhat] per bin."""
+        if self.pooled is None:
+            return []
+        names = list(self.rater_bins)
+        panels = [MEAN_PANEL, *(rater_panel(n) for n in names)]
+        sums = BinSums.stack([self.pooled.top, *self.rater_bins.values()]).to("cpu")
+        rater_of = dict(zip(panels, ["", *names]))
+        return [{**row, "rater": rater_of[row["panel"]]} for row in reliability_table(sums, panels)]
 
     def summary(self, n_boot: int, seed: int) -> dict:
         cases = self.cases
@@ -179,6 +210,10 @@ class RaterFigures:
             "ece_mean": f"top-label ECE against the rater mean (observed = m of the predicted class), "
                         f"{self.n_bins} bins (lo, hi], every voxel",
             "classwise_ece_mean": "(1/C) sum_c ECE of p_c against m_c, background included",
+            "reliability": f"{RELIABILITY_FILE}: top-label bins pooled over cases, every voxel, {self.n_bins} bins "
+                           "(lo, hi] over r = max_c p_c; panel 'rater mean': observed = m of the predicted class "
+                           "(the bins of the pooled ece_mean); panel 'rater <name>': observed = 1[that rater gave "
+                           "the predicted class], over the cases it labelled (its single-label bins)",
             "nll_mean": "-(1/N) sum_v sum_c m_c log p_c (= mean of the raters' NLL)",
             "brier_mean": "(1/N) sum_v sum_c (p_c - m_c)^2 (not the mean of the raters' Brier)",
             "ece_curvas": "CURVAS: one top-label ECE per rater against its labels, torchmetrics binning, 50 bins "

@@ -20,6 +20,7 @@ from mcseg.data.cases import CaseRef
 from mcseg.data.io import atomic_write, write_json
 from mcseg.evaluation.evaluator import EvalProtocol, Evaluator
 from mcseg.evaluation.cases import PerNetwork, evaluate_cases
+from mcseg.evaluation.raters import RELIABILITY_FILE as RATER_RELIABILITY
 from mcseg.inference.predict import SegmentationPredictor
 from mcseg.metrics.failure import FailureDetection
 from mcseg.metrics.uncertainty import MAPS
@@ -179,8 +180,9 @@ def format_summary(summary: dict, class_names: list[str], title: str) -> str:
 def clear_evaluation(out: Path, refits: bool = True) -> None:
     """Remove an earlier evaluation's files from ``out`` (only the files an evaluation writes); ``refits``:
     also a post-hoc refit saved with it (:func:`mcseg.evaluation.checkpoint.plan_posthoc`)."""
-    for name in ("summary.json", "per_case.csv", "per_case_raters.csv", "per_rater.csv", "reliability.csv", "reliability.png", "reliability_histogram.csv",
-                 "reliability_histogram.png", PROVENANCE_FILE, "split.json", FAILURE_FILE):
+    for name in ("summary.json", "per_case.csv", "per_case_raters.csv", "per_rater.csv", RATER_RELIABILITY,
+                 "reliability.csv", "reliability.png", "reliability_histogram.csv", "reliability_histogram.png",
+                 PROVENANCE_FILE, "split.json", FAILURE_FILE):
         (out / name).unlink(missing_ok=True)
     if refits:
         (out / CALIBRATION_FILE).unlink(missing_ok=True)

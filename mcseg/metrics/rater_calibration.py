@@ -6,11 +6,15 @@ Two different quantities (../shared/reference/multirater_and_interop.md, Part A)
   fraction of raters that gave c. With p the probabilities, r = max_c p_c and yhat = argmax_c p_c (first
   maximum), equal-width bins (lo, hi] as mcseg's other ECEs (:mod:`mcseg.metrics.binning`):
   ECE_soft = sum_b |B_b|/N |mean_{B_b} m_yhat - mean_{B_b} r| (the reliability of "mean p against the mean
-  soft label per bin"); classwise ECE_soft = (1/C) sum_c ECE_c, bins over p_c, observed m_c;
+  soft label per bin", its bins :attr:`SoftCalibration.top`); classwise ECE_soft = (1/C) sum_c ECE_c, bins over p_c, observed m_c;
   NLL_soft = -(1/N) sum_v sum_c m_c log max(p_c, 1e-12), which equals the mean over raters of each rater's
   NLL (NLL is linear in the target); Brier_soft = (1/N) sum_v sum_c (p_c - m_c)^2, which is NOT the mean of the
   raters' Briers (that adds the raters' variance (1/N) sum_v sum_c m_c (1 - m_c)). With one rater every figure
   is mcseg's usual one. The sums add, so pooled values over cases come from the same pass.
+* **Against each rater** (:func:`rater_reliability`): the same top-label bins over r with observed frequency
+  1[y_k = yhat] for rater k, one row per rater: mcseg's single-label top-label reliability bins
+  (:func:`mcseg.metrics.binning.bin_sums`) with that rater's map as the label. Beside
+  :attr:`SoftCalibration.top` they give the reliability diagrams against the rater mean and against one rater.
 * **Per rater, as CURVAS** (:func:`curvas_ece`): one top-label ECE per rater against that rater's labels, as
   torchmetrics' ``MulticlassCalibrationError(n_bins=50, norm="l1")`` bins: [lo, hi), a confidence of exactly
   1 in an extra bin of its own. The probabilities are rebuilt from the submitted foreground channels as the
@@ -28,12 +32,12 @@ from dataclasses import dataclass
 
 import torch
 
-from mcseg.metrics.binning import BinSums, bin_index
+from mcseg.metrics.binning import BinSums, bin_index, bin_sums
 from mcseg.metrics.calibration import NLL_FLOOR, top_label
 from mcseg.metrics.raters import check_raters, rater_mean
 
-__all__ = ["SoftCalibration", "soft_calibration", "curvas_ece", "curvas2024_crop", "curvas2025_crop",
-           "CURVAS_BINS"]
+__all__ = ["SoftCalibration", "soft_calibration", "rater_reliability", "curvas_ece", "curvas2024_crop",
+           "curvas2025_crop", "CURVAS_BINS"]
 
 CURVAS_BINS = 50
 
@@ -65,17 +69,27 @@ class SoftCalibration:
                 "brier_mean": float(self.brier_sum) / n if n else math.nan, "n_voxels": int(n)}
 
 
-def soft_calibration(probs: torch.Tensor, raters: torch.Tensor, n_bins: int = 15,
-                     mask: torch.Tensor | None = None) -> SoftCalibration:
-    """Calibration of ``C x *S`` probabilities against the mean of ``K x *S`` raters over ``mask`` (or all)."""
+def _voxels(probs: torch.Tensor, raters: torch.Tensor,
+            mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``C x N`` probabilities (fp16/bf16 in fp32) and ``K x N`` rater labels of the voxels in ``mask``
+    (or every voxel), after checking that the raters fit the probabilities."""
     num_classes = probs.shape[0]
     check_raters(raters, num_classes, probs.shape[1:])
     p = probs.reshape(num_classes, -1)
     p = p.float() if p.dtype in (torch.float16, torch.bfloat16) else p
-    m = rater_mean(raters, num_classes, p.dtype).reshape(num_classes, -1)
+    y = raters.reshape(raters.shape[0], -1).to(p.device)
     if mask is not None:
         keep = mask.reshape(-1).to(p.device)
-        p, m = p[:, keep], m[:, keep]
+        p, y = p[:, keep], y[:, keep]
+    return p, y
+
+
+def soft_calibration(probs: torch.Tensor, raters: torch.Tensor, n_bins: int = 15,
+                     mask: torch.Tensor | None = None) -> SoftCalibration:
+    """Calibration of ``C x *S`` probabilities against the mean of ``K x *S`` raters over ``mask`` (or all)."""
+    num_classes = probs.shape[0]
+    p, y = _voxels(probs, raters, mask)
+    m = rater_mean(y, num_classes, p.dtype)
     conf, pred = top_label(p)
     top = _weighted_bins(bin_index(conf, n_bins), conf, m.gather(0, pred.long()[None])[0], n_bins)
     classwise = BinSums.stack([_weighted_bins(bin_index(p[c], n_bins), p[c], m[c], n_bins)
@@ -84,6 +98,18 @@ def soft_calibration(probs: torch.Tensor, raters: torch.Tensor, n_bins: int = 15
     nll = -(md * pd.clamp_min(NLL_FLOOR).log()).sum()
     brier = ((pd - md) ** 2).sum()
     return SoftCalibration(top, classwise, nll, brier)
+
+
+def rater_reliability(probs: torch.Tensor, raters: torch.Tensor, n_bins: int = 15,
+                      mask: torch.Tensor | None = None) -> BinSums:
+    """Top-label reliability bins (K, M) of ``C x *S`` probabilities against each of ``K x *S`` raters over
+    ``mask`` (or all): row k bins r = max_c p_c into the M bins (lo, hi] with observed frequency 1[y_k = yhat],
+    i.e. sum_{v in B_b} 1, sum_{v in B_b} r and sum_{v in B_b} 1[y_k(v) = yhat(v)], as the single-label
+    top-label bins of rater k's map as the label."""
+    p, y = _voxels(probs, raters, mask)
+    conf, pred = top_label(p)
+    bins = bin_index(conf, n_bins)
+    return BinSums.stack([bin_sums(bins, conf, rater == pred, n_bins) for rater in y])
 
 
 def curvas2024_crop(image: torch.Tensor, slice_axis: int = -1) -> tuple[slice, ...]:

@@ -61,6 +61,8 @@ def check_raters(raters: torch.Tensor, num_classes: int, spatial: Sequence[int] 
         raise ValueError(f"raters of shape {tuple(raters.shape)}: expected K x *spatial label maps")
     if spatial is not None and tuple(raters.shape[1:]) != tuple(spatial):
         raise ValueError(f"raters {tuple(raters.shape[1:])} and prediction {tuple(spatial)} do not match")
+    if raters.numel() == 0:  # no voxel (an empty mask): no value to check
+        return
     lo, hi = (int(v) for v in torch.aminmax(raters))
     if lo < 0 or hi >= num_classes:
         raise ValueError(f"rater label values must lie in [0, {num_classes}), found [{lo}, {hi}]")

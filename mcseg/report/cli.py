@@ -4,7 +4,8 @@ Runs whose evaluation (or post-hoc temperature scaling) is missing are evaluated
 ``evaluate.py``'s code and default protocol, or listed with ``--no-eval``. Evaluations of other tools' prediction
 folders under the directories (``mcseg-evaluate-folder``) are rows of their own, the tool in the loss column. Writes
 ``report.md``, ``report.csv``, ``report.tex``, ``reliability_selected.png``,
-``reliability_histogram_selected.png`` (the dataset reliability histograms), for margin sweeps
+``reliability_histogram_selected.png`` (the dataset reliability histograms), where the evaluations scored
+several raters ``reliability_raters.png`` (against the rater mean beside against one rater), for margin sweeps
 ``margin_heatmap.png`` and, where runs or ensembles were evaluated under shift (``evaluate.py shift=...``),
 ``shift.csv`` and ``shift_severity.png`` (:mod:`mcseg.report.shift`) into ``--out`` (default:
 ``<first DIR>/report``).
@@ -18,9 +19,10 @@ from pathlib import Path
 
 from mcseg.data.io import atomic_write
 from mcseg.report.collect import RunRecord, collect_ensembles, collect_folder_evaluations, collect_runs, read_run
-from mcseg.report.figures import margin_heatmap, reliability_histograms, reliability_overlay, risk_coverage_overlay, \
-    shift_severity
-from mcseg.report.render import ENVIRONMENT_MARK, SEEN_MARK, SHIFT_FIGURE, latex, markdown, write_csv, write_shift_csv
+from mcseg.report.figures import margin_heatmap, reliability_histograms, reliability_overlay, reliability_raters, \
+    risk_coverage_overlay, shift_severity
+from mcseg.report.render import ENVIRONMENT_MARK, RATER_FIGURE, SEEN_MARK, SHIFT_FIGURE, latex, markdown, write_csv, \
+    write_shift_csv
 from mcseg.report.shift import add_shift
 from mcseg.report.table import add_predictors, build_rows, common_overrides, mark_environments, mark_seen_in_training
 
@@ -156,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         tag = f"_{dataset}" if len(datasets) > 1 else ""
         figures[f"reliability_selected{tag}.png"] = reliability_overlay(own, args.split)
         figures[f"reliability_histogram_selected{tag}.png"] = reliability_histograms(own, args.split)
+        figures[f"{RATER_FIGURE}{tag}.png"] = reliability_raters(own, args.split)
         figures[f"margin_heatmap{tag}.png"] = margin_heatmap(own)
         figures[f"risk_coverage_selected{tag}.png"] = risk_coverage_overlay(own, args.split)
         suites = sorted({suite for r in own for suite, found in r.shift.items() if "single" in found})

@@ -2,8 +2,8 @@
 
 Run directories are found by :func:`mcseg.rundir.find_run_dirs`. Its identity (configuration, loss, seed) comes from ``result.json``'s
 ``run`` record, else from Hydra's ``.hydra/`` files; its test metrics from
-``eval/<split>/summary.json`` and ``per_case.csv`` (and ``eval/<split>/<scaler>/`` after
-post-hoc calibration); its validation metrics, by which configurations are selected, from
+``eval/<split>/summary.json`` and ``per_case.csv``, with several raters also ``per_case_raters.csv`` (and
+``eval/<split>/<scaler>/`` after post-hoc calibration); its validation metrics, by which configurations are selected, from
 ``result.json``; its results under shift from ``eval/<split>[-<members>]/shift_summary.json``
 (:mod:`mcseg.evaluation.shift`).
 """
@@ -18,6 +18,7 @@ from pathlib import Path
 
 import yaml
 
+from mcseg.evaluation.raters import CASE_FIGURES, FOREGROUND_FIGURES
 from mcseg.evaluation.shift import SUMMARY_FILE as SHIFT_SUMMARY
 from mcseg.metrics.statistics import nanmean
 from mcseg.rundir import find_run_dirs, state_of
@@ -77,24 +78,38 @@ def read_per_case(path: Path) -> dict[str, dict]:
 
     Foreground Dice and HD95 of a case are the mean over its classes with undefined (NaN)
     values excluded, as in the evaluator's ``mean_foreground_*``; calibration values are per case.
+    With a per_case_raters.csv beside it, also the figures against several raters, ``raters/<figure>``:
+    the mean over foreground classes of the per-class ones (the summary's ``foreground``), the per-case ones as
+    they are.
     """
+    rows = _case_rows(path)
+    out = {}
+    for case, case_rows in rows.items():
+        out[case] = {
+            "dice": nanmean([_number(r["dice"]) for r in case_rows]),
+            "hd95_mm": nanmean([_number(r["hd95_mm"]) for r in case_rows]),
+            "ece": _number(case_rows[0]["ece"]),
+            "classwise_ece": _number(case_rows[0]["classwise_ece"]),
+        }
+    raters = path.parent / "per_case_raters.csv"
+    for case, case_rows in (_case_rows(raters) if raters.is_file() else {}).items():
+        found = out.setdefault(case, {})
+        found.update({f"raters/{key}": nanmean([_number(r[key]) for r in case_rows]) for key in FOREGROUND_FIGURES})
+        found.update({f"raters/{key}": _number(case_rows[0][key]) for key in CASE_FIGURES})
+    return out
+
+
+def _number(text: str) -> float:
+    return float(text) if text not in ("", "None") else math.nan
+
+
+def _case_rows(path: Path) -> dict[str, list[dict]]:
+    """The rows of a per-case CSV grouped by their ``case``."""
     rows: dict[str, list[dict]] = {}
     with open(path, newline="") as f:
         for row in csv.DictReader(f):
             rows.setdefault(row["case"], []).append(row)
-
-    def number(text: str) -> float:
-        return float(text) if text not in ("", "None") else math.nan
-
-    out = {}
-    for case, case_rows in rows.items():
-        out[case] = {
-            "dice": nanmean([number(r["dice"]) for r in case_rows]),
-            "hd95_mm": nanmean([number(r["hd95_mm"]) for r in case_rows]),
-            "ece": number(case_rows[0]["ece"]),
-            "classwise_ece": number(case_rows[0]["classwise_ece"]),
-        }
-    return out
+    return rows
 
 
 def _identity(run_dir: Path, result: dict | None) -> dict | None:

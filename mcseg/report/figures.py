@@ -1,5 +1,6 @@
 """Report figures: reliability diagrams of the selected configurations overlaid, their dataset reliability
-histograms, margin x lambda heatmaps, risk-coverage curves, Dice and ECE by severity under shift."""
+histograms, their reliability against the rater mean beside that against one rater, margin x lambda heatmaps,
+risk-coverage curves, Dice and ECE by severity under shift."""
 from __future__ import annotations
 
 import csv
@@ -12,18 +13,23 @@ from matplotlib.figure import Figure
 from mcseg.report.table import ConfigRow
 
 
-def pooled_reliability(run_dirs: list[Path], split: str, panel: str = "top-label") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(mean confidence, accuracy, count) per bin of ``panel``, pooled over the runs' reliability.csv files.
+def pooled_reliability(run_dirs: list[Path], split: str, panel: str = "top-label",
+                       file: str = "reliability.csv") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(mean confidence, accuracy, count) per bin of ``panel``, pooled over the runs' reliability.csv files (or
+    ``file``s of its columns: reliability_raters.csv, its accuracy the observed frequency).
 
-    Each file holds per-bin means and counts, so pooling weights every bin by its voxel count.
+    Each file holds per-bin means and counts, so pooling weights every bin by its voxel count; a file without
+    the panel adds nothing.
     """
     conf_sum = acc_sum = counts = None
     for run_dir in run_dirs:
-        path = Path(run_dir) / "eval" / split / "reliability.csv"
+        path = Path(run_dir) / "eval" / split / file
         if not path.is_file():
             continue
         with open(path, newline="") as f:
             rows = [r for r in csv.DictReader(f) if r["panel"] == panel]
+        if not rows:
+            continue
         n = np.asarray([float(r["count"]) for r in rows])
         conf = np.nan_to_num(np.asarray([float(r["mean_confidence"]) for r in rows]))
         acc = np.nan_to_num(np.asarray([float(r["accuracy"]) for r in rows]))
@@ -55,6 +61,53 @@ def reliability_overlay(rows: list[ConfigRow], split: str) -> Figure:
     ax.set_ylim(0, 1)
     ax.legend(fontsize=7, loc="upper left")
     ax.set_title(f"Reliability on the {split} split (selected configurations)", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def first_rater(run_dirs: list[Path], split: str) -> str | None:
+    """The first rater of the first of the runs' reliability_raters.csv files; None when none has one."""
+    from mcseg.evaluation.raters import RELIABILITY_FILE
+
+    for run_dir in run_dirs:
+        path = Path(run_dir) / "eval" / split / RELIABILITY_FILE
+        if path.is_file():
+            with open(path, newline="") as f:
+                return next((r["rater"] for r in csv.DictReader(f) if r["rater"]), None)
+    return None
+
+
+def reliability_raters(rows: list[ConfigRow], split: str) -> Figure | None:
+    """Per selected configuration (as :func:`reliability_overlay`), its top-label reliability against the rater
+    mean (left: observed frequency = mean fraction of raters giving the predicted class) beside that against a
+    single rater (right: the first rater, named in the title), from the runs' reliability_raters.csv pooled over
+    cases and seeds, with the ECE of the pooled bins; None when no selected run wrote one."""
+    from mcseg.evaluation.raters import MEAN_PANEL, RELIABILITY_FILE, rater_panel
+
+    shown = []
+    for row in rows:
+        paths = [r.path for r in row.runs]
+        if row.selected and (rater := first_rater(paths, split)) is not None:
+            shown.append((row, paths, rater))
+    if not shown:
+        return None
+    fig = Figure(figsize=(9, 4.2 * len(shown)))
+    axes = np.asarray(fig.subplots(len(shown), 2, squeeze=False))
+    for (row, paths, rater), pair in zip(shown, axes):
+        setting = "" if row.hyperparameters == "defaults" else f" {row.hyperparameters}"
+        for ax, panel, reference, observed in (
+                (pair[0], MEAN_PANEL, "the rater mean", "mean fraction of raters giving the predicted class"),
+                (pair[1], rater_panel(rater), f"rater {rater}", f"accuracy against rater {rater}")):
+            conf, acc, counts = pooled_reliability(paths, split, panel, RELIABILITY_FILE)
+            keep = counts > 0
+            ece = float(np.abs(acc - conf)[keep] @ counts[keep] / counts.sum()) if keep.any() else math.nan
+            ax.plot([0, 1], [0, 1], color="0.6", linestyle="--", linewidth=1, label="perfect calibration")
+            ax.plot(conf[keep], acc[keep], marker="o", markersize=3, label=f"pooled ECE {ece:.3f}")
+            ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="confidence (top-label, pooled over cases and seeds)",
+                   ylabel=observed)
+            ax.legend(fontsize=7, loc="upper left")
+            ax.set_title(f"{row.loss_name}{setting}: against {reference}", fontsize=9)
+    fig.suptitle(f"Reliability against several raters on the {split} split (selected configurations)", fontsize=9)
     fig.tight_layout()
     return fig
 

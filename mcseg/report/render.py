@@ -7,13 +7,19 @@ import math
 from pathlib import Path
 
 from mcseg.data.io import atomic_write
-from mcseg.report.table import METRICS, POSTHOC_METRICS, ConfigRow, MetricCell
+from mcseg.report.table import METRICS, POSTHOC_METRICS, RATER_METRICS, RATER_PATHS, ConfigRow, MetricCell
 
 HEADERS = {
     "dice": "Dice", "hd95_mm": "HD95 (mm)", "ece": "ECE pre_T", "classwise_ece": "CECE pre_T",
     "ece_post_T": "ECE post_T", "classwise_ece_post_T": "CECE post_T",
+    # against several raters (RATER_METRICS)
+    "dice_raters": "Dice vs raters", "consensus_dice": "consensus Dice", "thresholded_dice": "thresholded Dice",
+    "ece_rater_mean": "ECE vs rater mean", "ece_curvas": "ECE per rater (CURVAS)",
+    "nll_rater_mean": "NLL vs rater mean",
+    "volume_crps": "volume CRPS (mL)", "ged": "GED", "hm_iou": "HM-IoU",
 }
-DIGITS = {"hd95_mm": 2}
+DIGITS = {"hd95_mm": 2, "volume_crps": 2}
+RATER_FIGURE = "reliability_raters"
 ENVIRONMENT_MARK = " †"  # a run of the row was made by other code, libraries or device type (report's warnings)
 SEEN_MARK = " ‡"  # a run of the row scored cases it was trained or validated on (by content)
 
@@ -39,13 +45,42 @@ def cell_text(cell: MetricCell | None, name: str, latex: bool = False) -> str:
     return text
 
 
+def metric_columns(rows: list[ConfigRow]) -> list[str]:
+    """The table's metric columns: ``METRICS``, then ``RATER_METRICS`` when some row scored several raters."""
+    return [m[0] for m in METRICS] + ([m[0] for m in RATER_METRICS] if any(r.raters for r in rows) else [])
+
+
+def row_cell(row: ConfigRow, name: str) -> MetricCell | None:
+    """The row's cell of column ``name`` (:func:`metric_columns`); None where it was not measured."""
+    return row.cells[name] if name in row.cells else row.raters.get(name)
+
+
+def rater_lines(rows: list[ConfigRow]) -> list[str]:
+    """What the columns and figures against several raters are, and which are against the single label;
+    nothing when no row scored several raters."""
+    if not any(r.raters for r in rows):
+        return []
+    return ["", "Several raters (docs/protocol.md, \"Several raters\"): Dice, HD95, ECE, CECE (and NLL, Brier and "
+            "the failure detection columns of the predictor table) and the figures `reliability_selected*.png` and "
+            "`reliability_histogram_selected*.png` are against each case's single label (`dataset.raters.target`, "
+            "majority vote by default). Against the raters, raw outputs, cells as above: Dice vs raters (mean over "
+            "raters of the Dice against each), consensus Dice (outside the raters' dissensus), thresholded Dice "
+            "(QUBIQ: mean over t of Dice(p > t, m > t)), ECE and NLL vs rater mean (observed frequency m, the "
+            "fraction of raters giving the class), ECE per rater (CURVAS: mean over raters of the ECE against "
+            "each), volume CRPS (mL), GED and HM-IoU (only where the predictor has samples: ensembles, MC dropout, "
+            "TTA; else –); rows without raters: –. "
+            f"`{RATER_FIGURE}*.png`: per selected configuration, the top-label reliability against the rater mean "
+            "(left) and against a single rater (right, the first rater, named in the title), pooled over cases "
+            "and seeds (the evaluations' `reliability_raters.csv`)."]
+
+
 def several_datasets(rows: list[ConfigRow]) -> bool:
     """Rows of more than one dataset: the tables then name each row's dataset."""
     return len({r.dataset for r in rows}) > 1
 
 
 def markdown(rows: list[ConfigRow], title: str, protocol_lines: list[str]) -> str:
-    names = [m[0] for m in METRICS]
+    names = metric_columns(rows)
     first = ("| dataset ", "|---") if several_datasets(rows) else ("", "")
 
     def table(selected_only: bool) -> list[str]:
@@ -61,10 +96,10 @@ def markdown(rows: list[ConfigRow], title: str, protocol_lines: list[str]) -> st
             dataset = f"| {row.dataset} " if first[0] else ""
             out.append(f"{dataset}| {row.loss_name}{mark} | {row.hyperparameters} | {len(row.seeds)} | "
                        f"{_num(row.selection_value, 4)} | {_num(row.temperature, 2)} | "
-                       + " | ".join(cell_text(row.cells.get(n), n) for n in names) + " |")
+                       + " | ".join(cell_text(row_cell(row, n), n) for n in names) + " |")
         return out
 
-    lines = [f"# {title}", "", *protocol_lines, "",
+    lines = [f"# {title}", "", *protocol_lines, *rater_lines(rows), "",
              "## Selected configuration of each loss (by validation)"
              + (" on each dataset" if first[0] else ""), "", *table(True), "",
              "## All configurations (* = selected)", "", *table(False), "", *posthoc_table(rows),
@@ -112,14 +147,17 @@ def predictor_table(rows: list[ConfigRow]) -> list[str]:
     if not selected:
         return []
     several = several_datasets(rows)
+    headers = dict(PREDICTOR_HEADERS)
+    if any(cells.get(c) for r in selected for cells in r.predictors.values() for c in RATER_PATHS):
+        headers.update({c: HEADERS[c] for c in RATER_PATHS})  # against several raters (rater_lines)
     out = ["## Predictors of the configurations (single network, temperature, ensembles, TTA, MC dropout)",
            "", ("| dataset " if several else "") + "| loss | hyperparameters | predictor | n | "
-           + " | ".join(PREDICTOR_HEADERS.values()) + " |",
-           ("|---" if several else "") + "|---|---|---|---|" + "---|" * len(PREDICTOR_HEADERS)]
+           + " | ".join(headers.values()) + " |",
+           ("|---" if several else "") + "|---|---|---|---|" + "---|" * len(headers)]
     for row in selected:
         for name, cells in row.predictors.items():
             n = max((c[2] for c in cells.values() if c), default=0)
-            text = [mean_std_text(cells.get(column), DIGITS.get(column, 3)) for column in PREDICTOR_HEADERS]
+            text = [mean_std_text(cells.get(column), DIGITS.get(column, 3)) for column in headers]
             out.append((f"| {row.dataset} " if several else "") + f"| {row.loss_name} | {row.hyperparameters} | "
                        f"{name} | {n} | " + " | ".join(text) + " |")
     return [*out, ""]
@@ -207,13 +245,14 @@ def write_shift_csv(rows: list[ConfigRow], path: Path) -> bool:
 
 
 def write_csv(rows: list[ConfigRow], path: Path) -> None:
-    columns = ["dataset", "loss", "hyperparameters", "configuration", "seeds", "selection_value", "selected", "baseline",
+    header = ["dataset", "loss", "hyperparameters", "configuration", "seeds", "selection_value", "selected", "baseline",
                "temperature", "environment_differs", "scores_seen_cases"]
-    for name, *_ in METRICS:
-        columns += [f"{name}_mean", f"{name}_std", f"{name}_ci95_lo", f"{name}_ci95_hi", f"{name}_n_cases",
+    names = metric_columns(rows)
+    for name in names:
+        header += [f"{name}_mean", f"{name}_std", f"{name}_ci95_lo", f"{name}_ci95_hi", f"{name}_n_cases",
                     f"{name}_p_vs_baseline"]
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=columns)
+    writer = csv.DictWriter(buffer, fieldnames=header)
     writer.writeheader()
     for row in rows:
         record = {"dataset": row.dataset, "loss": row.loss_name, "hyperparameters": row.hyperparameters, "configuration": row.configuration,
@@ -221,8 +260,8 @@ def write_csv(rows: list[ConfigRow], path: Path) -> None:
                   "selected": row.selected, "baseline": row.baseline, "temperature": row.temperature,
                   "environment_differs": " ".join(row.environment_differs),
                   "scores_seen_cases": bool(row.seen_in_training)}
-        for name, *_ in METRICS:
-            cell = row.cells.get(name)
+        for name in names:
+            cell = row_cell(row, name)
             if cell is not None:
                 record.update({f"{name}_mean": cell.mean, f"{name}_std": cell.std, f"{name}_ci95_lo": cell.ci95[0],
                                f"{name}_ci95_hi": cell.ci95[1], f"{name}_n_cases": cell.n_cases,
@@ -239,7 +278,7 @@ def _tex_escape(text: str) -> str:
 
 def latex(rows: list[ConfigRow], caption: str) -> str:
     """A booktabs table of the selected configuration of each loss (mean ± std over seeds, [95% CI over cases])."""
-    names = [m[0] for m in METRICS]
+    names = metric_columns(rows)
     lines = [r"\begin{table}[t]", r"\centering", r"\scriptsize", rf"\caption{{{_tex_escape(caption)}}}",
              r"\begin{tabular}{ll" + "c" * len(names) + "}", r"\toprule",
              "Loss & Hyperparameters & " + " & ".join(_tex_escape(HEADERS[n]) for n in names) + r" \\", r"\midrule"]
@@ -251,6 +290,6 @@ def latex(rows: list[ConfigRow], caption: str) -> str:
         if several_datasets(rows):
             name = f"{_tex_escape(row.dataset)}: {name}"
         lines.append(f"{name} & {_tex_escape(row.hyperparameters)} & "
-                     + " & ".join(cell_text(row.cells.get(n), n, latex=True) for n in names) + r" \\")
+                     + " & ".join(cell_text(row_cell(row, n), n, latex=True) for n in names) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}", ""]
     return "\n".join(lines)

@@ -7,7 +7,9 @@ std over seeds is over distinct seeds. For each configuration (runs that differ 
 * a 95% percentile-bootstrap interval over cases of the per-case values averaged over seeds;
 * ``pre_T`` (raw outputs) and ``post_T`` (after temperature scaling) calibration columns;
 * per post-hoc scaler found in the evaluations (temperature, vector, lts, ...): its Dice, HD95, ECE and
-  classwise ECE, labelled with how it was fitted (``ConfigRow.posthoc``, the report's post_T rows).
+  classwise ECE, labelled with how it was fitted (``ConfigRow.posthoc``, the report's post_T rows);
+* where the evaluations scored several raters (summary.json ``raters``, per_case_raters.csv), the figures
+  against them (``RATER_METRICS``, ``ConfigRow.raters``) as the same cells of the raw outputs; none otherwise.
 
 Each loss's hyperparameters are selected by the mean over seeds of a validation value from
 ``result.json`` (default ``score``, the config's weighted validation score); the test split never
@@ -37,6 +39,16 @@ METRICS = (
     ("ece_post_T", "mean_ece", "ece", "temperature", -1),
     ("classwise_ece_post_T", "mean_classwise_ece", "classwise_ece", "temperature", -1),
 )
+
+# Against several raters, beside the single-label columns: (column, summary "raters" group, figure); the summary
+# value is raters.<group>.<figure>.mean, the per-case one per_case_raters.csv's (docs/protocol.md, "Several raters")
+RATER_METRICS = (
+    ("dice_raters", "foreground", "dice_rater_mean"), ("consensus_dice", "foreground", "consensus_dice"),
+    ("thresholded_dice", "foreground", "thresholded_dice"), ("ece_rater_mean", "case", "ece_mean"),
+    ("ece_curvas", "case", "ece_curvas_rater_mean"), ("nll_rater_mean", "case", "nll_mean"),
+    ("volume_crps", "foreground", "volume_crps"), ("ged", "case", "ged"), ("hm_iou", "case", "hm_iou"),
+)
+RATER_PATHS = {column: ("raters", group, figure, "mean") for column, group, figure in RATER_METRICS}
 
 # The columns of the predictor table (single network, + T, ensembles, TTA, MC dropout): summary values,
 # mean ± std over the predictor's evaluations (a split-level figure has no per-case values to resample).
@@ -81,6 +93,7 @@ class ConfigRow:
     environment_differs: list[str] = field(default_factory=list)  # e.g. ["code"]: some run differs from the most common
     seen_in_training: list[str] = field(default_factory=list)  # runs whose scored cases include trained-on content
     shift: dict[str, dict] = field(default_factory=dict)  # suite -> predictor -> ShiftCells (mcseg.report.shift)
+    raters: dict[str, MetricCell | None] = field(default_factory=dict)  # RATER_METRICS; {}: no run has raters
 
 
 def _mean_std(values: list[float | None]) -> tuple[float, float]:
@@ -94,17 +107,33 @@ def case_means(runs: list[RunRecord], scaler: str, key: str) -> dict[str, float]
     values: dict[str, list[float]] = {}
     for run in runs:
         for case, metrics in run.per_case.get(scaler, {}).items():
-            values.setdefault(case, []).append(metrics[key])
+            if key in metrics:  # a figure against raters: only in the evaluations that scored raters
+                values.setdefault(case, []).append(metrics[key])
     return {case: _mean_std(v)[0] for case, v in values.items()}
 
 
-def _cell(runs: list[RunRecord], summary_key: str, case_key: str, scaler: str, n_boot: int, seed: int) -> MetricCell | None:
+def _cell(runs: list[RunRecord], summary_key: str | tuple[str, ...], case_key: str, scaler: str, n_boot: int,
+          seed: int) -> MetricCell | None:
+    """The cell of a summary value (a key, or a path into nested keys) and its per-case values."""
     with_values = [r for r in runs if scaler in r.summaries]
     if not with_values:
         return None
-    mean, std = _mean_std([r.summaries[scaler].get(summary_key) for r in with_values])
+    path = summary_key if isinstance(summary_key, tuple) else (summary_key,)
+    mean, std = _mean_std([_value(r.summaries[scaler], path) for r in with_values])
     per_case = np.asarray([v for v in case_means(with_values, scaler, case_key).values() if not math.isnan(v)])
     return MetricCell(mean, std, bootstrap_ci(per_case, n_boot, seed), int(per_case.size))
+
+
+def rater_cells(runs: list[RunRecord], n_boot: int, seed: int) -> dict[str, MetricCell | None]:
+    """The ``RATER_METRICS`` cells of the runs that scored several raters ({} when none did); None where no
+    evaluation has the figure (GED and HM-IoU without a predictor's samples)."""
+    with_raters = [r for r in runs if r.summaries.get("", {}).get("raters")]
+    if not with_raters:
+        return {}
+    cells = {column: _cell(with_raters, RATER_PATHS[column], f"raters/{figure}", "", n_boot, seed)
+             for column, _, figure in RATER_METRICS}
+    return {column: None if cell is None or (cell.n_cases == 0 and math.isnan(cell.mean)) else cell
+            for column, cell in cells.items()}
 
 
 def paired_wilcoxon(a: dict[str, float], b: dict[str, float]) -> float | None:
@@ -179,6 +208,7 @@ def build_rows(runs: list[RunRecord], select: str = "score", select_mode: str = 
                         members, [r.seed for r in members], None if math.isnan(selection) else selection)
         row.cells = {name: _cell(members, key, case_key, scaler, n_boot, seed)
                      for name, key, case_key, scaler, _ in METRICS}
+        row.raters = rater_cells(members, n_boot, seed)
         params = [r.summaries[""].get("posthoc", {}).get("temperature", {}).get("params", {}) for r in members]
         temps = [p.get("temperature") if isinstance(p, dict) else None for p in params]  # a list: pooled after
         row.temperature = _mean_std([t for t in temps if t is not None])[0] if any(t is not None for t in temps) else None
@@ -241,8 +271,10 @@ def mean_std_n(values) -> tuple[float, float, int] | None:
 
 
 def predictor_cells(summaries: list[dict]) -> dict[str, tuple[float, float, int] | None]:
-    """Per column: (mean, std, n) over the evaluations that have it, or None."""
-    return {column: mean_std_n(_value(s, path) for s in summaries) for column, path in PREDICTOR_COLUMNS.items()}
+    """Per column (``PREDICTOR_COLUMNS``, then those against several raters): (mean, std, n) over the evaluations
+    that have it, or None."""
+    return {column: mean_std_n(_value(s, path) for s in summaries)
+            for column, path in {**PREDICTOR_COLUMNS, **RATER_PATHS}.items()}
 
 
 POOLED_AFTER = ("-pool-after", ", pool-after", "pool-after")
@@ -317,3 +349,8 @@ def _test_against_baseline(rows: list[ConfigRow], baseline: str | None) -> None:
                 if cell is not None and reference.cells.get(name) is not None:
                     cell.p_vs_baseline = paired_wilcoxon(case_means(row.runs, scaler, case_key),
                                                          case_means(reference.runs, scaler, case_key))
+            for name, _, figure in RATER_METRICS:
+                cell = row.raters.get(name)
+                if cell is not None and reference.raters.get(name) is not None:
+                    cell.p_vs_baseline = paired_wilcoxon(case_means(row.runs, "", f"raters/{figure}"),
+                                                         case_means(reference.runs, "", f"raters/{figure}"))

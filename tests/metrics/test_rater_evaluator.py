@@ -75,6 +75,56 @@ def test_every_rater_figure_reaches_the_summary_and_the_csvs(tmp_path):
         assert len(list(csv.DictReader(f))) == 2 * 3 * 2
 
 
+def _read_csv(path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_reliability_against_the_rater_mean_and_each_rater_by_hand(tmp_path):
+    """reliability_raters.csv equals numpy's binning of the voxels of both cases (rater r3 only labelled the
+    first), and each rater's panel equals the single-label reliability.csv with that rater's map as the label."""
+    n_bins = 5
+    evaluator = Evaluator(3, ["background", "a", "b"], EvalProtocol(bootstrap_samples=0, figures=False,
+                                                                    n_bins=n_bins, region="all"))
+    cases = [(probs, raters if i == 0 else raters[:2]) for i, (probs, raters, _) in enumerate(map(_case, (0, 1)))]
+    for i, (probs, raters) in enumerate(cases):  # the label is rater r1's map
+        evaluator.add_case(f"c{i}", probs, raters[0], (1.0, 1.0, 1.0), raters=raters,
+                           rater_names=["r1", "r2", "r3"][:len(raters)])
+    summary = evaluator.write(tmp_path)
+    rows = _read_csv(tmp_path / "reliability_raters.csv")
+    assert [r["panel"] for r in rows[::n_bins]] == ["rater mean", "rater r1", "rater r2", "rater r3"]
+    assert [r["rater"] for r in rows[::n_bins]] == ["", "r1", "r2", "r3"]
+
+    def by_hand(which):  # per bin (lo, hi]: count, mean confidence, mean observed frequency
+        conf, observed = [], []
+        for probs, raters in cases:
+            p, y = probs.reshape(3, -1).double().numpy(), raters.reshape(len(raters), -1).numpy()
+            hit = y == p.argmax(0)  # K x N: rater k gave the predicted class
+            if which == "mean" or which < len(raters):
+                conf.append(p.max(0))
+                observed.append(hit.mean(0) if which == "mean" else hit[which])
+        conf, observed = np.concatenate(conf), np.concatenate(observed)
+        bins = np.clip(np.ceil(conf * n_bins).astype(int) - 1, 0, n_bins - 1)
+        count = np.bincount(bins, minlength=n_bins)
+        with np.errstate(invalid="ignore"):
+            return (count, np.bincount(bins, conf, n_bins) / count, np.bincount(bins, observed, n_bins) / count)
+
+    for k, which in enumerate(["mean", 0, 1, 2]):
+        panel = rows[k * n_bins:(k + 1) * n_bins]
+        count, conf, observed = by_hand(which)
+        np.testing.assert_array_equal([int(r["count"]) for r in panel], count)
+        np.testing.assert_allclose([float(r["mean_confidence"]) for r in panel], conf, rtol=1e-6)
+        np.testing.assert_allclose([float(r["accuracy"]) for r in panel], observed, rtol=1e-6)  # m in fp32
+    assert sum(int(r["count"]) for r in rows[3 * n_bins:]) == 8 * 7 * 5  # r3: the first case's voxels only
+    top = [r for r in _read_csv(tmp_path / "reliability.csv") if r["panel"] == "top-label"]
+    for key in ("count", "mean_confidence", "accuracy"):
+        assert [r[key] for r in rows[n_bins:2 * n_bins]] == [r[key] for r in top], key
+    mean = rows[:n_bins]
+    ece = sum(int(r["count"]) * abs(float(r["gap"])) for r in mean if int(r["count"])) / (2 * 8 * 7 * 5)
+    assert ece == pytest.approx(summary["raters"]["pooled"]["ece_mean"])
+    assert "reliability_raters.csv" in summary["raters"]["protocol"]["reliability"]
+
+
 def test_curvas2024_crop_takes_the_ct(tmp_path):
     from mcseg.metrics.rater_calibration import curvas2024_crop
 
