@@ -211,6 +211,25 @@ def end_to_end_rate(trainer: Trainer, epoch: int) -> tuple[float, float]:
     return samples / seconds, seconds
 
 
+def loader_rate(trainer: Trainer, epoch: int) -> float:
+    """Samples/s of the trainer's loader alone: one epoch of batches sampled by its workers, pinned and copied
+    to the device (``to_device``), no network: what feeding can deliver, to set beside (a) and (b)."""
+    from mcseg.training.loader import to_device
+
+    trainer.sampler.set_epoch(epoch)
+    samples, start = 0, time.perf_counter()
+    for batch in trainer.loader:
+        image, label = to_device(batch, trainer.device, trainer.channels_last)
+        samples += image.shape[0]
+    synchronize(trainer.device)
+    return samples / (time.perf_counter() - start)
+
+
+def loader_alone(record: dict) -> str:
+    rate = record.get("loader_samples_per_s")
+    return f" (alone {rate:.0f} samples/s)" if rate else ""
+
+
 def evaluation_rate(cfg, trainer: Trainer, n_cases: int, out_dir: Path) -> dict:
     """(d): test volumes/s through ``evaluate_split`` (after one untimed volume)."""
     from mcseg.config import typed
@@ -262,6 +281,7 @@ def bench_training_case(name: str, args, device: torch.device, compile_model: bo
             for repeat in range(args.repeats):  # alternate, so that load on a shared machine hits both alike
                 ceilings.append(ceiling_rate(trainer, args.steps, args.warmup))
                 rates.append(end_to_end_rate(trainer, repeat + 1)[0])
+            record["loader_samples_per_s"] = round(loader_rate(trainer, args.repeats + 1), 2)
             record["wall_s"] = round(time.perf_counter() - start, 1)
         record["ceiling_samples_per_s"] = round(statistics.median(ceilings), 2)
         record["end_to_end_samples_per_s"] = round(statistics.median(rates), 2)
@@ -379,7 +399,8 @@ def render(results: dict) -> str:
         "augmentation in loader workers, pinned non-blocking copies, gradient clipping, non-finite tracking, "
         "loss read once per logging interval); (c) b / a, (a) and (b) alternating, median of the repeats; "
         "(d) test volumes per second through `evaluate_split` (inference and every metric, predictions "
-        "written). Peak memory: the main process's resident set per phase (loader workers not included) and "
+        "written); the loader workers' column adds what the loader alone delivers (its batches pinned and copied "
+        "to the device, no network). Peak memory: the main process's resident set per phase (loader workers not included) and "
         "`torch.cuda.max_memory_allocated`.",
         "",
         "| device | case | (a) ceiling, samples/s | (b) mcseg, samples/s | b / a | loader workers "
@@ -396,8 +417,8 @@ def render(results: dict) -> str:
             gpu = f" / {r['peak_gpu_mb']:.0f}" if "peak_gpu_mb" in r else ""
             compiled = ", compiled" if r.get("compile") else ""
             lines.append(f"| {label} | {r['description']}{compiled} | {r['ceiling_samples_per_s']:.1f} | "
-                         f"{r['end_to_end_samples_per_s']:.1f} | **{r['ratio']:.2f}** | {r['loader_workers']} | "
-                         f"{r['peak_host_mb']:.0f}{gpu} |")
+                         f"{r['end_to_end_samples_per_s']:.1f} | **{r['ratio']:.2f}** | {r['loader_workers']}"
+                         f"{loader_alone(r)} | {r['peak_host_mb']:.0f}{gpu} |")
             c = r.get("contended")
             if c:
                 slower = r["end_to_end_samples_per_s"] / c["end_to_end_samples_per_s"]

@@ -26,6 +26,8 @@
 #                                    manylinux x86_64) of the rest of pyproject.toml's dependencies
 #                                    and of setuptools and wheel (the editable install builds with them)
 #   MCSEG_GPU_CHECK_BENCH_ARGS=...   arguments of scripts/benchmark.py (default: 30 steps, 2 repeats)
+#   MCSEG_GPU_CHECK_STEPS="a b ..."  only these steps (e.g. "setup benchmark" for a second look at
+#                                    throughput; default: every step)
 #
 # Carrying the data to a machine that has only the repository: copy the hippocampus folder into the
 # working tree (e.g. data/hippocampus, 16 MB) and give that path as DATA.
@@ -153,6 +155,7 @@ limits_cuda=(setup:60 cuda-tests:60 train:75 sigterm:105 torchrun:45 oom:30 benc
 echo "gpu_check: device $device, data $data, runs in $work"
 for entry in "${limits_cuda[@]}"; do
     name=${entry%%:*}; limit=${entry##*:}
+    [ -z "${MCSEG_GPU_CHECK_STEPS:-}" ] || [[ " $MCSEG_GPU_CHECK_STEPS " == *" $name "* ]] || continue
     [ "$device" = cuda ] || limit=$(( limit * 3 ))  # a CPU is slower, and shared
     step "$name" "$limit" "do_${name//-/_}"
 done
