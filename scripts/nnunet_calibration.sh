@@ -24,7 +24,7 @@
 #   RESULTS (docs/results/nnunet_calibration), NNUNET_VENV (.venv-nnunet), NNUNET_CONFIG (3d_fullres),
 #   MCSEG_NNUNET_EPOCHS (40), MCSEG_NNUNET_ITERATIONS (25 per epoch), PIECE_MINUTES (40),
 #   MCSEG_NNUNET_THREADS (torch threads; default nnU-Net's: every core), nnUNet_n_proc_DA (the cores),
-#   GLIBC_TUNABLES (default: glibc keeps freed memory, mmap and trim thresholds 1 GiB, as mcseg's own
+#   MCSEG_PY (.venv/bin/python), GLIBC_TUNABLES (default: glibc keeps freed memory, mmap and trim thresholds 1 GiB, as mcseg's own
 #   processes do (mcseg.runtime.keep_freed_memory): without it a CPU step spends a third of its time in page
 #   faults, docs/benchmarks.md; set it empty to run nnU-Net's processes with glibc's defaults).
 set -euo pipefail
@@ -39,7 +39,7 @@ config=${NNUNET_CONFIG:-3d_fullres}
 export MCSEG_NNUNET_EPOCHS=${MCSEG_NNUNET_EPOCHS:-40} MCSEG_NNUNET_ITERATIONS=${MCSEG_NNUNET_ITERATIONS:-25}
 export MCSEG_NNUNET_PIECE_S=$(( ${PIECE_MINUTES:-40} * 60 ))
 export GLIBC_TUNABLES=${GLIBC_TUNABLES-glibc.malloc.mmap_threshold=1073741824:glibc.malloc.trim_threshold=1073741824}
-mcseg_py=.venv/bin/python
+mcseg_py=${MCSEG_PY:-.venv/bin/python}
 id=904  # a dataset id of its own: a user's nnU-Net folders may already hold Dataset004
 name=Dataset${id}_Hippocampus
 source scripts/nnunet_venv.sh
