@@ -15,7 +15,7 @@ nnunet_venv() {
         local pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check -c constraints-cpu.txt)
         "${pip[@]}" torch
         "${pip[@]}" --no-deps nnunetv2==2.8.1 dynamic-network-architectures==0.4.4 timm==1.0.22
-        "${pip[@]}" acvl-utils batchgenerators batchgeneratorsv2 tqdm scipy scikit-learn scikit-image SimpleITK \
+        "${pip[@]}" acvl-utils batchgenerators batchgeneratorsv2 tqdm scipy scikit-learn scikit-image SimpleITK threadpoolctl \
             pandas graphviz tifffile requests nibabel matplotlib seaborn imagecodecs yacs einops blosc2 pyyaml \
             huggingface_hub safetensors
     fi
