@@ -115,19 +115,19 @@ class nnUNetTrainer_mcsegEpochs(_EpochLoop):
         os.replace(path + ".tmp", path)
 
     def on_epoch_end(self):
-        log = self.logger.my_fantastic_logging
         epoch = self.current_epoch
         super().on_epoch_end()
+        last = lambda key: self.logger.get_value(key, -1)  # noqa: E731 (nnU-Net's logger, this epoch's entry)
         path = os.path.join(self.output_folder, "mcseg_progress.csv")
         new = not os.path.isfile(path)
         with open(path, "a", newline="") as f:
             writer = csv.writer(f)
             if new:
                 writer.writerow(["epoch", "train_loss", "val_loss", "pseudo_dice", "ema_pseudo_dice", "lr", "seconds"])
-            writer.writerow([epoch, round(float(log["train_losses"][-1]), 5), round(float(log["val_losses"][-1]), 5),
-                             " ".join(f"{d:.4f}" for d in log["dice_per_class_or_region"][-1]),
-                             round(float(log["ema_fg_dice"][-1]), 5), f"{log['lrs'][-1]:.6g}",
-                             round(log["epoch_end_timestamps"][-1] - log["epoch_start_timestamps"][-1], 1)])
+            writer.writerow([epoch, round(float(last("train_losses")), 5), round(float(last("val_losses")), 5),
+                             " ".join(f"{d:.4f}" for d in last("dice_per_class_or_region")),
+                             round(float(last("ema_fg_dice")), 5), f"{last('lrs'):.6g}",
+                             round(last("epoch_end_timestamps") - last("epoch_start_timestamps"), 1)])
 
     def after_epoch(self, started: float) -> bool:
         if self.current_epoch >= self.num_epochs or time() - started < self.piece_s:

@@ -24,6 +24,7 @@
 #   RESULTS (docs/results/nnunet_calibration), NNUNET_VENV (.venv-nnunet), NNUNET_CONFIG (3d_fullres),
 #   MCSEG_NNUNET_EPOCHS (40), MCSEG_NNUNET_ITERATIONS (25 per epoch), PIECE_MINUTES (40),
 #   MCSEG_NNUNET_THREADS (torch threads; default nnU-Net's: every core), nnUNet_n_proc_DA (the cores),
+#   MCSEG_RUN (the mcseg run whose eval/test goes beside nnU-Net's in RESULTS/mcseg and table.md),
 #   MCSEG_PY (.venv/bin/python), GLIBC_TUNABLES (default: glibc keeps freed memory, mmap and trim thresholds 1 GiB, as mcseg's own
 #   processes do (mcseg.runtime.keep_freed_memory): without it a CPU step spends a third of its time in page
 #   faults, docs/benchmarks.md; set it empty to run nnU-Net's processes with glibc's defaults).
@@ -105,6 +106,8 @@ evaluate() {
     "$mcseg_py" -m mcseg.evaluate_folder "$work/test_temperature" "$work/labelsTs" --format nnunet --no-figures \
         -o "$work/eval/test_temperature"
     keep "$work/eval/test_temperature" test_temperature
+    [ -n "${MCSEG_RUN:-}" ] && keep "$MCSEG_RUN/eval/test" mcseg
+    "$mcseg_py" scripts/peer_nnunet.py table "$results"
     log "evaluate: tables in $results"
 }
 

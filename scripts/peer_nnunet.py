@@ -5,13 +5,16 @@ probabilities in mcseg's, and the two results side by side.
     python scripts/peer_nnunet.py splits RUN_DIR PREPROCESSED_DATASET_DIR
     python scripts/peer_nnunet.py probabilities PRED_DIR
     python scripts/peer_nnunet.py compare RUN_DIR NNUNET_SUMMARY TIMES_JSON
+    python scripts/peer_nnunet.py table RESULTS
 
 ``convert`` links the run's training and validation cases into ``WORK/nnUNet_raw/DatasetNNN_Hippocampus``
 (``imagesTr/<case>_0000.nii.gz``, ``labelsTr``; the test cases into ``imagesTs``, their labels into
 ``WORK/labelsTs`` with a dataset.json for mcseg-evaluate-folder). ``splits`` writes nnU-Net's
 ``splits_final.json`` with one fold: the run's training cases train, its validation cases validate,
 so both tools learn from and select on the same cases and neither sees the test split.
-``probabilities`` turns nnU-Net's ``<case>.npz`` (``probabilities``, C x Z x Y x X in SimpleITK's
+``table`` writes RESULTS/table.md from the small tables scripts/nnunet_calibration.sh keeps (the mcseg run's
+test evaluation in ``mcseg/``, nnU-Net's ``validation/``, ``test/`` and ``test_temperature/``), with the columns of
+the uncertainty study (scripts/uncertainty_study.py). ``probabilities`` turns nnU-Net's ``<case>.npz`` (``probabilities``, C x Z x Y x X in SimpleITK's
 axis order) into ``<case>_probs.nii.gz`` (X x Y x Z x C, the affine of the prediction), which is what
 mcseg-evaluate-folder reads for the calibration metrics.
 """
@@ -115,6 +118,33 @@ def compare(run_dir: Path, nnunet_summary: Path, times: Path) -> None:
           f"test prediction {minutes.get('nnunet_predict', float('nan')):.1f} min (not in the budget)")
 
 
+def table(results: Path) -> str:
+    """RESULTS/table.md: the mcseg run raw and scaled beside nnU-Net's validation and test, raw and scaled."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from uncertainty_study import _rows, _scaled
+    from uncertainty_study import table as markdown
+
+    def summary(name: str) -> dict | None:
+        path = results / name / "summary.json"
+        return json.loads(path.read_text()) if path.is_file() else None
+
+    budget = json.loads((results / "budget.json").read_text()) if (results / "budget.json").is_file() else {}
+    nnunet = (f"nnU-Net v2 3d_fullres, {budget.get('epochs', '?')} epochs of {budget.get('iterations_per_epoch', '?')} "
+              f"iterations")
+    rows = []
+    for label, predictor, s in (("mcseg, experiment=hippocampus_cpu", "test", summary("mcseg")),
+                                ("mcseg, experiment=hippocampus_cpu", "test + T (its validation)",
+                                 _scaled(summary("mcseg") or {})),
+                                (nnunet, "validation (fold 0, its own)", summary("validation")),
+                                (nnunet, "test", summary("test")),
+                                (nnunet, "test + T (fit on its validation)", summary("test_temperature"))):
+        if s is not None:
+            rows += _rows(label, predictor, [s], 0.0)
+    text = markdown(rows)
+    (results / "table.md").write_text(text)
+    return text
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -128,6 +158,8 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("preprocessed", type=Path)
     pr = sub.add_parser("probabilities")
     pr.add_argument("pred_dir", type=Path)
+    tb = sub.add_parser("table")
+    tb.add_argument("results", type=Path)
     cm = sub.add_parser("compare")
     cm.add_argument("run_dir", type=Path)
     cm.add_argument("nnunet_summary", type=Path)
@@ -139,6 +171,8 @@ def main(argv: list[str] | None = None) -> None:
         splits(a.run_dir, a.preprocessed)
     elif a.command == "probabilities":
         probabilities(a.pred_dir)
+    elif a.command == "table":
+        print(table(a.results))
     else:
         compare(a.run_dir, a.nnunet_summary, a.times)
 
