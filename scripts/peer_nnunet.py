@@ -66,7 +66,9 @@ def convert(run_dir: Path, data_root: Path, work: Path, dataset_id: int) -> None
         "channel_names": {"0": "MRI"}, "labels": labels,
         "numTraining": len(split["train"]) + len(split["val"]), "file_ending": ".nii.gz",
     }, indent=1))
-    (work / "labelsTs" / "dataset.json").write_text(json.dumps({"labels": source["labels"]}, indent=1))
+    # the same class names as nnU-Net's dataset.json (mcseg-evaluate-folder checks that both sides agree)
+    (work / "labelsTs" / "dataset.json").write_text(json.dumps({"labels": {str(v): k for k, v in labels.items()}},
+                                                               indent=1))
     print(f"convert: {len(split['train'])} train + {len(split['val'])} val cases -> {raw}; "
           f"{len(split['test'])} test cases -> {raw / 'imagesTs'}")
 
