@@ -10,6 +10,7 @@ import pytest
 import torch
 from omegaconf import open_dict
 
+from mcseg.runtime import keep_freed_memory
 from mcseg.training.checkpoint import load_checkpoint
 from mcseg.training.trainer import Trainer
 from mcseg.evaluate import evaluate
@@ -46,7 +47,8 @@ def test_synthetic_2d_run_produces_the_run_directory(make_cfg, tmp_path, caplog)
     device = json.loads((tmp_path / "run/result.json").read_text())["device"]  # also logged at the start
     assert device == {"device": "cpu", "name": device["name"], "torch": torch.__version__, "cuda": None,
                       "precision": "float32", "channels_last": False, "compile": False,
-                      "cpu_threads": torch.get_num_threads(), "omp_wait_policy": device["omp_wait_policy"]}
+                      "cpu_threads": torch.get_num_threads(), "omp_wait_policy": device["omp_wait_policy"],
+                      "freed_memory": keep_freed_memory()}
     assert f"device: device cpu, name {device['name']}, torch {torch.__version__}" in caplog.text
     summary = _check_run_dir(tmp_path / "run", n_test=2)
     assert result["test/mean_foreground_dice"] == pytest.approx(summary["mean_foreground_dice"])
