@@ -99,3 +99,39 @@ def test_a_piece_trains_evaluates_every_predictor_and_resumes_without_training_a
     assert again["training_seconds"] == piece["training_seconds"]  # each job's own record, read back
     assert len(again["earlier_runs"]) == 1
     assert [r["Dice"] for r in csv.DictReader(open(out / "per_evaluation.csv"))] == [r["Dice"] for r in rows]
+
+
+def _rater_summary(label_dice: float, per_rater_dice: dict[str, float]) -> dict:
+    """A summary.json of one multi-rater evaluation: its hard-label figures and the ``raters`` part."""
+    return {"mean_foreground_dice": label_dice, "mean_ece": 0.2,
+            "raters": {"per_rater": {name: {"mean_foreground_dice": d, "ece_curvas": 0.03}
+                                     for name, d in per_rater_dice.items()},
+                       "foreground": {"dice_rater_mean": {"mean": 0.75}},
+                       "case": {"ece_mean": {"mean": 0.025}}}}
+
+
+def test_the_rater_table_scores_every_row_against_the_same_references(tmp_path, monkeypatch):
+    """A network trained on rater ``original`` is evaluated against ``original`` as its hard label (issue #43):
+    its label figures are not the majority label's, so the table shows them as not scored and gives every row
+    the same per-rater columns."""
+    monkeypatch.setattr(study_pieces, "results_dir", lambda study: tmp_path / study)
+    base = tmp_path / "multirater"
+    for config, target, label_dice, per_rater in (
+            ("ce_mean", "mean", 0.799, {"original": 0.802, "eroded": 0.744}),
+            ("ce_original", "original", 0.820, {"original": 0.820, "eroded": 0.737})):
+        _piece(base, config, [_row(config, "single", 0, label_dice, 0.2)], label=config,
+               overrides=["loss=ce", f"dataset.raters.target={target}"])
+        (base / config / "single_seed0").mkdir()
+        (base / config / "single_seed0" / "summary.json").write_text(json.dumps(_rater_summary(label_dice, per_rater)))
+    lines = study_pieces.rater_table(("multirater",)).splitlines()
+    head = [c.strip() for c in lines[0].strip("|").split("|")]
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")] for line in lines[2:]
+            if line.startswith("| ce_")}
+    column = {name: i for i, name in enumerate(head)}
+    assert rows["ce_mean"][column["Dice (majority label)"]] == "0.799"
+    assert rows["ce_original"][column["Dice (majority label)"]] == "not scored"
+    assert rows["ce_original"][column["ECE (majority label)"]] == "not scored"
+    assert rows["ce_original"][column["hard label"]] == "original"
+    assert rows["ce_mean"][column["Dice vs original"]] == "0.802"
+    assert rows["ce_original"][column["Dice vs original"]] == "0.820"
+    assert rows["ce_original"][column["Dice vs eroded"]] == "0.737"
