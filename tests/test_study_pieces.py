@@ -135,3 +135,25 @@ def test_the_rater_table_scores_every_row_against_the_same_references(tmp_path, 
     assert rows["ce_mean"][column["Dice vs original"]] == "0.802"
     assert rows["ce_original"][column["Dice vs original"]] == "0.820"
     assert rows["ce_original"][column["Dice vs eroded"]] == "0.737"
+
+
+def test_the_study_table_marks_rows_scaled_by_a_degenerate_fit(tmp_path, monkeypatch):
+    """A temperature that ends at the uniform prediction (the uncertainty study's CE MC dropout + T: T = 3.3e5,
+    NLL = ln 3) is marked in the study's table (issue #43), read from the evaluation's summary.json; a sound fit's
+    row keeps its name."""
+    monkeypatch.setattr(study_pieces, "results_dir", lambda study: tmp_path / study)
+    base = tmp_path / "uncertainty_study"
+    rows = [{**_row("CE", "single", 0, 0.82, 0.23), "evaluation": "single_seed0"},
+            {**_row("CE", "single + T", 0, 0.82, 0.21), "evaluation": ""},
+            {**_row("CE", "MC dropout (10)", 0, 0.27, 0.21), "evaluation": "mc10_seed0"},
+            {**_row("CE", "MC dropout (10) + T (pooled)", 0, 0.27, 0.11), "evaluation": ""}]
+    _piece(base, "ce", rows)
+    for slug, t, nll in (("single_seed0", 1.1, 0.80), ("mc10_seed0", 3.3e5, 1.0986123)):
+        (base / "ce" / slug).mkdir()
+        (base / "ce" / slug / "summary.json").write_text(json.dumps(
+            {"multilabel": False, "protocol": {"num_classes": 3},
+             "posthoc": {"temperature": {"params": {"temperature": t, "nll_before": 1.16, "nll_after": nll}}}}))
+    text = study_pieces.assemble("uncertainty_study")
+    assert "| CE | MC dropout (10) + T (pooled) (degenerate fit) |" in text
+    assert "| CE | single + T |" in text
+    assert "degenerate" not in (base / "per_evaluation.csv").read_text()  # the raw rows keep their names
