@@ -362,11 +362,38 @@ def assemble(study_name: str) -> str:
     rows = [r for config in done for r in read_rows(base / config / "per_evaluation.csv")]
     if rows:
         write_rows(base / "per_evaluation.csv", rows)
-        (base / "table.md").write_text(table(rows))
+        (base / "table.md").write_text(table([r for config in done for r in
+                                              degenerate_marked(base / config, read_rows(base / config / "per_evaluation.csv"))]))
     if study_name.startswith("multirater") and rows:
         (results_dir("multirater") / "raters_table.md").write_text(rater_table())
     (base / "README.md").write_text(readme(study_name, done))
-    return table(rows) if rows else "(no piece yet)\n"
+    return (base / "table.md").read_text() if rows else "(no piece yet)\n"
+
+
+DEGENERATE_MARK = " (degenerate fit)"
+
+
+def degenerate_marked(piece_dir: Path, rows: list[dict]) -> list[dict]:
+    """One piece's rows for the study's table, each row scaled by a degenerate temperature fit (its evaluation's
+    summary.json, :func:`mcseg.calibration.posthoc.degenerate_reason`) marked in its predictor's name. A
+    ``... + T`` row without an evaluation of its own is the scaled half of the row before the ``+ T``."""
+    from mcseg.calibration.posthoc import degenerate_reason
+
+    slugs = {(row["seed"], row["predictor"]): row["evaluation"] for row in rows}
+    marked = []
+    for row in rows:
+        raw, scaled, _ = row["predictor"].partition(" + T")
+        slug = row["evaluation"] or slugs.get((row["seed"], raw), "")
+        path = piece_dir / slug / "summary.json"
+        degenerate = False
+        if scaled and slug and path.is_file():
+            summary = json.loads(path.read_text())
+            params = ((summary.get("posthoc") or {}).get("temperature") or {}).get("params")
+            classes = (summary.get("protocol") or {}).get("num_classes", 2)
+            degenerate = any(isinstance(p, dict) and (p.get("degenerate") or degenerate_reason(
+                p, classes, bool(summary.get("multilabel")))) for p in (params if isinstance(params, list) else [params]))
+        marked.append({**row, "predictor": row["predictor"] + DEGENERATE_MARK} if degenerate else row)
+    return marked
 
 
 RATER_COLUMNS = {  # the multi-rater table: column -> (where in summary["raters"], format)
