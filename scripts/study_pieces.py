@@ -17,8 +17,9 @@ tables are written under ``docs/results/<study>/<config>/``:
   training and evaluation cost, and (for seed 0) the comparison with the seed-0 figures already published.
 
 Commit them before starting the next piece. ``--table`` assembles ``table.md`` and ``per_evaluation.csv`` of the
-whole study from the committed pieces only (never from run folders), and rewrites the study's README.md (which
-pieces exist, the command of the next). Nothing is selected on the test split: every temperature is fitted on
+whole study from the committed pieces only (never from run folders; a row scaled by a degenerate temperature fit
+is marked "(degenerate fit)" in table.md), and rewrites the study's README.md (which pieces exist, the command of
+the next). Nothing is selected on the test split: every temperature is fitted on
 the validation split. Runs are deterministic (``experiment=hippocampus_study``): on the same machine and software
 a piece reruns exactly (another CPU can move a figure in its third decimal: ``piece.json`` compares seed 0 with
 the figures published before).
