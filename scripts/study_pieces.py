@@ -17,8 +17,9 @@ tables are written under ``docs/results/<study>/<config>/``:
   training and evaluation cost, and (for seed 0) the comparison with the seed-0 figures already published.
 
 Commit them before starting the next piece. ``--table`` assembles ``table.md`` and ``per_evaluation.csv`` of the
-whole study from the committed pieces only (never from run folders), and rewrites the study's README.md (which
-pieces exist, the command of the next). Nothing is selected on the test split: every temperature is fitted on
+whole study from the committed pieces only (never from run folders; a row scaled by a degenerate temperature fit
+is marked "(degenerate fit)" in table.md), and rewrites the study's README.md (which pieces exist, the command of
+the next). Nothing is selected on the test split: every temperature is fitted on
 the validation split. Runs are deterministic (``experiment=hippocampus_study``): on the same machine and software
 a piece reruns exactly (another CPU can move a figure in its third decimal: ``piece.json`` compares seed 0 with
 the figures published before).
@@ -362,11 +363,38 @@ def assemble(study_name: str) -> str:
     rows = [r for config in done for r in read_rows(base / config / "per_evaluation.csv")]
     if rows:
         write_rows(base / "per_evaluation.csv", rows)
-        (base / "table.md").write_text(table(rows))
+        (base / "table.md").write_text(table([r for config in done for r in
+                                              degenerate_marked(base / config, read_rows(base / config / "per_evaluation.csv"))]))
     if study_name.startswith("multirater") and rows:
         (results_dir("multirater") / "raters_table.md").write_text(rater_table())
     (base / "README.md").write_text(readme(study_name, done))
-    return table(rows) if rows else "(no piece yet)\n"
+    return (base / "table.md").read_text() if rows else "(no piece yet)\n"
+
+
+DEGENERATE_MARK = " (degenerate fit)"
+
+
+def degenerate_marked(piece_dir: Path, rows: list[dict]) -> list[dict]:
+    """One piece's rows for the study's table, each row scaled by a degenerate temperature fit (its evaluation's
+    summary.json, :func:`mcseg.calibration.posthoc.degenerate_reason`) marked in its predictor's name. A
+    ``... + T`` row without an evaluation of its own is the scaled half of the row before the ``+ T``."""
+    from mcseg.calibration.posthoc import degenerate_reason
+
+    slugs = {(row["seed"], row["predictor"]): row["evaluation"] for row in rows}
+    marked = []
+    for row in rows:
+        raw, scaled, _ = row["predictor"].partition(" + T")
+        slug = row["evaluation"] or slugs.get((row["seed"], raw), "")
+        path = piece_dir / slug / "summary.json"
+        degenerate = False
+        if scaled and slug and path.is_file():
+            summary = json.loads(path.read_text())
+            params = ((summary.get("posthoc") or {}).get("temperature") or {}).get("params")
+            classes = (summary.get("protocol") or {}).get("num_classes", 2)
+            degenerate = any(isinstance(p, dict) and (p.get("degenerate") or degenerate_reason(
+                p, classes, bool(summary.get("multilabel")))) for p in (params if isinstance(params, list) else [params]))
+        marked.append({**row, "predictor": row["predictor"] + DEGENERATE_MARK} if degenerate else row)
+    return marked
 
 
 RATER_COLUMNS = {  # the multi-rater table: column -> (where in summary["raters"], format)
@@ -383,13 +411,36 @@ RATER_COLUMNS = {  # the multi-rater table: column -> (where in summary["raters"
 }
 
 
+NOT_SCORED = "not scored"
+MAJORITY_TARGETS = ("majority", "mean", "random")  # targets whose hard label is the raters' majority vote
+# (mcseg.data.raters.hard_label); a rater's name makes that rater the hard label instead
+
+
+def rater_target(piece: dict) -> str:
+    """The ``dataset.raters.target`` a configuration was trained with (its piece's overrides; default majority)."""
+    for override in piece.get("overrides", []):
+        if override.startswith("dataset.raters.target="):
+            return override.split("=", 1)[1]
+    return "majority"
+
+
+def rater_names(summaries: list[dict]) -> list[str]:
+    """The raters of the evaluations, in the order they first appear."""
+    names: list[str] = []
+    for summary in summaries:
+        for name in ((summary.get("raters") or {}).get("per_rater") or {}):
+            if name not in names:
+                names.append(name)
+    return names
+
+
 def rater_table(study_names: tuple[str, ...] = ("multirater", "multirater_ensembles")) -> str:
-    """The multi-rater figures of every committed evaluation of the simulated study (the ``raters`` part of
-    each summary.json), one row per network or ensemble; the ECE against the data set's own label alone is
-    the CURVAS ECE of rater ``original`` (per_rater)."""
-    head = ["configuration", "predictor", "Dice (majority label)", "ECE (majority label)",
-            f"ECE vs {ONE_RATER} (CURVAS)", *RATER_COLUMNS]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    """The multi-rater figures of every committed evaluation of the simulated study, one row per network or
+    ensemble, every row against the same references: the majority label (the evaluation's hard label, so only for
+    the targets whose hard label is the majority vote; a network trained on one rater was scored against that
+    rater and shows "not scored" here), each rater (per_rater: Dice, and the CURVAS ECE of rater ``original``)
+    and the rater mean (the ``raters`` part of each summary.json)."""
+    found = []  # (piece, slug, summary)
     seen = set()
     for study_name in study_names:
         for config, piece in pieces(study_name).items():
@@ -398,15 +449,25 @@ def rater_table(study_names: tuple[str, ...] = ("multirater", "multirater_ensemb
                 if (config, slug) in seen:  # seed 0 of the ensembles' study is the multirater run
                     continue
                 seen.add((config, slug))
-                summary = json.loads(summary_path.read_text())
-                raters = summary.get("raters") or {}
-                cells = [piece["label"], slug.replace("_", " "), f"{summary.get('mean_foreground_dice', math.nan):.3f}",
-                         f"{summary.get('mean_ece', math.nan):.4f}",
-                         f"{(raters.get('per_rater') or {}).get(ONE_RATER, {}).get('ece_curvas', math.nan):.4f}"]
-                for (part, key), form in RATER_COLUMNS.values():
-                    value = ((raters.get(part) or {}).get(key) or {}).get("mean", math.nan)
-                    cells.append("-" if value is None or value != value else form.format(value))
-                lines.append("| " + " | ".join(cells) + " |")
+                found.append((piece, slug, json.loads(summary_path.read_text())))
+    names = rater_names([summary for _, _, summary in found])
+    head = ["configuration", "predictor", "hard label", "Dice (majority label)", "ECE (majority label)",
+            *(f"Dice vs {name}" for name in names), f"ECE vs {ONE_RATER} (CURVAS)", *RATER_COLUMNS]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for piece, slug, summary in found:
+        target = rater_target(piece)
+        raters = summary.get("raters") or {}
+        per_rater = raters.get("per_rater") or {}
+        majority = target in MAJORITY_TARGETS
+        cells = [piece["label"], slug.replace("_", " "), "majority" if majority else target,
+                 f"{summary.get('mean_foreground_dice', math.nan):.3f}" if majority else NOT_SCORED,
+                 f"{summary.get('mean_ece', math.nan):.4f}" if majority else NOT_SCORED,
+                 *(f"{per_rater.get(name, {}).get('mean_foreground_dice', math.nan):.3f}" for name in names),
+                 f"{per_rater.get(ONE_RATER, {}).get('ece_curvas', math.nan):.4f}"]
+        for (part, key), form in RATER_COLUMNS.values():
+            value = ((raters.get(part) or {}).get(key) or {}).get("mean", math.nan)
+            cells.append("-" if value is None or value != value else form.format(value))
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

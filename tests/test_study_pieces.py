@@ -99,3 +99,61 @@ def test_a_piece_trains_evaluates_every_predictor_and_resumes_without_training_a
     assert again["training_seconds"] == piece["training_seconds"]  # each job's own record, read back
     assert len(again["earlier_runs"]) == 1
     assert [r["Dice"] for r in csv.DictReader(open(out / "per_evaluation.csv"))] == [r["Dice"] for r in rows]
+
+
+def _rater_summary(label_dice: float, per_rater_dice: dict[str, float]) -> dict:
+    """A summary.json of one multi-rater evaluation: its hard-label figures and the ``raters`` part."""
+    return {"mean_foreground_dice": label_dice, "mean_ece": 0.2,
+            "raters": {"per_rater": {name: {"mean_foreground_dice": d, "ece_curvas": 0.03}
+                                     for name, d in per_rater_dice.items()},
+                       "foreground": {"dice_rater_mean": {"mean": 0.75}},
+                       "case": {"ece_mean": {"mean": 0.025}}}}
+
+
+def test_the_rater_table_scores_every_row_against_the_same_references(tmp_path, monkeypatch):
+    """A network trained on rater ``original`` is evaluated against ``original`` as its hard label (issue #43):
+    its label figures are not the majority label's, so the table shows them as not scored and gives every row
+    the same per-rater columns."""
+    monkeypatch.setattr(study_pieces, "results_dir", lambda study: tmp_path / study)
+    base = tmp_path / "multirater"
+    for config, target, label_dice, per_rater in (
+            ("ce_mean", "mean", 0.799, {"original": 0.802, "eroded": 0.744}),
+            ("ce_original", "original", 0.820, {"original": 0.820, "eroded": 0.737})):
+        _piece(base, config, [_row(config, "single", 0, label_dice, 0.2)], label=config,
+               overrides=["loss=ce", f"dataset.raters.target={target}"])
+        (base / config / "single_seed0").mkdir()
+        (base / config / "single_seed0" / "summary.json").write_text(json.dumps(_rater_summary(label_dice, per_rater)))
+    lines = study_pieces.rater_table(("multirater",)).splitlines()
+    head = [c.strip() for c in lines[0].strip("|").split("|")]
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")] for line in lines[2:]
+            if line.startswith("| ce_")}
+    column = {name: i for i, name in enumerate(head)}
+    assert rows["ce_mean"][column["Dice (majority label)"]] == "0.799"
+    assert rows["ce_original"][column["Dice (majority label)"]] == "not scored"
+    assert rows["ce_original"][column["ECE (majority label)"]] == "not scored"
+    assert rows["ce_original"][column["hard label"]] == "original"
+    assert rows["ce_mean"][column["Dice vs original"]] == "0.802"
+    assert rows["ce_original"][column["Dice vs original"]] == "0.820"
+    assert rows["ce_original"][column["Dice vs eroded"]] == "0.737"
+
+
+def test_the_study_table_marks_rows_scaled_by_a_degenerate_fit(tmp_path, monkeypatch):
+    """A temperature that ends at the uniform prediction (the uncertainty study's CE MC dropout + T: T = 3.3e5,
+    NLL = ln 3) is marked in the study's table (issue #43), read from the evaluation's summary.json; a sound fit's
+    row keeps its name."""
+    monkeypatch.setattr(study_pieces, "results_dir", lambda study: tmp_path / study)
+    base = tmp_path / "uncertainty_study"
+    rows = [{**_row("CE", "single", 0, 0.82, 0.23), "evaluation": "single_seed0"},
+            {**_row("CE", "single + T", 0, 0.82, 0.21), "evaluation": ""},
+            {**_row("CE", "MC dropout (10)", 0, 0.27, 0.21), "evaluation": "mc10_seed0"},
+            {**_row("CE", "MC dropout (10) + T (pooled)", 0, 0.27, 0.11), "evaluation": ""}]
+    _piece(base, "ce", rows)
+    for slug, t, nll in (("single_seed0", 1.1, 0.80), ("mc10_seed0", 3.3e5, 1.0986123)):
+        (base / "ce" / slug).mkdir()
+        (base / "ce" / slug / "summary.json").write_text(json.dumps(
+            {"multilabel": False, "protocol": {"num_classes": 3},
+             "posthoc": {"temperature": {"params": {"temperature": t, "nll_before": 1.16, "nll_after": nll}}}}))
+    text = study_pieces.assemble("uncertainty_study")
+    assert "| CE | MC dropout (10) + T (pooled) (degenerate fit) |" in text
+    assert "| CE | single + T |" in text
+    assert "degenerate" not in (base / "per_evaluation.csv").read_text()  # the raw rows keep their names

@@ -21,6 +21,10 @@ entry is its :meth:`~mcseg.calibration.scalers.Scaler.save` record (with which v
 objective it was fitted on); files it writes (LTS weights) sit beside ``calibration.json``, named
 with the checkpoint's sha256. A fitted temperature outside ``PLAUSIBLE_TEMPERATURE`` is kept but
 warned about (and listed in the record's ``warnings``): it usually means too few validation voxels.
+A degenerate fit (:func:`degenerate_reason`: a temperature outside ``DEGENERATE_TEMPERATURE``, or a fitted NLL
+within ``UNIFORM_NLL_TOLERANCE`` of the uniform prediction's) is kept too, warned about, listed in ``warnings``
+and marked in its scaler's entry (``"degenerate": true`` and ``"degenerate_reason"``; a sound fit has neither
+key): its "calibrated" figures are those of a near-uniform prediction, not of a calibration.
 """
 from __future__ import annotations
 
@@ -49,6 +53,11 @@ VOXEL_SAMPLES = ("balanced", "all", "region")
 OBJECTIVES = ("nll", "ece")
 # Fitted temperatures outside this range are legal but suspicious (e.g. T = 6223 on one validation case).
 PLAUSIBLE_TEMPERATURE = (0.05, 20.0)
+# A fit is degenerate (not only suspicious) beyond these: at T = 100 logits of order 10 are within 0.1 of each
+# other (a near-uniform prediction); at T = 0.01 every voxel is one-hot.
+DEGENERATE_TEMPERATURE = (0.01, 100.0)
+# ... or when its NLL is within this many nats of the uniform prediction's (ln C; ln 2 per region, multi-label)
+UNIFORM_NLL_TOLERANCE = 1e-3
 # posthoc.lts keys taken from the model's sampling geometry (dataset.sampling) when not set
 LTS_GEOMETRY = ("dims", "patch_size", "slice_axis")
 
@@ -235,6 +244,12 @@ def fit_posthoc(predictor, cases: Iterable[CaseData], cfg: PosthocConfig, where:
               "scalers": {}, "warnings": []}
     for scaler in scalers:
         scaler.fit(fit_data)
+        reason = degenerate_reason(scaler.record, data.logits.shape[-1], predictor.multilabel)
+        if reason:
+            scaler.record.update(degenerate=True, degenerate_reason=reason)
+            message = f"post-hoc {scaler.name}: degenerate fit ({reason}); its scaled figures are not a calibration"
+            log.warning(message)
+            record["warnings"].append(message)
         record["scalers"][scaler.name] = scaler.save(where, checkpoint["sha256"])
         log.info("post-hoc %s: NLL %.5g -> %.5g", scaler.describe(), scaler.record.get("nll_before", float("nan")),
                  scaler.record.get("nll_after", float("nan")))
@@ -250,6 +265,21 @@ def fit_posthoc(predictor, cases: Iterable[CaseData], cfg: PosthocConfig, where:
     stored["fits"][checkpoint["sha256"]] = record
     write_json(path, stored)
     return record
+
+
+def degenerate_reason(fit: dict, n_channels: int, multilabel: bool) -> str | None:
+    """Why the fitted scaler ``fit`` (its record) is degenerate, or None: a temperature outside
+    ``DEGENERATE_TEMPERATURE``, or a fitted NLL within ``UNIFORM_NLL_TOLERANCE`` of the uniform prediction's
+    (ln C for ``n_channels`` = C classes; ln 2 per region, multi-label)."""
+    reasons = []
+    t = fit.get("temperature")
+    if t is not None and not DEGENERATE_TEMPERATURE[0] <= t <= DEGENERATE_TEMPERATURE[1]:
+        reasons.append(f"T={t:.4g} outside {DEGENERATE_TEMPERATURE}")
+    k = 2 if multilabel else n_channels
+    after = fit.get("nll_after")
+    if after is not None and k > 1 and abs(after - float(np.log(k))) <= UNIFORM_NLL_TOLERANCE:
+        reasons.append(f"fitted NLL {after:.6g} is the uniform prediction's ln {k} = {float(np.log(k)):.6g}")
+    return "; ".join(reasons) or None
 
 
 def _read_calibration(path: Path) -> dict | None:

@@ -216,6 +216,7 @@ def build_rows(runs: list[RunRecord], select: str = "score", select_mode: str = 
         for run in members:
             for scaler, after in run.summaries[""].get("posthoc", {}).items():
                 label = after.get("label") or scaler  # evaluations of an older version: the name only
+                label += DEGENERATE_MARK if degenerate_fit(after) else ""
                 if label not in labels.setdefault(scaler, []):
                     labels[scaler].append(label)
         row.posthoc_labels = {scaler: " / ".join(ls) for scaler, ls in labels.items()}  # " / ": seeds differ
@@ -262,6 +263,17 @@ def _scaled(summary: dict) -> dict | None:
     return None if after is None else {k: after.get(k) for k in ("mean_foreground_dice", "mean_foreground_hd95_mm",
                                                                   "mean_ece", "mean_classwise_ece", "mean_nll",
                                                                   "mean_brier")}
+
+
+DEGENERATE_MARK = " (degenerate fit)"  # a row scaled by a fit flagged degenerate (mcseg.calibration.posthoc)
+
+
+def degenerate_fit(after: dict | None) -> bool:
+    """Whether a summary's post-hoc entry (``summary["posthoc"][scaler]``) was scaled by a fit flagged
+    degenerate: its own, or any network's when each network was scaled before pooling (a list of fits)."""
+    params = (after or {}).get("params")
+    return any(isinstance(p, dict) and bool(p.get("degenerate"))
+               for p in (params if isinstance(params, list) else [params]))
 
 
 def mean_std_n(values) -> tuple[float, float, int] | None:
@@ -317,7 +329,8 @@ def add_predictors(rows: list[ConfigRow], ensembles: list) -> None:
             if raw is not None:
                 found.setdefault(raw, []).append(summary)
             if (scaled := _scaled(summary)) is not None:
-                found.setdefault(scaled_name, []).append(scaled)
+                mark = DEGENERATE_MARK if degenerate_fit((summary.get("posthoc") or {}).get("temperature")) else ""
+                found.setdefault(scaled_name + mark, []).append(scaled)
         row.predictors = {name: predictor_cells(s) for name, s in found.items()}
 
 
