@@ -18,26 +18,20 @@ uncertainty). :data:`RISKS`: ``macro``, 1 - the mean over foreground classes of 
 ``mean_foreground_dice``), or ``micro``, 1 - :func:`micro_foreground_dice` (ValUES, Kahl et al. ICLR 2024:
 torchmetrics' ``dice(ignore_index=0)``, whose default average is micro):
 
-* :func:`risk_coverage` — remove the least confident cases first; one point at coverage 1, one after each
-  change of confidence (tied cases leave together), and a last point at coverage 0 that repeats the last
-  selective risk (generalised risk: 0). Selective risk: the mean risk of the cases kept; generalised risk:
-  their risk summed over all n cases.
-* :func:`aurc` and :func:`augrc` — minus the trapezoid integral over coverage of those curves, **unscaled**
-  (fd-shifts displays them x 1000); :func:`eaurc` — AURC minus fd-shifts' optimum :func:`optimal_aurc`: for
-  binary risks (all 0 or 1) the analytic :math:`\\hat r + (1 - \\hat r)\\ln(1 - \\hat r)`, which a perfect order of
-  few cases can beat (E-AURC slightly negative); otherwise the AURC of the risks sorted ascending, each case its
-  own confidence.
+* the risk-coverage curve and its areas (AURC, E-AURC, AUGRC, ...) of the case risks and confidences:
+  :mod:`mcseg.metrics.risk_coverage`.
 * :func:`aggregate_uncertainty` — ValUES' case scores of a voxel map: its sum over the image, the largest sum
   over ``patch``-voxel windows (10 per axis, cut to the image where it is smaller), or the mean of the voxels
   at or above a threshold taken from the validation split (0 when none is).
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
 import torch
+
+from mcseg.metrics.risk_coverage import augrc, aurc, eaurc
 
 UEO_THRESHOLDS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
 #: a case's risk: 1 - its macro (mean over foreground classes) or micro (over foreground voxels) Dice
@@ -138,64 +132,6 @@ def micro_foreground_dice(prediction: torch.Tensor, label: torch.Tensor, multila
         both = ((prediction == label) & y).sum()
     size = int(p.sum() + y.sum())
     return float("nan") if size == 0 else 2 * int(both) / size
-
-
-def risk_coverage(confidence: Sequence[float], risk: Sequence[float]) -> dict[str, np.ndarray]:
-    """The risk-coverage curve of fd-shifts: ``coverage``, ``selective_risk`` and ``generalized_risk``
-    from coverage 1 down to 0 (module docstring). Ties in confidence leave together."""
-    kappa, r = np.asarray(confidence, dtype=np.float64), np.asarray(risk, dtype=np.float64)
-    if kappa.shape != r.shape or kappa.ndim != 1 or kappa.size == 0:
-        raise ValueError(f"confidence and risk: expected two equal-length non-empty lists, got {kappa.shape} "
-                         f"and {r.shape}")
-    if not (np.isfinite(kappa).all() and np.isfinite(r).all()):
-        raise ValueError("confidence and risk must be finite (leave undefined cases out and say how many)")
-    order = np.argsort(-kappa, kind="stable")  # most confident first
-    kappa, r = kappa[order], r[order]
-    n = r.size
-    kept = np.cumsum(r)
-    # a point where the next case (in falling confidence) is less confident: the kept set ends there
-    ends = np.flatnonzero(np.append(kappa[1:] != kappa[:-1], True))  # indices of each group's last case
-    counts = ends + 1
-    coverage = counts[::-1] / n
-    selective = (kept[ends] / counts)[::-1]
-    generalized = (kept[ends] / n)[::-1]
-    return {"coverage": np.append(coverage, 0.0), "selective_risk": np.append(selective, selective[-1]),
-            "generalized_risk": np.append(generalized, 0.0)}
-
-
-def _area(y: np.ndarray, x: np.ndarray) -> float:
-    """Minus the trapezoid integral over a falling ``x`` (coverage 1 -> 0)."""
-    return float(-np.sum((x[1:] - x[:-1]) * (y[1:] + y[:-1]) / 2))
-
-
-def aurc(confidence: Sequence[float], risk: Sequence[float]) -> float:
-    curve = risk_coverage(confidence, risk)
-    return _area(curve["selective_risk"], curve["coverage"])
-
-
-def augrc(confidence: Sequence[float], risk: Sequence[float]) -> float:
-    curve = risk_coverage(confidence, risk)
-    return _area(curve["generalized_risk"], curve["coverage"])
-
-
-def optimal_aurc(risk: Sequence[float]) -> float:
-    """The AURC of an optimal confidence, as fd-shifts' ``aurc_optimal`` (Traub et al. 2024).
-
-    Binary risks (every one 0 or 1), with error rate :math:`\\hat r`: the analytic optimum of Geifman et al.
-    (ICLR 2019), :math:`\\hat r + (1 - \\hat r)\\ln(1 - \\hat r)` (1 at :math:`\\hat r = 1`, its limit; fd-shifts
-    adds float64 eps inside the log). Otherwise: the AURC of the risks sorted ascending, every case its own
-    confidence, with the same trapezoid as :func:`aurc`."""
-    r = np.asarray(risk, dtype=np.float64)
-    if r.size and np.all((r == 0) | (r == 1)):
-        err = float(r.mean())
-        return 1.0 if err == 1.0 else err + (1.0 - err) * math.log1p(-err)
-    optimal = -np.arange(r.size, dtype=np.float64)  # strictly decreasing confidence along the ascending risks
-    return aurc(optimal, np.sort(r))
-
-
-def eaurc(confidence: Sequence[float], risk: Sequence[float]) -> float:
-    """E-AURC: :func:`aurc` minus :func:`optimal_aurc` (Geifman et al., ICLR 2019; fd-shifts)."""
-    return aurc(confidence, risk) - optimal_aurc(risk)
 
 
 def aggregate_uncertainty(uncertainty: torch.Tensor, method: str, patch: int = 10,
