@@ -29,6 +29,7 @@ from mcseg.evaluation.raters import (
     CASE_FIGURES, CLASS_FIGURES, RATER_COLUMNS, RELIABILITY_COLUMNS, RELIABILITY_FILE, RaterFigures,
 )
 from mcseg.data.io import atomic_write
+from mcseg.evaluation.figures import case_keys, class_keys
 from mcseg.metrics.binning import BinSums
 from mcseg.metrics.calibration import NLL_FLOOR, CalibrationStats, case_calibration, top_label
 from mcseg.metrics.empty import StructureStatus, status_counts
@@ -43,10 +44,13 @@ from mcseg.text import plural
 
 __all__ = ["EvalProtocol", "Evaluator", "entropy_map", "reliability_figure", "CASE_COLUMNS", "ROW_COLUMNS"]
 
-ROW_COLUMNS = ("case", "class_index", "class_name", "dice", "hd95_mm", "assd_mm", "status", "class_ece")
-CASE_COLUMNS = ("ece", "mce", "classwise_ece", "adaptive_ece", "nll", "brier", "n_region_voxels", "region")
-CALIBRATION_KEYS = ("ece", "mce", "classwise_ece", "adaptive_ece", "nll", "brier")
-CLASS_KEYS = ("dice", "hd95_mm", "assd_mm", "class_ece")
+# The figures of a case, from the table of figures: per foreground class (a row of per_case.csv each) and per
+# case (calibration over the case's voxel region, repeated on its rows)
+SEGMENTATION_KEYS = class_keys()
+CALIBRATION_KEYS = case_keys()
+CLASS_KEYS = (*SEGMENTATION_KEYS, "class_ece")
+ROW_COLUMNS = ("case", "class_index", "class_name", *SEGMENTATION_KEYS, "status", "class_ece")
+CASE_COLUMNS = (*CALIBRATION_KEYS, "n_region_voxels", "region")
 
 
 def entropy_map(probs: torch.Tensor, multilabel: bool = False) -> torch.Tensor:
@@ -253,7 +257,7 @@ class Evaluator:
     def _flat(self, case: dict) -> dict:
         flat = {"case": case["case"], **{key: case[key] for key in CALIBRATION_KEYS},
                 "n_region_voxels": case["n_region_voxels"], "region": self.protocol.region}
-        for key in ("dice", "hd95_mm", "assd_mm"):
+        for key in SEGMENTATION_KEYS:
             flat[f"mean_foreground_{key}"] = nanmean([case[key][k] for k in self.foreground])
         for k in self.foreground:
             name = self.class_names[k]
@@ -284,7 +288,7 @@ class Evaluator:
         cases = self._cases
         fg = self.foreground
         foreground = {key: describe([nanmean([c[key][k] for k in fg]) for c in cases], b, seed)
-                      for key in ("dice", "hd95_mm", "assd_mm")}
+                      for key in SEGMENTATION_KEYS}
         calibration = {key: describe([c[key] for c in cases], b, seed) for key in CALIBRATION_KEYS}
         statuses = status_counts([[StructureStatus(v) for v in c["status"]] for c in cases], self.num_classes)
         per_class = {}
@@ -298,7 +302,7 @@ class Evaluator:
             "n_cases": len(cases),
             "multilabel": self.multilabel,
             "classes": [self.class_names[k] for k in fg],
-            **{f"mean_foreground_{key}": foreground[key]["mean"] for key in ("dice", "hd95_mm", "assd_mm")},
+            **{f"mean_foreground_{key}": foreground[key]["mean"] for key in SEGMENTATION_KEYS},
             **{f"mean_{key}": calibration[key]["mean"] for key in CALIBRATION_KEYS},
             "foreground": foreground,
             "calibration": calibration,
@@ -331,6 +335,12 @@ class Evaluator:
             "adaptive_ece": "AdaECE (Mukhoti et al. 2020): top-label, M equal-mass bins, thresholds at the order "
                             "statistics r_(ceil(bN/M)), bins (t_{b-1}, t_b]; exact per case, pooled from a fine "
                             "histogram with a stated error bound",
+            "smooth_ece": "top-label smooth ECE (Blasiok & Nakkiran 2024) as relplot.smECE: reflected Gaussian kernel, "
+                          "bandwidth by relplot's bisection for the fixed point; from 2^20 equal cells of five sums "
+                          "each (differences to relplot below 1e-9)"
+                          + ("; multilabel: mean over regions" if self.multilabel else ""),
+            "signed_ece": "sum_b |B_b|/N (conf - acc) over the ECE's bins = mean confidence - accuracy; positive: "
+                          "over-confident" + ("; multilabel: mean over regions" if self.multilabel else ""),
             "nll": f"mean of -log max(p_y, {NLL_FLOOR:g}) (nats)" + ("; multilabel: binary, mean over regions"
                                                                      if self.multilabel else ""),
             "brier": ("binary (p_r - y_r)^2, mean over regions" if self.multilabel else
@@ -384,7 +394,7 @@ class Evaluator:
             shared.update(n_region_voxels=case["n_region_voxels"], region=self.protocol.region)
             for k in self.foreground:
                 rows.append({"case": case["case"], "class_index": k, "class_name": self.class_names[k],
-                             **{key: case[key][k] for key in ("dice", "hd95_mm", "assd_mm", "status", "class_ece")},
+                             **{key: case[key][k] for key in (*SEGMENTATION_KEYS, "status", "class_ece")},
                              **shared})
         return rows
 

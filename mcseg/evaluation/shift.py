@@ -31,6 +31,7 @@ from mcseg.data.io import atomic_write, write_json
 from mcseg.data.shift import Corruption, ShiftConfig, case_seed, corruption
 from mcseg.evaluation.split import clear_evaluation, evaluate_split
 from mcseg.evaluation.evaluator import EvalProtocol, Evaluator
+from mcseg.evaluation.figures import shown_in
 from mcseg.errors import ConfigError
 from mcseg.metrics.robustness import level_weights, suite_robustness
 
@@ -39,12 +40,11 @@ log = logging.getLogger(__name__)
 SHIFT_DIR = "shift"
 SUMMARY_FILE = "shift_summary.json"
 TABLE_FILE = "shift_summary.md"
-# metric -> (summary key, higher is better)
-METRICS = {"dice": ("mean_foreground_dice", True), "hd95_mm": ("mean_foreground_hd95_mm", False),
-           "ece": ("mean_ece", False), "classwise_ece": ("mean_classwise_ece", False), "nll": ("mean_nll", False)}
-# failure detection of the predictive entropy, where the evaluation has it: (path in summary, higher is better)
-FAILURE_METRICS = {"voxel_auroc_pe": (("failure_detection", "predictive_entropy", "voxel_auroc"), True),
-                   "aurc_pe": (("failure_detection", "predictive_entropy", "image", "aurc"), False)}
+# The figures under shift (the table of figures' "shift"): metric -> (summary key, higher is better); failure
+# detection of the predictive entropy, where the evaluation has it, as <key>_pe -> (path in summary, higher is
+# better). A figure whose better value is zero (signed ECE) has no robustness score and stays out.
+METRICS = {f.key: (f.summary_key, f.better > 0) for f in shown_in("shift") if f.per != "split" and f.better}
+FAILURE_METRICS = {f"{f.key}_pe": (f.path, f.better > 0) for f in shown_in("shift") if f.per == "split"}
 
 
 class CaseCorruption:

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from mcseg.metrics.risk_coverage import augrc, aurc, eaurc
+from mcseg.metrics.risk_coverage import achievable_aurc, area_ci, augrc, aurc, eaugrc, eaurc
 
 UEO_THRESHOLDS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
 #: a case's risk: 1 - its macro (mean over foreground classes) or micro (over foreground voxels) Dice
@@ -187,17 +187,19 @@ class FailureDetection:
     (``risk``, one of :data:`RISKS`, named in the summary; NaN: left out of the case-level figures and
     counted). :meth:`summary` gives, per map: the mean over cases of the per-case voxel AUROC
     (cases without both errors and correct voxels left out), the pooled AUROC, UEO with its threshold, and
-    per case aggregation (``image``, ``patch``) AURC, E-AURC and AUGRC with confidence = minus the
-    aggregated uncertainty.
+    per case aggregation (``image``, ``patch``) AURC, E-AURC, AUGRC, fd-shifts' achievable AURC and E-AUGRC,
+    and bootstrap intervals of AURC and AUGRC (``bootstrap_samples`` resamples of the cases, ``seed``), with
+    confidence = minus the aggregated uncertainty.
     """
 
     AGGREGATIONS = ("image", "patch")
 
     def __init__(self, maps: Sequence[str], patch: int = 10, bins: int = 1 << 16, region: str = "union_foreground",
-                 risk: str = "macro") -> None:
+                 risk: str = "macro", bootstrap_samples: int = 1000, seed: int = 0) -> None:
         if risk not in RISKS:
             raise ValueError(f"risk={risk!r}: expected one of {', '.join(RISKS)}")
         self.maps, self.patch, self.region, self.risk = list(maps), patch, region, risk
+        self.bootstrap_samples, self.seed = bootstrap_samples, seed
         self.pooled = {name: PooledAUROC(bins) for name in self.maps}
         self.auroc: dict[str, list[float]] = {name: [] for name in self.maps}
         self.ue: dict[str, list[torch.Tensor]] = {name: [] for name in self.maps}
@@ -240,7 +242,10 @@ class FailureDetection:
             "risk_definition": self.risk, "risk": RISKS[self.risk],
             "confidence": "minus the case's aggregated uncertainty",
             "aggregations": {"image": "sum over the image", "patch": f"largest sum over {self.patch}-voxel windows"},
-            "rc_curve": "fd-shifts: ties grouped, trapezoid, unscaled (fd-shifts shows x 1000)",
+            "rc_curve": "fd-shifts: ties grouped, trapezoid, unscaled (fd-shifts shows x 1000); achievable AURC: "
+                        "its dominant points joined by the curve on which errors and kept cases vary linearly",
+            "rc_ci95": f"95% percentile bootstrap of AURC and AUGRC over cases, {self.bootstrap_samples} resamples, "
+                       f"seed {self.seed} (numpy RandomState, fd-shifts' draws)",
             "maps": "normalised to [0, 1]: entropies / ln C, 1 - max p / (1 - 1/C)",
             "cases_without_risk": int((~defined).sum())}}
         for name in self.maps:
@@ -253,7 +258,10 @@ class FailureDetection:
             for method in self.AGGREGATIONS:
                 conf = -np.asarray(self.scores[name][method])[defined]
                 if conf.size:
-                    entry[method] = {"aurc": aurc(conf, risks[defined]), "eaurc": eaurc(conf, risks[defined]),
-                                     "augrc": augrc(conf, risks[defined])}
+                    r = risks[defined]
+                    entry[method] = {"aurc": aurc(conf, r), "eaurc": eaurc(conf, r), "augrc": augrc(conf, r),
+                                     "aurc_achievable": achievable_aurc(conf, r), "eaugrc": eaugrc(conf, r),
+                                     **{f"{area}_ci95": list(area_ci(conf, r, area, self.bootstrap_samples, self.seed))
+                                        for area in ("aurc", "augrc")}}
             out[name] = entry
         return out

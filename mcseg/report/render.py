@@ -7,18 +7,21 @@ import math
 from pathlib import Path
 
 from mcseg.data.io import atomic_write
+from mcseg.evaluation.figures import FIGURES, shown_in
 from mcseg.report.table import METRICS, POSTHOC_METRICS, RATER_METRICS, RATER_PATHS, ConfigRow, MetricCell
 
+# Column headers and digits: the table of figures (calibration figures marked pre_T / post_T in the comparison
+# table), then the figures against several raters
 HEADERS = {
-    "dice": "Dice", "hd95_mm": "HD95 (mm)", "ece": "ECE pre_T", "classwise_ece": "CECE pre_T",
-    "ece_post_T": "ECE post_T", "classwise_ece_post_T": "CECE post_T",
+    **{f.key: f.label + (" pre_T" if f.kind == "calibration" else "") for f in FIGURES},
+    **{f"{f.key}_post_T": f"{f.label} post_T" for f in FIGURES if f.kind == "calibration"},
     # against several raters (RATER_METRICS)
     "dice_raters": "Dice vs raters", "consensus_dice": "consensus Dice", "thresholded_dice": "thresholded Dice",
     "ece_rater_mean": "ECE vs rater mean", "ece_curvas": "ECE per rater (CURVAS)",
     "nll_rater_mean": "NLL vs rater mean",
     "volume_crps": "volume CRPS (mL)", "ged": "GED", "hm_iou": "HM-IoU",
 }
-DIGITS = {"hd95_mm": 2, "volume_crps": 2}
+DIGITS = {**{f.key: f.digits for f in FIGURES}, "volume_crps": 2}
 RATER_FIGURE = "reliability_raters"
 ENVIRONMENT_MARK = " †"  # a run of the row was made by other code, libraries or device type (report's warnings)
 SEEN_MARK = " ‡"  # a run of the row scored cases it was trained or validated on (by content)
@@ -135,8 +138,7 @@ def mean_std_text(cell: tuple[float, float, int] | None, digits: int = 3) -> str
     return _num(cell[0], digits) if cell[2] == 1 else f"{_num(cell[0], digits)} ± {_num(cell[1], digits)}"
 
 
-PREDICTOR_HEADERS = {"dice": "Dice", "hd95_mm": "HD95 (mm)", "ece": "ECE", "classwise_ece": "CECE", "nll": "NLL",
-                     "brier": "Brier", "aurc": "AURC", "eaurc": "E-AURC", "ueo": "UEO", "auroc": "AUROC"}
+PREDICTOR_HEADERS = {f.key: f.label for f in shown_in("predictor")}
 
 
 def predictor_table(rows: list[ConfigRow]) -> list[str]:

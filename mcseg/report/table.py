@@ -27,18 +27,16 @@ import numpy as np
 from scipy.stats import wilcoxon
 
 from mcseg.environment import environment_differences
+from mcseg.evaluation.figures import shown_in
 from mcseg.metrics.statistics import bootstrap_ci, describe
 from mcseg.report.collect import RunRecord
 
-# (column, summary key, per-case key, scaler: "" raw outputs, "temperature" post-T, better: +1 higher / -1 lower)
-METRICS = (
-    ("dice", "mean_foreground_dice", "dice", "", +1),
-    ("hd95_mm", "mean_foreground_hd95_mm", "hd95_mm", "", -1),
-    ("ece", "mean_ece", "ece", "", -1),
-    ("classwise_ece", "mean_classwise_ece", "classwise_ece", "", -1),
-    ("ece_post_T", "mean_ece", "ece", "temperature", -1),
-    ("classwise_ece_post_T", "mean_classwise_ece", "classwise_ece", "temperature", -1),
-)
+# The comparison table's columns, from the table of figures ("report"): (column, summary key, per-case key, scaler:
+# "" raw outputs, "temperature" post-T, better: +1 higher / -1 lower); calibration figures also after the temperature
+_REPORTED = shown_in("report")
+METRICS = (*((f.key, f.summary_key, f.key, "", f.better) for f in _REPORTED),
+           *((f"{f.key}_post_T", f.summary_key, f.key, "temperature", f.better) for f in _REPORTED
+             if f.kind == "calibration"))
 
 # Against several raters, beside the single-label columns: (column, summary "raters" group, figure); the summary
 # value is raters.<group>.<figure>.mean, the per-case one per_case_raters.csv's (docs/protocol.md, "Several raters")
@@ -50,16 +48,10 @@ RATER_METRICS = (
 )
 RATER_PATHS = {column: ("raters", group, figure, "mean") for column, group, figure in RATER_METRICS}
 
-# The columns of the predictor table (single network, + T, ensembles, TTA, MC dropout): summary values,
-# mean ± std over the predictor's evaluations (a split-level figure has no per-case values to resample).
-PREDICTOR_COLUMNS = {
-    "dice": ("mean_foreground_dice",), "hd95_mm": ("mean_foreground_hd95_mm",), "ece": ("mean_ece",),
-    "classwise_ece": ("mean_classwise_ece",), "nll": ("mean_nll",), "brier": ("mean_brier",),
-    "aurc": ("failure_detection", "predictive_entropy", "image", "aurc"),
-    "eaurc": ("failure_detection", "predictive_entropy", "image", "eaurc"),
-    "ueo": ("failure_detection", "predictive_entropy", "ueo"),
-    "auroc": ("failure_detection", "predictive_entropy", "voxel_auroc_pooled"),
-}
+# The columns of the predictor table (single network, + T, ensembles, TTA, MC dropout), from the table of figures
+# ("predictor"): summary paths, mean ± std over the predictor's evaluations (a split-level figure has no per-case
+# values to resample).
+PREDICTOR_COLUMNS = {f.key: f.summary_path for f in shown_in("predictor")}
 
 # The columns of a post-hoc scaler's post_T row: (column, summary key, per-case key)
 POSTHOC_METRICS = tuple((name, key, case_key) for name, key, case_key, scaler, _ in METRICS if scaler == "")

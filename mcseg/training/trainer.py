@@ -44,6 +44,7 @@ from mcseg.training.checkpoint import load_checkpoint, load_model_weights, resto
 from mcseg.training.loader import stop_workers, to_device
 from mcseg.training.distributed import DistContext, StopVote, wrap_model
 from mcseg.evaluation.evaluator import EvalProtocol, Evaluator, reliability_figure
+from mcseg.evaluation.figures import shown_in
 from mcseg.inference.volume import autocast_context
 from mcseg.evaluation.cases import evaluate_cases
 from mcseg.inference.predict import SegmentationPredictor
@@ -59,7 +60,7 @@ from mcseg.runtime import keep_threads_of, share_cpu, to_channels_last, use_chan
 
 log = logging.getLogger(__name__)
 
-HEADLINE = ("mean_foreground_dice", "mean_foreground_hd95_mm", "mean_ece", "mean_classwise_ece")
+HEADLINE = tuple(f.summary_key for f in shown_in("headline"))  # the table of figures' console headline
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)  # the main process owns the stop (loader workers ignore them)
 
 

@@ -161,3 +161,13 @@ def test_bootstrap_interval_refuses_bad_arguments():
 def test_moved_curve_keeps_its_points():
     curve = risk_coverage([0.9, 0.9, 0.5], [0.0, 1.0, 1.0])
     assert curve["coverage"].tolist() == [1.0, 2 / 3, 0.0]
+
+
+@pytest.mark.parametrize("kind", ["continuous", "continuous_ties", "binary_ties"])
+def test_resampled_areas_equal_the_curve_of_each_resample(kind):
+    from mcseg.metrics.risk_coverage import _resampled_areas
+    conf, risk = _cases(kind, 12, 3)
+    draws = np.random.RandomState(0).randint(0, 12, size=(50, 12))
+    for generalized, area in ((False, aurc), (True, augrc)):
+        fast = _resampled_areas(conf, risk, draws, generalized)
+        assert np.allclose(fast, [area(conf[d], risk[d]) for d in draws], atol=1e-13, rtol=0)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mcseg.evaluation.figures import shown_in
 from mcseg.training.loggers.base import Tracker, note_failure
 from mcseg.training.tb_logger import TensorBoardLogger
 
@@ -44,4 +45,4 @@ class TensorBoardTracker(Tracker):
         self._call("close")
 
 
-HPARAM_METRICS = ("mean_foreground_dice", "mean_foreground_hd95_mm", "mean_ece", "mean_classwise_ece")
+HPARAM_METRICS = tuple(f.summary_key for f in shown_in("hparams"))  # the table of figures' HParams
