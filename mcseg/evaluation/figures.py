@@ -1,11 +1,13 @@
 """The table of figures: every figure an evaluation reports, declared once.
 
-A :class:`Figure` names its per-case key (the column of per_case.csv), where its split value sits in
+A :class:`~mcseg.evaluation.figure.Figure` names its per-case key (the column of per_case.csv), where its split value sits in
 summary.json, how a person reads it (label, digits, which direction is better) and where it shows. Every list
 of figures elsewhere (the evaluator's columns, the post-hoc block, the shift tables, the report's columns, the
-console headline, TensorBoard's HParams) is a selection of :data:`FIGURES`, so a new figure is one entry here
-plus the code that computes it (tests/test_figures.py checks that the evaluator writes exactly the declared
-columns).
+console headline, TensorBoard's HParams) is a selection of :func:`table`. Per-case figures are declared by the
+scorer that computes them (:mod:`mcseg.evaluation.scorers`), listed once in :data:`SCORERS`; split-level ones in
+:data:`SPLIT_FIGURES`. A new per-case figure is therefore one scorer class and one entry of ``SCORERS``; every
+selection is read at use time, so an entry added later (a plug-in, a test) shows everywhere
+(tests/test_figures.py checks that the evaluator writes exactly the declared figures).
 
 Per-case figures come in two kinds:
 
@@ -34,103 +36,67 @@ Every evaluation's numeric summary values also go to the trackers (``summary_met
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from mcseg.evaluation.figure import SHOWS, Figure, shows
+from mcseg.evaluation.scorers import CalibrationScorer, OverlapScorer, Scorer, SurfaceScorer
 
-__all__ = ["Figure", "FIGURES", "SHOWS", "figure", "shown_in", "class_keys", "case_keys", "summary_value"]
+__all__ = ["SCORERS", "SPLIT_FIGURES", "table", "figure", "shown_in", "summary_keys", "class_keys", "case_keys",
+           "summary_value"]
 
-SHOWS = frozenset({"headline", "hparams", "posthoc", "shift", "report", "predictor"})
-
-
-@dataclass(frozen=True)
-class Figure:
-    """One reported figure (module docstring)."""
-
-    key: str
-    label: str
-    per: Literal["class", "case", "split"]
-    kind: Literal["segmentation", "calibration", "failure"]
-    better: int  # +1 higher is better, -1 lower is better, 0 closer to zero is better
-    shows: frozenset[str] = frozenset()
-    digits: int = 3
-    pooled: bool = False  # a per-case calibration figure also computed over every voxel of the split
-    path: tuple[str, ...] = ()  # where a split-level figure sits in summary.json
-
-    def __post_init__(self) -> None:
-        if self.shows - SHOWS:
-            raise ValueError(f"figure {self.key!r}: unknown places {sorted(self.shows - SHOWS)} (expected {sorted(SHOWS)})")
-        if (self.per == "split") != bool(self.path):
-            raise ValueError(f"figure {self.key!r}: a split-level figure needs its summary path, and only it")
-        if self.better not in (-1, 0, 1):
-            raise ValueError(f"figure {self.key!r}: better={self.better}, expected -1, 0 or +1")
-
-    @property
-    def summary_key(self) -> str:
-        """Its split value: ``mean_foreground_<key>`` or ``mean_<key>``; a split-level figure: its path joined."""
-        if self.per == "class":
-            return f"mean_foreground_{self.key}"
-        return f"mean_{self.key}" if self.per == "case" else "/".join(self.path)
-
-    @property
-    def summary_path(self) -> tuple[str, ...]:
-        return self.path or (self.summary_key,)
-
-
-def _shows(*places: str) -> frozenset[str]:
-    return frozenset(places)
-
+#: the per-case scorers, in the order of their columns
+SCORERS: list[type[Scorer]] = [OverlapScorer, SurfaceScorer, CalibrationScorer]
 
 _FD = ("failure_detection", "predictive_entropy")
-_EVERYWHERE = _shows("headline", "hparams", "posthoc", "shift", "report", "predictor")
 
-FIGURES: tuple[Figure, ...] = (
-    Figure("dice", "Dice", "class", "segmentation", +1, _EVERYWHERE),
-    Figure("hd95_mm", "HD95 (mm)", "class", "segmentation", -1, _EVERYWHERE, digits=2),
-    Figure("assd_mm", "ASSD (mm)", "class", "segmentation", -1),
-    Figure("ece", "ECE", "case", "calibration", -1, _EVERYWHERE, pooled=True),
-    Figure("mce", "MCE", "case", "calibration", -1, pooled=True),
-    Figure("classwise_ece", "CECE", "case", "calibration", -1, _EVERYWHERE, pooled=True),
-    Figure("adaptive_ece", "AdaECE", "case", "calibration", -1, pooled=True),
-    Figure("smooth_ece", "smECE", "case", "calibration", -1, _shows("posthoc", "shift", "report", "predictor"),
-           pooled=True),
-    Figure("signed_ece", "signed ECE", "case", "calibration", 0, _shows("posthoc", "shift", "predictor"),
-           pooled=True),
-    Figure("nll", "NLL", "case", "calibration", -1, _shows("posthoc", "shift", "predictor"), pooled=True),
-    Figure("brier", "Brier", "case", "calibration", -1, _shows("posthoc", "predictor"), pooled=True),
-    Figure("voxel_auroc", "AUROC (per case)", "split", "failure", +1, _shows("shift"), path=(*_FD, "voxel_auroc")),
-    Figure("aurc", "AURC", "split", "failure", -1, _shows("shift", "predictor"), path=(*_FD, "image", "aurc")),
-    Figure("eaurc", "E-AURC", "split", "failure", -1, _shows("predictor"), path=(*_FD, "image", "eaurc")),
-    Figure("aurc_achievable", "achievable AURC", "split", "failure", -1, _shows("predictor"),
+#: split-level figures: failure detection of the predictive entropy over the cases (mcseg.metrics.failure)
+SPLIT_FIGURES: tuple[Figure, ...] = (
+    Figure("voxel_auroc", "AUROC (per case)", "split", "failure", +1, shows("shift"), path=(*_FD, "voxel_auroc")),
+    Figure("aurc", "AURC", "split", "failure", -1, shows("shift", "predictor"), path=(*_FD, "image", "aurc")),
+    Figure("eaurc", "E-AURC", "split", "failure", -1, shows("predictor"), path=(*_FD, "image", "eaurc")),
+    Figure("aurc_achievable", "achievable AURC", "split", "failure", -1, shows("predictor"),
            path=(*_FD, "image", "aurc_achievable")),
-    Figure("eaugrc", "E-AUGRC", "split", "failure", -1, _shows("predictor"), path=(*_FD, "image", "eaugrc")),
-    Figure("ueo", "UEO", "split", "failure", +1, _shows("predictor"), path=(*_FD, "ueo")),
-    Figure("auroc", "AUROC", "split", "failure", +1, _shows("predictor"), path=(*_FD, "voxel_auroc_pooled")),
+    Figure("eaugrc", "E-AUGRC", "split", "failure", -1, shows("predictor"), path=(*_FD, "image", "eaugrc")),
+    Figure("ueo", "UEO", "split", "failure", +1, shows("predictor"), path=(*_FD, "ueo")),
+    Figure("auroc", "AUROC", "split", "failure", +1, shows("predictor"), path=(*_FD, "voxel_auroc_pooled")),
 )
+
+
+def table() -> tuple[Figure, ...]:
+    """Every figure: the scorers' (in ``SCORERS`` order), then the split-level ones. Keys are unique."""
+    figures = (*(f for scorer in SCORERS for f in scorer.figures), *SPLIT_FIGURES)
+    keys = [f.key for f in figures]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"the table of figures declares a key twice: {sorted({k for k in keys if keys.count(k) > 1})}")
+    return figures
 
 
 def figure(key: str) -> Figure:
     """The entry of ``key``."""
-    for f in FIGURES:
+    for f in table():
         if f.key == key:
             return f
     raise KeyError(f"no figure {key!r} in the table of figures (mcseg/evaluation/figures.py)")
 
 
 def shown_in(place: str) -> tuple[Figure, ...]:
-    """The figures that show in ``place`` (one of :data:`SHOWS`), in table order."""
+    """The figures that show in ``place`` (one of :data:`~mcseg.evaluation.figure.SHOWS`), in table order."""
     if place not in SHOWS:
         raise ValueError(f"place {place!r}: expected one of {sorted(SHOWS)}")
-    return tuple(f for f in FIGURES if place in f.shows)
+    return tuple(f for f in table() if place in f.shows)
+
+
+def summary_keys(place: str) -> tuple[str, ...]:
+    """The summary keys of the figures that show in ``place`` (e.g. the console headline)."""
+    return tuple(f.summary_key for f in shown_in(place))
 
 
 def class_keys() -> tuple[str, ...]:
-    """The per-class figures of a case (the rows of per_case.csv)."""
-    return tuple(f.key for f in FIGURES if f.per == "class")
+    """The per-class figures of a case (a row of per_case.csv per class)."""
+    return tuple(f.key for f in table() if f.per == "class")
 
 
 def case_keys() -> tuple[str, ...]:
-    """The per-case calibration figures (columns repeated on a case's rows; also pooled)."""
-    return tuple(f.key for f in FIGURES if f.per == "case")
+    """The per-case figures (columns repeated on a case's rows)."""
+    return tuple(f.key for f in table() if f.per == "case")
 
 
 def summary_value(summary: dict, fig: Figure):

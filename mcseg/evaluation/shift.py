@@ -40,11 +40,18 @@ log = logging.getLogger(__name__)
 SHIFT_DIR = "shift"
 SUMMARY_FILE = "shift_summary.json"
 TABLE_FILE = "shift_summary.md"
-# The figures under shift (the table of figures' "shift"): metric -> (summary key, higher is better); failure
-# detection of the predictive entropy, where the evaluation has it, as <key>_pe -> (path in summary, higher is
-# better). A figure whose better value is zero (signed ECE) has no robustness score and stays out.
-METRICS = {f.key: (f.summary_key, f.better > 0) for f in shown_in("shift") if f.per != "split" and f.better}
-FAILURE_METRICS = {f"{f.key}_pe": (f.path, f.better > 0) for f in shown_in("shift") if f.per == "split"}
+
+
+def shift_metrics() -> dict[str, tuple[str, bool]]:
+    """The figures under shift (the table of figures' "shift"): metric -> (summary key, higher is better). A
+    figure whose best value is zero (signed ECE) has no robustness score and stays out."""
+    return {f.key: (f.summary_key, f.better > 0) for f in shown_in("shift") if f.per != "split" and f.better}
+
+
+def failure_metrics() -> dict[str, tuple[tuple[str, ...], bool]]:
+    """Failure detection of the predictive entropy under shift, where the evaluation has it: <key>_pe -> (path in
+    the summary, higher is better)."""
+    return {f"{f.key}_pe": (f.path, f.better > 0) for f in shown_in("shift") if f.per == "split"}
 
 
 class CaseCorruption:
@@ -222,15 +229,16 @@ def shift_summary(shift: ShiftConfig, summaries: dict[str, dict[int, dict]], sca
     predictors: dict[str, dict] = {}
     for predictor in ("raw", *scaler_names):
         metrics = {}
-        wanted = {m: ((key,), hib) for m, (key, hib) in METRICS.items()}
+        failure = failure_metrics()
+        wanted = {m: ((key,), hib) for m, (key, hib) in shift_metrics().items()}
         if predictor == "raw":
-            wanted.update(FAILURE_METRICS)
+            wanted.update(failure)
         for metric, (path, higher) in wanted.items():
             def value(s, path=path):
                 return _get(s, path) if predictor == "raw" else _get((s.get("posthoc") or {}).get(predictor) or {},
                                                                      path)
             table = {name: {level: value(s) for level, s in levels.items()} for name, levels in summaries.items()}
-            if predictor == "raw" and metric in FAILURE_METRICS and all(v is None for t in table.values()
+            if predictor == "raw" and metric in failure and all(v is None for t in table.values()
                                                                         for v in t.values()):
                 continue  # not evaluated (evaluation.failure_detection=false)
             scores = suite_robustness(table, higher, shift.alpha)

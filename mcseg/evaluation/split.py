@@ -29,9 +29,6 @@ from mcseg.metrics.uncertainty import MAPS
 from mcseg.text import plural
 
 log = logging.getLogger(__name__)
-# Values copied from each post-hoc scaler's summary into the main summary's "posthoc" (the table of figures)
-POSTHOC_KEYS = tuple(f.summary_key for f in shown_in("posthoc"))
-POSTHOC_POOLED = tuple(f.key for f in shown_in("posthoc") if f.pooled)
 PROVENANCE_FILE = "provenance.json"
 FAILURE_FILE = "failure_per_case.csv"
 
@@ -104,8 +101,9 @@ def evaluate_split(
             fitted = {"label": scalers[name].label(), "description": scalers[name].describe(),
                       "params": scalers[name].record, **({"pool": "before"} if predictor.pooled else {})}
         scaled = scaled_evaluator.write(out_dir / name, extra={"posthoc": {"scaler": name, **fitted}, **origin})
-        after[name] = {**fitted, **{k: scaled.get(k) for k in POSTHOC_KEYS},
-                       "pooled": {k: scaled["pooled"].get(k) for k in POSTHOC_POOLED}}
+        # each scaler's figures of the table of figures' "posthoc", and those pooled over the voxels
+        after[name] = {**fitted, **{f.summary_key: scaled.get(f.summary_key) for f in shown_in("posthoc")},
+                       "pooled": {f.key: scaled["pooled"].get(f.key) for f in shown_in("posthoc") if f.pooled}}
     members = {"members": predictor.n_members, "pooled": "probabilities"} if predictor.pooled else {}
     detection = {"failure_detection": failure.summary()} if failure is not None else {}
     summary = evaluator.write(out_dir, extra={**({"posthoc": after} if after else {}), **origin, **detection,
