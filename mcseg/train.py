@@ -21,9 +21,10 @@ from mcseg.inference.build import build_predictor
 from mcseg.training.loader import build_dataset, build_train_loader, load_cases, record_dataset_facts, resolve_split
 from mcseg.training.distributed import init_distributed, shutdown
 from mcseg.evaluation.evaluator import EvalProtocol
+from mcseg.evaluation.figures import summary_keys
 from mcseg.inference.volume import InferenceConfig
 from mcseg.training.loggers import Trackers, build_trackers, check_libraries, config_params, flatten, logger_settings
-from mcseg.training.trainer import HEADLINE, Trainer
+from mcseg.training.trainer import Trainer
 from mcseg.evaluation.split import evaluate_split, format_summary
 from mcseg.data.fingerprint import split_fingerprints
 from mcseg.data.split import SPLITS
@@ -66,9 +67,10 @@ def train(cfg: DictConfig) -> dict:
     if "lts" in posthoc.fit:  # its settings in the model's geometry: refused now, not after training
         sampling = cfg.dataset.sampling
         posthoc.lts_config(sampling.dims, sampling.patch_size, sampling.get("slice_axis", -1))
-    unknown = sorted(set(cfg.get("score") or {}) - set(HEADLINE))
+    headline = summary_keys("headline")
+    unknown = sorted(set(cfg.get("score") or {}) - set(headline))
     if unknown:
-        raise ConfigError(f"config key 'score.{unknown[0]}': not a validation metric (expected {', '.join(HEADLINE)})")
+        raise ConfigError(f"config key 'score.{unknown[0]}': not a validation metric (expected {', '.join(headline)})")
     keep_freed_memory()  # before the first large tensor (mcseg.runtime)
     seed_everything(int(cfg.seed), tcfg.deterministic)
     reductions_before = thread_reductions()
@@ -161,10 +163,11 @@ def train(cfg: DictConfig) -> dict:
     finally:
         shutdown(dist)
     print(format_summary(summary, dataset.class_names, title=f"{dataset.name} test split"))
-    result = {f"test/{k}": summary.get(k) for k in HEADLINE}
+    headline = summary_keys("headline")
+    result = {f"test/{k}": summary.get(k) for k in headline}
     result.update({k: v for k, v in trainer.history[-1].items() if k.startswith(("val/", "val_full/"))} if trainer.history else {})
     for name, after in summary.get("posthoc", {}).items():
-        result.update({f"test_{name}/{k}": after.get(k) for k in HEADLINE})
+        result.update({f"test_{name}/{k}": after.get(k) for k in headline})
     result["best_epoch"] = trainer.best_epoch
     result[f"best/{tcfg.monitor}"] = trainer.best_value
     best = next((h for h in trainer.history if h["epoch"] == trainer.best_epoch), {})

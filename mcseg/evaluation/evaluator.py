@@ -13,7 +13,6 @@ import csv
 import io
 import json
 import math
-import warnings
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -29,24 +28,20 @@ from mcseg.evaluation.raters import (
     CASE_FIGURES, CLASS_FIGURES, RATER_COLUMNS, RELIABILITY_COLUMNS, RELIABILITY_FILE, RaterFigures,
 )
 from mcseg.data.io import atomic_write
+from mcseg.evaluation import figures
+from mcseg.evaluation.scorers import CalibrationScorer, CaseView
 from mcseg.metrics.binning import BinSums
-from mcseg.metrics.calibration import NLL_FLOOR, CalibrationStats, case_calibration, top_label
+from mcseg.metrics.calibration import NLL_FLOOR, top_label
 from mcseg.metrics.empty import StructureStatus, status_counts
-from mcseg.metrics.overlap import dice_score, overlap_counts
 from mcseg.metrics.regions import region_mask
-from mcseg.metrics.reliability import HISTOGRAM_COLUMNS, TABLE_COLUMNS, case_histogram, histogram_figure, histogram_table
+from mcseg.metrics.reliability import HISTOGRAM_COLUMNS, TABLE_COLUMNS, histogram_figure, histogram_table
 from mcseg.metrics.reliability import reliability_table
 from mcseg.metrics.reliability import reliability_figure as _figure
 from mcseg.metrics.statistics import describe, nanmean
-from mcseg.metrics.surface import surface_distances
 from mcseg.text import plural
 
-__all__ = ["EvalProtocol", "Evaluator", "entropy_map", "reliability_figure", "CASE_COLUMNS", "ROW_COLUMNS"]
+__all__ = ["EvalProtocol", "Evaluator", "entropy_map", "reliability_figure"]
 
-ROW_COLUMNS = ("case", "class_index", "class_name", "dice", "hd95_mm", "assd_mm", "status", "class_ece")
-CASE_COLUMNS = ("ece", "mce", "classwise_ece", "adaptive_ece", "nll", "brier", "n_region_voxels", "region")
-CALIBRATION_KEYS = ("ece", "mce", "classwise_ece", "adaptive_ece", "nll", "brier")
-CLASS_KEYS = ("dice", "hd95_mm", "assd_mm", "class_ece")
 
 
 def entropy_map(probs: torch.Tensor, multilabel: bool = False) -> torch.Tensor:
@@ -102,11 +97,33 @@ class Evaluator:
     def reset(self) -> None:
         self._cases: list[dict] = []
         self._ids: set[str] = set()
-        self._pooled: list[CalibrationStats | None] = [None] * (self.num_classes if self.multilabel else 1)
-        self._empty_regions = 0
-        n_bins = self.protocol.n_bins
-        self._histogram = np.zeros((len(self.foreground), n_bins, n_bins), dtype=np.int64)
+        # the per-case scorers of the table of figures (mcseg.evaluation.figures.SCORERS), read now
+        self.scorers = [cls(self.num_classes, self.class_names, self.protocol, self.multilabel)
+                        for cls in figures.SCORERS]
+        found = [s for s in self.scorers if isinstance(s, CalibrationScorer)]
+        if len(found) != 1:
+            raise ValueError("the table of figures needs exactly one CalibrationScorer (reliability diagrams and "
+                             f"pooled calibration come from it), found {len(found)}")
+        self.calibration = found[0]
         self._raters: RaterFigures | None = None
+
+    def _keys(self, per: str) -> tuple[str, ...]:
+        return tuple(f.key for s in self.scorers for f in s.figures if f.per == per)
+
+    @property
+    def class_columns(self) -> tuple[str, ...]:
+        """Per-class columns of per_case.csv: the per-class figures, then the scorers' extra columns."""
+        return (*self._keys("class"), *(e for s in self.scorers for e in s.class_extras))
+
+    @property
+    def case_columns(self) -> tuple[str, ...]:
+        """Per-case columns of per_case.csv (repeated on a case's rows)."""
+        return (*self._keys("case"), *(e for s in self.scorers for e in s.case_extras), "region")
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """The columns of per_case.csv."""
+        return ("case", "class_index", "class_name", *self.class_columns, *self.case_columns)
 
     @property
     def n_cases(self) -> int:
@@ -150,11 +167,11 @@ class Evaluator:
         if prediction.shape != label.shape:
             raise ValueError(f"case {case_id}: prediction shape {tuple(prediction.shape)} != label shape "
                              f"{tuple(label.shape)}")
+        view = CaseView(case_id, probs, label, prediction, spacing, top)
+        case = {"case": case_id}
         try:
-            counts = overlap_counts(prediction, label, self.num_classes, self.multilabel)
-            dist = surface_distances(prediction, label, self.num_classes, spacing, self.protocol.hd_percentile,
-                                     self.protocol.hd_definition, self.multilabel)
-            calib, stats = self._calibration(probs, label, prediction, spacing, top)
+            for scorer in self.scorers:
+                case.update(scorer.score(view))
         except ValueError as exc:
             raise ValueError(f"case {case_id}: {exc}") from None
         rater_case = None
@@ -172,16 +189,8 @@ class Evaluator:
                                                    None if image is None else torch.as_tensor(np.asarray(image)))
             except ValueError as exc:
                 raise ValueError(f"case {case_id}: {exc}") from None
-        histogram = case_histogram(self._histogram_sums(stats)) if stats else 0
-        # commit only a fully evaluated case
-        self._histogram = self._histogram + histogram
-        self._pooled = [s if p is None else p + s for p, s in zip(self._pooled, stats)] + self._pooled[len(stats):]
-        self._empty_regions += bool(stats) and any(s.n_voxels == 0 for s in stats)
-        if int(counts.n_label.sum() if self.multilabel else counts.n_label[1:].sum()) == 0:
-            warnings.warn(f"case {case_id}: the label has no foreground voxel", stacklevel=2)
-        dice = dice_score(counts)
-        case = {"case": case_id, "dice": dice.tolist(), "hd95_mm": dist.hd.tolist(), "assd_mm": dist.assd.tolist(),
-                "status": [s.value for s in counts.status()], **calib}
+        for scorer in self.scorers:  # commit only a fully evaluated case
+            scorer.commit()
         self._cases.append(case)
         self._ids.add(case_id)
         flat = self._flat(case)
@@ -220,62 +229,25 @@ class Evaluator:
         masks = [one(label[r].long(), prediction[r].long()) for r in range(label.shape[0])]
         return None if any(m is None for m in masks) else torch.stack(masks).any(0)
 
-    def _calibration(self, probs, label, prediction, spacing, top) -> tuple[dict, list[CalibrationStats]]:
-        """The case's calibration values and its statistics (one per region when multilabel)."""
-        k, region, n_bins = self.num_classes, self.protocol.region, self.protocol.n_bins
-        if probs is None:
-            return {**{key: math.nan for key in CALIBRATION_KEYS}, "class_ece": [math.nan] * k,
-                    "n_region_voxels": 0}, []
-        if not self.multilabel:
-            mask = region_mask(region, label, prediction, spacing, self.protocol.boundary_width_mm)
-            cal = case_calibration(probs, label, n_bins, mask, top)
-            v = cal.values
-            return {**{key: v[key] for key in CALIBRATION_KEYS}, "class_ece": v["class_ece"],
-                    "n_region_voxels": v["n_voxels"]}, [cal.stats]
-        cals = [self._binary_calibration(probs[r], label[r], prediction[r], spacing) for r in range(k)]
-        per_region = [self._binary_values(cal.values) for cal in cals]
-        return {**{key: nanmean([v[key] for v in per_region]) for key in CALIBRATION_KEYS},
-                "class_ece": [v["class_ece"] for v in per_region],
-                "n_region_voxels": sum(v["n_voxels"] for v in per_region)}, [cal.stats for cal in cals]
-
-    def _binary_calibration(self, p, y, pred, spacing):
-        """Region r of a multilabel task as a two-class problem (1 - p_r, p_r) on its own voxels."""
-        mask = region_mask(self.protocol.region, y.long(), pred.long(), spacing, self.protocol.boundary_width_mm)
-        return case_calibration(torch.stack([1.0 - p, p]), y.long(), self.protocol.n_bins, mask)
-
-    @staticmethod
-    def _binary_values(values: dict) -> dict:
-        """Binary reading of two-class values: classwise ECE of the region = ECE of p_r (class 1);
-        Brier = (p - y)^2, half the two-class sum."""
-        return {**values, "classwise_ece": values["class_ece"][1], "class_ece": values["class_ece"][1],
-                "brier": values["brier"] / 2}
+    def _case_values(self, case: dict) -> dict:
+        """The case's per-case columns (figures, extras, the region's name)."""
+        return {key: case[key] for key in self.case_columns[:-1]} | {"region": self.protocol.region}
 
     def _flat(self, case: dict) -> dict:
-        flat = {"case": case["case"], **{key: case[key] for key in CALIBRATION_KEYS},
-                "n_region_voxels": case["n_region_voxels"], "region": self.protocol.region}
-        for key in ("dice", "hd95_mm", "assd_mm"):
+        flat = {"case": case["case"], **self._case_values(case)}
+        for key in self._keys("class"):
             flat[f"mean_foreground_{key}"] = nanmean([case[key][k] for k in self.foreground])
         for k in self.foreground:
             name = self.class_names[k]
-            flat.update({f"{key}/{name}": case[key][k] for key in (*CLASS_KEYS, "status")})
+            flat.update({f"{key}/{name}": case[key][k] for key in self.class_columns})
         return flat
 
     # ---------------------------------------------------------------- over cases
     def pooled_values(self) -> dict:
-        """Calibration pooled over every voxel of every case (from the summed bin sums)."""
-        stats = [s for s in self._pooled if s is not None]
-        if not stats:
-            return {key: math.nan for key in (*CALIBRATION_KEYS, "adaptive_ece_max_error")} | {"n_voxels": 0}
-        values = [s.values() for s in stats]
-        if self.multilabel:
-            values = [self._binary_values(v) for v in values]
-            pooled = {key: nanmean([v[key] for v in values]) for key in (*CALIBRATION_KEYS, "adaptive_ece_max_error")}
-            class_ece = [v["class_ece"] for v in values]
-        else:
-            pooled = {key: values[0][key] for key in (*CALIBRATION_KEYS, "adaptive_ece_max_error")}
-            class_ece = values[0]["class_ece"]
-        pooled["n_voxels"] = sum(v["n_voxels"] for v in values)
-        pooled["class_ece"] = dict(zip(self.class_names, class_ece))
+        """The ``pooled`` figures over every voxel of every case (calibration: from the summed bin sums)."""
+        pooled: dict = {}
+        for scorer in self.scorers:
+            pooled.update(scorer.pooled())
         return pooled
 
     def summary(self) -> dict:
@@ -283,23 +255,24 @@ class Evaluator:
         b, seed = self.protocol.bootstrap_samples, self.protocol.seed
         cases = self._cases
         fg = self.foreground
-        foreground = {key: describe([nanmean([c[key][k] for k in fg]) for c in cases], b, seed)
-                      for key in ("dice", "hd95_mm", "assd_mm")}
-        calibration = {key: describe([c[key] for c in cases], b, seed) for key in CALIBRATION_KEYS}
+        class_keys, case_keys = self._keys("class"), self._keys("case")
+        foreground = {key: describe([nanmean([c[key][k] for k in fg]) for c in cases], b, seed) for key in class_keys}
+        calibration = {key: describe([c[key] for c in cases], b, seed) for key in case_keys}
         statuses = status_counts([[StructureStatus(v) for v in c["status"]] for c in cases], self.num_classes)
         per_class = {}
         for k in fg:
-            entry = {key: describe([c[key][k] for c in cases], b, seed) for key in CLASS_KEYS}
+            entry = {key: describe([c[key][k] for c in cases], b, seed)
+                     for key in self.class_columns if key != "status"}
             entry["counts"] = {status: n[k] for status, n in statuses.items()}
             per_class[self.class_names[k]] = entry
         counts = {s.value: sum(e["counts"][s.value] for e in per_class.values()) for s in StructureStatus}
-        counts["empty_region_cases"] = self._empty_regions
+        counts["empty_region_cases"] = self.calibration.empty_regions
         summary = {
             "n_cases": len(cases),
             "multilabel": self.multilabel,
             "classes": [self.class_names[k] for k in fg],
-            **{f"mean_foreground_{key}": foreground[key]["mean"] for key in ("dice", "hd95_mm", "assd_mm")},
-            **{f"mean_{key}": calibration[key]["mean"] for key in CALIBRATION_KEYS},
+            **{f"mean_foreground_{key}": foreground[key]["mean"] for key in class_keys},
+            **{f"mean_{key}": calibration[key]["mean"] for key in case_keys},
             "foreground": foreground,
             "calibration": calibration,
             "per_class": per_class,
@@ -331,6 +304,12 @@ class Evaluator:
             "adaptive_ece": "AdaECE (Mukhoti et al. 2020): top-label, M equal-mass bins, thresholds at the order "
                             "statistics r_(ceil(bN/M)), bins (t_{b-1}, t_b]; exact per case, pooled from a fine "
                             "histogram with a stated error bound",
+            "smooth_ece": "top-label smooth ECE (Blasiok & Nakkiran 2024) as relplot.smECE: reflected Gaussian kernel, "
+                          "bandwidth by relplot's bisection for the fixed point; from 2^20 equal cells of five sums "
+                          "each (differences to relplot below 1e-9)"
+                          + ("; multilabel: mean over regions" if self.multilabel else ""),
+            "signed_ece": "sum_b |B_b|/N (conf - acc) over the ECE's bins = mean confidence - accuracy; positive: "
+                          "over-confident" + ("; multilabel: mean over regions" if self.multilabel else ""),
             "nll": f"mean of -log max(p_y, {NLL_FLOOR:g}) (nats)" + ("; multilabel: binary, mean over regions"
                                                                      if self.multilabel else ""),
             "brier": ("binary (p_r - y_r)^2, mean over regions" if self.multilabel else
@@ -350,9 +329,7 @@ class Evaluator:
     # ---------------------------------------------------------------- reliability and files
     def reliability_sums(self) -> tuple[BinSums, list[str]]:
         """Pooled bin sums of every reliability panel (top-label, then per class or region)."""
-        n_bins = self.protocol.n_bins
-        stats = [s if s is not None else CalibrationStats.zeros(2 if self.multilabel else self.num_classes, n_bins)
-                 for s in self._pooled]
+        stats = self.calibration.filled_stats()
         if self.multilabel:
             rows = [s.top for s in stats] + [s.classwise[1] for s in stats]
             names = [f"{n} top-label" for n in self.class_names] + [f"{n} (p vs y)" for n in self.class_names]
@@ -362,30 +339,19 @@ class Evaluator:
         stacked = BinSums.stack(rows).to("cpu")
         return stacked, names
 
-    def _histogram_sums(self, stats: list[CalibrationStats]) -> BinSums:
-        """A case's classwise bin sums of the histogram's panels: the foreground classes (the
-        authors' ``include_background=False``), or p_r against y_r per region when multilabel."""
-        if self.multilabel:
-            return BinSums.stack([s.classwise[1] for s in stats])
-        return stats[0].classwise[self.foreground]
-
     def histogram_panels(self) -> tuple[np.ndarray, list[str], np.ndarray]:
         """The dataset reliability histogram (P, M, M) [panel, frequency bin, confidence bin] summed
         over the cases, its panel names, and the pooled voxel counts (P, M) per confidence bin."""
-        stats = [s if s is not None else CalibrationStats.zeros(2 if self.multilabel else self.num_classes,
-                                                                 self.protocol.n_bins) for s in self._pooled]
-        voxels = self._histogram_sums(stats).count.cpu().numpy()
-        return self._histogram.copy(), [self.class_names[k] for k in self.foreground], voxels
+        voxels = self.calibration.histogram_sums(self.calibration.filled_stats()).count.cpu().numpy()
+        return self.calibration.histogram.copy(), [self.class_names[k] for k in self.foreground], voxels
 
     def per_case_rows(self) -> list[dict]:
         rows = []
         for case in self._cases:
-            shared = {key: case[key] for key in CALIBRATION_KEYS}
-            shared.update(n_region_voxels=case["n_region_voxels"], region=self.protocol.region)
+            shared = self._case_values(case)
             for k in self.foreground:
                 rows.append({"case": case["case"], "class_index": k, "class_name": self.class_names[k],
-                             **{key: case[key][k] for key in ("dice", "hd95_mm", "assd_mm", "status", "class_ece")},
-                             **shared})
+                             **{key: case[key][k] for key in self.class_columns}, **shared})
         return rows
 
     def write(self, out_dir: Path, extra: dict | None = None) -> dict:
@@ -394,7 +360,7 @@ class Evaluator:
         also per_case_raters.csv, per_rater.csv and reliability_raters.csv."""
         out_dir = Path(out_dir)
         summary = {**self.summary(), **_json_safe(extra or {})}
-        _write_csv(out_dir / "per_case.csv", self.per_case_rows(), (*ROW_COLUMNS, *CASE_COLUMNS))
+        _write_csv(out_dir / "per_case.csv", self.per_case_rows(), self.columns)
         if self._raters is not None and self._raters.cases:
             _write_csv(out_dir / "per_case_raters.csv", self._raters.rows(), ("case", "class_name", *CLASS_FIGURES,
                                                                                *CASE_FIGURES))

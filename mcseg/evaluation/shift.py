@@ -31,6 +31,7 @@ from mcseg.data.io import atomic_write, write_json
 from mcseg.data.shift import Corruption, ShiftConfig, case_seed, corruption
 from mcseg.evaluation.split import clear_evaluation, evaluate_split
 from mcseg.evaluation.evaluator import EvalProtocol, Evaluator
+from mcseg.evaluation.figures import shown_in
 from mcseg.errors import ConfigError
 from mcseg.metrics.robustness import level_weights, suite_robustness
 
@@ -39,12 +40,18 @@ log = logging.getLogger(__name__)
 SHIFT_DIR = "shift"
 SUMMARY_FILE = "shift_summary.json"
 TABLE_FILE = "shift_summary.md"
-# metric -> (summary key, higher is better)
-METRICS = {"dice": ("mean_foreground_dice", True), "hd95_mm": ("mean_foreground_hd95_mm", False),
-           "ece": ("mean_ece", False), "classwise_ece": ("mean_classwise_ece", False), "nll": ("mean_nll", False)}
-# failure detection of the predictive entropy, where the evaluation has it: (path in summary, higher is better)
-FAILURE_METRICS = {"voxel_auroc_pe": (("failure_detection", "predictive_entropy", "voxel_auroc"), True),
-                   "aurc_pe": (("failure_detection", "predictive_entropy", "image", "aurc"), False)}
+
+
+def shift_metrics() -> dict[str, tuple[str, bool]]:
+    """The figures under shift (the table of figures' "shift"): metric -> (summary key, higher is better). A
+    figure whose best value is zero (signed ECE) has no robustness score and stays out."""
+    return {f.key: (f.summary_key, f.better > 0) for f in shown_in("shift") if f.per != "split" and f.better}
+
+
+def failure_metrics() -> dict[str, tuple[tuple[str, ...], bool]]:
+    """Failure detection of the predictive entropy under shift, where the evaluation has it: <key>_pe -> (path in
+    the summary, higher is better)."""
+    return {f"{f.key}_pe": (f.path, f.better > 0) for f in shown_in("shift") if f.per == "split"}
 
 
 class CaseCorruption:
@@ -222,15 +229,16 @@ def shift_summary(shift: ShiftConfig, summaries: dict[str, dict[int, dict]], sca
     predictors: dict[str, dict] = {}
     for predictor in ("raw", *scaler_names):
         metrics = {}
-        wanted = {m: ((key,), hib) for m, (key, hib) in METRICS.items()}
+        failure = failure_metrics()
+        wanted = {m: ((key,), hib) for m, (key, hib) in shift_metrics().items()}
         if predictor == "raw":
-            wanted.update(FAILURE_METRICS)
+            wanted.update(failure)
         for metric, (path, higher) in wanted.items():
             def value(s, path=path):
                 return _get(s, path) if predictor == "raw" else _get((s.get("posthoc") or {}).get(predictor) or {},
                                                                      path)
             table = {name: {level: value(s) for level, s in levels.items()} for name, levels in summaries.items()}
-            if predictor == "raw" and metric in FAILURE_METRICS and all(v is None for t in table.values()
+            if predictor == "raw" and metric in failure and all(v is None for t in table.values()
                                                                         for v in t.values()):
                 continue  # not evaluated (evaluation.failure_detection=false)
             scores = suite_robustness(table, higher, shift.alpha)

@@ -22,15 +22,13 @@ from mcseg.evaluation.evaluator import EvalProtocol, Evaluator
 from mcseg.evaluation.cases import PerNetwork, evaluate_cases
 from mcseg.evaluation.raters import RELIABILITY_FILE as RATER_RELIABILITY
 from mcseg.inference.predict import SegmentationPredictor
+from mcseg.evaluation.figures import shown_in
 from mcseg.metrics.failure import FailureDetection
 from mcseg.metrics.uncertainty import MAPS
 
 from mcseg.text import plural
 
 log = logging.getLogger(__name__)
-# Headline values copied from each post-hoc scaler's summary into the main summary's "posthoc"
-POSTHOC_KEYS = ("mean_foreground_dice", "mean_foreground_hd95_mm", "mean_ece", "mean_classwise_ece", "mean_nll",
-                "mean_brier")
 PROVENANCE_FILE = "provenance.json"
 FAILURE_FILE = "failure_per_case.csv"
 
@@ -83,7 +81,8 @@ def evaluate_split(
                     for name, fits in (per_network or {}).items()})
     described = {name: fits[0] for name, fits in (per_network or {}).items()}
     dataset.prepare(refs)
-    failure = (FailureDetection(MAPS, region=protocol.failure_region or protocol.region, risk=protocol.failure_risk)
+    failure = (FailureDetection(MAPS, region=protocol.failure_region or protocol.region, risk=protocol.failure_risk,
+                                bootstrap_samples=protocol.bootstrap_samples, seed=protocol.seed)
                if protocol.failure_detection else None)
     cases = (dataset.load(ref) for ref in tqdm(refs, desc=f"evaluating {len(refs)} cases", leave=False,
                                                 dynamic_ncols=True, disable=not progress))  # one in memory at a time
@@ -102,8 +101,9 @@ def evaluate_split(
             fitted = {"label": scalers[name].label(), "description": scalers[name].describe(),
                       "params": scalers[name].record, **({"pool": "before"} if predictor.pooled else {})}
         scaled = scaled_evaluator.write(out_dir / name, extra={"posthoc": {"scaler": name, **fitted}, **origin})
-        after[name] = {**fitted, **{k: scaled.get(k) for k in POSTHOC_KEYS},
-                       "pooled": {k: scaled["pooled"].get(k) for k in ("ece", "classwise_ece", "nll", "brier")}}
+        # each scaler's figures of the table of figures' "posthoc", and those pooled over the voxels
+        after[name] = {**fitted, **{f.summary_key: scaled.get(f.summary_key) for f in shown_in("posthoc")},
+                       "pooled": {f.key: scaled["pooled"].get(f.key) for f in shown_in("posthoc") if f.pooled}}
     members = {"members": predictor.n_members, "pooled": "probabilities"} if predictor.pooled else {}
     detection = {"failure_detection": failure.summary()} if failure is not None else {}
     summary = evaluator.write(out_dir, extra={**({"posthoc": after} if after else {}), **origin, **detection,

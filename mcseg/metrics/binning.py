@@ -65,6 +65,14 @@ class BinSums:
         gap = (self.correct - self.confidence).abs().sum(-1)
         return torch.where(n > 0, gap / n.clamp_min(1), torch.nan)
 
+    def signed_ece(self) -> torch.Tensor:
+        """sum_b n_b/N (conf_b - acc_b), positive when over-confident: ECE+ - ECE- of torch-uncertainty's
+        ``direction`` (PR #342). The count weights cancel, so it is (sum of confidence - number correct) / N
+        for any binning; NaN when N = 0."""
+        n = self.count.sum(-1)
+        gap = (self.confidence - self.correct).sum(-1)
+        return torch.where(n > 0, gap / n.clamp_min(1), torch.nan)
+
     def mce(self) -> torch.Tensor:
         """max over non-empty bins of |acc_b - conf_b|; NaN when every bin is empty."""
         gap = (self.correct - self.confidence).abs() / self.count.clamp_min(1)

@@ -11,6 +11,8 @@ maximum), M equal-width bins (lo, hi] (:mod:`mcseg.metrics.binning`).
   accuracy 1[y = k]. K is the task's number of classes, background included; a class absent
   from the label still counts (its ECE_k measures the probability mass put on it).
 * Adaptive ECE: top-label equal-mass AdaECE, see :mod:`mcseg.metrics.adaptive`.
+* Smooth ECE (Blasiok & Nakkiran, ICLR 2024), top-label: :mod:`mcseg.metrics.smooth_ece`.
+* Signed ECE = sum_b |B_b|/N (conf(B_b) - acc(B_b)) = mean r - mean accuracy: positive when over-confident.
 * NLL = -(1/N) sum log max(p_y, 1e-12) (the clamp caps a voxel at 27.6 nats).
 * Brier = (1/N) sum_v sum_k (p_k - 1[y = k])^2, summed over classes, NOT divided by K.
 
@@ -29,6 +31,7 @@ import torch
 from mcseg.metrics import adaptive
 from mcseg.metrics.base import CaseMetric
 from mcseg.metrics.binning import BinSums, bin_index, bin_sums, edges_below
+from mcseg.metrics.smooth_ece import SmoothSums, smooth_ece, smooth_sums
 
 __all__ = [
     "CalibrationStats",
@@ -52,16 +55,18 @@ class CalibrationStats:
     fine: BinSums  # (N_FINE,) top-label confidence on the fine grid (pooled adaptive ECE)
     nll_sum: torch.Tensor  # () float64
     brier_sum: torch.Tensor  # () float64
+    smooth: SmoothSums  # top-label confidence and correctness on the smooth ECE's cells
 
     @classmethod
     def zeros(cls, num_classes: int, n_bins: int, device: torch.device | str | None = None) -> CalibrationStats:
         z = torch.zeros((), dtype=torch.float64, device=device)
         return cls(BinSums.zeros(n_bins, device=device), BinSums.zeros(num_classes, n_bins, device=device),
-                   BinSums.zeros(adaptive.N_FINE, device=device), z, z.clone())
+                   BinSums.zeros(adaptive.N_FINE, device=device), z, z.clone(), SmoothSums.zeros(device=device))
 
     def __add__(self, other: CalibrationStats) -> CalibrationStats:
         return CalibrationStats(self.top + other.top, self.classwise + other.classwise, self.fine + other.fine,
-                                self.nll_sum + other.nll_sum, self.brier_sum + other.brier_sum)
+                                self.nll_sum + other.nll_sum, self.brier_sum + other.brier_sum,
+                                self.smooth + other.smooth)
 
     @property
     def n_voxels(self) -> int:
@@ -69,7 +74,8 @@ class CalibrationStats:
 
     def values(self, adaptive_from_histogram: bool = True) -> dict[str, float | list[float]]:
         """ECE, MCE, classwise ECE (and its per-class terms), adaptive ECE from the fine histogram
-        with its error bound (or NaN when not asked for), NLL and Brier; NaN for an empty region."""
+        with its error bound (or NaN when not asked for), smooth and signed ECE, NLL and Brier; NaN for an
+        empty region."""
         n = self.n_voxels
         ada, ada_bound = (adaptive.adaptive_ece_from_histogram(self.fine, self.top.count.numel())
                           if adaptive_from_histogram else (math.nan, math.nan))
@@ -81,6 +87,8 @@ class CalibrationStats:
             "class_ece": class_ece.tolist(),
             "adaptive_ece": ada,
             "adaptive_ece_max_error": ada_bound,
+            "smooth_ece": smooth_ece(self.smooth),
+            "signed_ece": float(self.top.signed_ece()),
             "nll": float(self.nll_sum) / n if n else math.nan,
             "brier": float(self.brier_sum) / n if n else math.nan,
             "n_voxels": n,
@@ -201,7 +209,7 @@ def case_calibration(
     keys = adaptive.fine_bucket(conf)
     fine = adaptive.fine_histogram(conf, correct, keys)
     stats = CalibrationStats(bin_sums(bin_index(conf, n_bins), conf, correct, n_bins), classwise, fine,
-                             nll_sum, brier_sum)
+                             nll_sum, brier_sum, smooth_sums(conf, correct))
     return CaseCalibration(stats, adaptive.adaptive_ece(conf, correct, n_bins, fine, keys))
 
 

@@ -18,26 +18,20 @@ uncertainty). :data:`RISKS`: ``macro``, 1 - the mean over foreground classes of 
 ``mean_foreground_dice``), or ``micro``, 1 - :func:`micro_foreground_dice` (ValUES, Kahl et al. ICLR 2024:
 torchmetrics' ``dice(ignore_index=0)``, whose default average is micro):
 
-* :func:`risk_coverage` — remove the least confident cases first; one point at coverage 1, one after each
-  change of confidence (tied cases leave together), and a last point at coverage 0 that repeats the last
-  selective risk (generalised risk: 0). Selective risk: the mean risk of the cases kept; generalised risk:
-  their risk summed over all n cases.
-* :func:`aurc` and :func:`augrc` — minus the trapezoid integral over coverage of those curves, **unscaled**
-  (fd-shifts displays them x 1000); :func:`eaurc` — AURC minus fd-shifts' optimum :func:`optimal_aurc`: for
-  binary risks (all 0 or 1) the analytic :math:`\\hat r + (1 - \\hat r)\\ln(1 - \\hat r)`, which a perfect order of
-  few cases can beat (E-AURC slightly negative); otherwise the AURC of the risks sorted ascending, each case its
-  own confidence.
+* the risk-coverage curve and its areas (AURC, E-AURC, AUGRC, ...) of the case risks and confidences:
+  :mod:`mcseg.metrics.risk_coverage`.
 * :func:`aggregate_uncertainty` — ValUES' case scores of a voxel map: its sum over the image, the largest sum
   over ``patch``-voxel windows (10 per axis, cut to the image where it is smaller), or the mean of the voxels
   at or above a threshold taken from the validation split (0 when none is).
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
 import torch
+
+from mcseg.metrics.risk_coverage import achievable_aurc, area_ci, augrc, aurc, eaugrc, eaurc
 
 UEO_THRESHOLDS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
 #: a case's risk: 1 - its macro (mean over foreground classes) or micro (over foreground voxels) Dice
@@ -140,64 +134,6 @@ def micro_foreground_dice(prediction: torch.Tensor, label: torch.Tensor, multila
     return float("nan") if size == 0 else 2 * int(both) / size
 
 
-def risk_coverage(confidence: Sequence[float], risk: Sequence[float]) -> dict[str, np.ndarray]:
-    """The risk-coverage curve of fd-shifts: ``coverage``, ``selective_risk`` and ``generalized_risk``
-    from coverage 1 down to 0 (module docstring). Ties in confidence leave together."""
-    kappa, r = np.asarray(confidence, dtype=np.float64), np.asarray(risk, dtype=np.float64)
-    if kappa.shape != r.shape or kappa.ndim != 1 or kappa.size == 0:
-        raise ValueError(f"confidence and risk: expected two equal-length non-empty lists, got {kappa.shape} "
-                         f"and {r.shape}")
-    if not (np.isfinite(kappa).all() and np.isfinite(r).all()):
-        raise ValueError("confidence and risk must be finite (leave undefined cases out and say how many)")
-    order = np.argsort(-kappa, kind="stable")  # most confident first
-    kappa, r = kappa[order], r[order]
-    n = r.size
-    kept = np.cumsum(r)
-    # a point where the next case (in falling confidence) is less confident: the kept set ends there
-    ends = np.flatnonzero(np.append(kappa[1:] != kappa[:-1], True))  # indices of each group's last case
-    counts = ends + 1
-    coverage = counts[::-1] / n
-    selective = (kept[ends] / counts)[::-1]
-    generalized = (kept[ends] / n)[::-1]
-    return {"coverage": np.append(coverage, 0.0), "selective_risk": np.append(selective, selective[-1]),
-            "generalized_risk": np.append(generalized, 0.0)}
-
-
-def _area(y: np.ndarray, x: np.ndarray) -> float:
-    """Minus the trapezoid integral over a falling ``x`` (coverage 1 -> 0)."""
-    return float(-np.sum((x[1:] - x[:-1]) * (y[1:] + y[:-1]) / 2))
-
-
-def aurc(confidence: Sequence[float], risk: Sequence[float]) -> float:
-    curve = risk_coverage(confidence, risk)
-    return _area(curve["selective_risk"], curve["coverage"])
-
-
-def augrc(confidence: Sequence[float], risk: Sequence[float]) -> float:
-    curve = risk_coverage(confidence, risk)
-    return _area(curve["generalized_risk"], curve["coverage"])
-
-
-def optimal_aurc(risk: Sequence[float]) -> float:
-    """The AURC of an optimal confidence, as fd-shifts' ``aurc_optimal`` (Traub et al. 2024).
-
-    Binary risks (every one 0 or 1), with error rate :math:`\\hat r`: the analytic optimum of Geifman et al.
-    (ICLR 2019), :math:`\\hat r + (1 - \\hat r)\\ln(1 - \\hat r)` (1 at :math:`\\hat r = 1`, its limit; fd-shifts
-    adds float64 eps inside the log). Otherwise: the AURC of the risks sorted ascending, every case its own
-    confidence, with the same trapezoid as :func:`aurc`."""
-    r = np.asarray(risk, dtype=np.float64)
-    if r.size and np.all((r == 0) | (r == 1)):
-        err = float(r.mean())
-        return 1.0 if err == 1.0 else err + (1.0 - err) * math.log1p(-err)
-    optimal = -np.arange(r.size, dtype=np.float64)  # strictly decreasing confidence along the ascending risks
-    return aurc(optimal, np.sort(r))
-
-
-def eaurc(confidence: Sequence[float], risk: Sequence[float]) -> float:
-    """E-AURC: :func:`aurc` minus :func:`optimal_aurc` (Geifman et al., ICLR 2019; fd-shifts)."""
-    return aurc(confidence, risk) - optimal_aurc(risk)
-
-
 def aggregate_uncertainty(uncertainty: torch.Tensor, method: str, patch: int = 10,
                           threshold: float | None = None) -> float:
     """One case's score from its voxel uncertainty ``*S`` (module docstring): ``image`` (sum), ``patch``
@@ -251,17 +187,19 @@ class FailureDetection:
     (``risk``, one of :data:`RISKS`, named in the summary; NaN: left out of the case-level figures and
     counted). :meth:`summary` gives, per map: the mean over cases of the per-case voxel AUROC
     (cases without both errors and correct voxels left out), the pooled AUROC, UEO with its threshold, and
-    per case aggregation (``image``, ``patch``) AURC, E-AURC and AUGRC with confidence = minus the
-    aggregated uncertainty.
+    per case aggregation (``image``, ``patch``) AURC, E-AURC, AUGRC, fd-shifts' achievable AURC and E-AUGRC,
+    and bootstrap intervals of AURC and AUGRC (``bootstrap_samples`` resamples of the cases, ``seed``), with
+    confidence = minus the aggregated uncertainty.
     """
 
     AGGREGATIONS = ("image", "patch")
 
     def __init__(self, maps: Sequence[str], patch: int = 10, bins: int = 1 << 16, region: str = "union_foreground",
-                 risk: str = "macro") -> None:
+                 risk: str = "macro", bootstrap_samples: int = 1000, seed: int = 0) -> None:
         if risk not in RISKS:
             raise ValueError(f"risk={risk!r}: expected one of {', '.join(RISKS)}")
         self.maps, self.patch, self.region, self.risk = list(maps), patch, region, risk
+        self.bootstrap_samples, self.seed = bootstrap_samples, seed
         self.pooled = {name: PooledAUROC(bins) for name in self.maps}
         self.auroc: dict[str, list[float]] = {name: [] for name in self.maps}
         self.ue: dict[str, list[torch.Tensor]] = {name: [] for name in self.maps}
@@ -304,7 +242,10 @@ class FailureDetection:
             "risk_definition": self.risk, "risk": RISKS[self.risk],
             "confidence": "minus the case's aggregated uncertainty",
             "aggregations": {"image": "sum over the image", "patch": f"largest sum over {self.patch}-voxel windows"},
-            "rc_curve": "fd-shifts: ties grouped, trapezoid, unscaled (fd-shifts shows x 1000)",
+            "rc_curve": "fd-shifts: ties grouped, trapezoid, unscaled (fd-shifts shows x 1000); achievable AURC: "
+                        "its dominant points joined by the curve on which errors and kept cases vary linearly",
+            "rc_ci95": f"95% percentile bootstrap of AURC and AUGRC over cases, {self.bootstrap_samples} resamples, "
+                       f"seed {self.seed} (numpy RandomState, fd-shifts' draws)",
             "maps": "normalised to [0, 1]: entropies / ln C, 1 - max p / (1 - 1/C)",
             "cases_without_risk": int((~defined).sum())}}
         for name in self.maps:
@@ -317,7 +258,10 @@ class FailureDetection:
             for method in self.AGGREGATIONS:
                 conf = -np.asarray(self.scores[name][method])[defined]
                 if conf.size:
-                    entry[method] = {"aurc": aurc(conf, risks[defined]), "eaurc": eaurc(conf, risks[defined]),
-                                     "augrc": augrc(conf, risks[defined])}
+                    r = risks[defined]
+                    entry[method] = {"aurc": aurc(conf, r), "eaurc": eaurc(conf, r), "augrc": augrc(conf, r),
+                                     "aurc_achievable": achievable_aurc(conf, r), "eaugrc": eaugrc(conf, r),
+                                     **{f"{area}_ci95": list(area_ci(conf, r, area, self.bootstrap_samples, self.seed))
+                                        for area in ("aurc", "augrc")}}
             out[name] = entry
         return out

@@ -149,8 +149,8 @@ def margin_heatmap(rows: list[ConfigRow], loss_name: str = "margin") -> Figure |
 def risk_coverage_overlay(rows: list[ConfigRow], split: str, key: str = "image_uncertainty/predictive_entropy"):
     """Selective risk (1 - Dice) against coverage of the selected configurations' single networks, the cases
     of every seed pooled and ranked by their summed predictive entropy (``failure_per_case.csv``; the curve of
-    :func:`mcseg.metrics.failure.risk_coverage`); None when no evaluation wrote one."""
-    from mcseg.metrics.failure import aurc, risk_coverage
+    :func:`mcseg.metrics.risk_coverage.risk_coverage`); None when no evaluation wrote one."""
+    from mcseg.metrics.risk_coverage import aurc, risk_coverage
 
     fig = Figure(figsize=(5.5, 4.5))
     ax = fig.subplots()

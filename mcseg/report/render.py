@@ -7,21 +7,36 @@ import math
 from pathlib import Path
 
 from mcseg.data.io import atomic_write
-from mcseg.report.table import METRICS, POSTHOC_METRICS, RATER_METRICS, RATER_PATHS, ConfigRow, MetricCell
+from mcseg.evaluation import figures
+from mcseg.evaluation.shift import shift_metrics
+from mcseg.report.table import RATER_METRICS, RATER_PATHS, ConfigRow, MetricCell, metrics, posthoc_metrics
 
-HEADERS = {
-    "dice": "Dice", "hd95_mm": "HD95 (mm)", "ece": "ECE pre_T", "classwise_ece": "CECE pre_T",
-    "ece_post_T": "ECE post_T", "classwise_ece_post_T": "CECE post_T",
-    # against several raters (RATER_METRICS)
+# the figures against several raters (RATER_METRICS): headers and digits
+RATER_HEADERS = {
     "dice_raters": "Dice vs raters", "consensus_dice": "consensus Dice", "thresholded_dice": "thresholded Dice",
     "ece_rater_mean": "ECE vs rater mean", "ece_curvas": "ECE per rater (CURVAS)",
     "nll_rater_mean": "NLL vs rater mean",
     "volume_crps": "volume CRPS (mL)", "ged": "GED", "hm_iou": "HM-IoU",
 }
-DIGITS = {"hd95_mm": 2, "volume_crps": 2}
+RATER_DIGITS = {"volume_crps": 2}
 RATER_FIGURE = "reliability_raters"
 ENVIRONMENT_MARK = " †"  # a run of the row was made by other code, libraries or device type (report's warnings)
 SEEN_MARK = " ‡"  # a run of the row scored cases it was trained or validated on (by content)
+
+
+def headers() -> dict[str, str]:
+    """Column headers: the table of figures (calibration figures marked pre_T, and their post_T columns, in the
+    comparison table), then the figures against several raters."""
+    table = figures.table()
+    return {**{f.key: f.label + (" pre_T" if f.kind == "calibration" else "") for f in table},
+            **{f"{f.key}_post_T": f"{f.label} post_T" for f in table if f.kind == "calibration"}, **RATER_HEADERS}
+
+
+def digits(name: str) -> int:
+    """Digits of column ``name`` (a figure, its post_T column or a figure against raters)."""
+    key = name.removesuffix("_post_T")
+    found = [f.digits for f in figures.table() if f.key == key]
+    return found[0] if found else RATER_DIGITS.get(name, 3)
 
 
 def _num(value: float | None, digits: int = 3) -> str:
@@ -37,7 +52,7 @@ def _p(p: float | None) -> str:
 def cell_text(cell: MetricCell | None, name: str, latex: bool = False) -> str:
     if cell is None:
         return "–"
-    d = DIGITS.get(name, 3)
+    d = digits(name)
     pm = r" $\pm$ " if latex else " ± "
     text = f"{_num(cell.mean, d)}{pm}{_num(cell.std, d)} [{_num(cell.ci95[0], d)}, {_num(cell.ci95[1], d)}]"
     if cell.p_vs_baseline is not None:
@@ -47,7 +62,7 @@ def cell_text(cell: MetricCell | None, name: str, latex: bool = False) -> str:
 
 def metric_columns(rows: list[ConfigRow]) -> list[str]:
     """The table's metric columns: ``METRICS``, then ``RATER_METRICS`` when some row scored several raters."""
-    return [m[0] for m in METRICS] + ([m[0] for m in RATER_METRICS] if any(r.raters for r in rows) else [])
+    return [m[0] for m in metrics()] + ([m[0] for m in RATER_METRICS] if any(r.raters for r in rows) else [])
 
 
 def row_cell(row: ConfigRow, name: str) -> MetricCell | None:
@@ -85,7 +100,7 @@ def markdown(rows: list[ConfigRow], title: str, protocol_lines: list[str]) -> st
 
     def table(selected_only: bool) -> list[str]:
         out = [first[0] + "| loss | hyperparameters | seeds | val. selection | T | "
-               + " | ".join(HEADERS[n] for n in names) + " |",
+               + " | ".join(headers()[n] for n in names) + " |",
                first[1] + "|---|---|---|---|---|" + "---|" * len(names)]
         for row in rows:
             if selected_only and not row.selected:
@@ -113,11 +128,11 @@ def posthoc_table(rows: list[ConfigRow]) -> list[str]:
     selected = [r for r in rows if r.selected and r.posthoc]
     if not selected:
         return []
-    names = [m[0] for m in POSTHOC_METRICS]
+    names = [m[0] for m in posthoc_metrics()]
     several = several_datasets(rows)
     out = ["## Post-hoc scalers of the selected configurations (fitted on the validation split)", "",
            ("| dataset " if several else "") + "| loss | hyperparameters | scaler (voxels, objective) | "
-           + " | ".join(HEADERS[n].replace(" pre_T", "") for n in names) + " |",
+           + " | ".join(headers()[n].replace(" pre_T", "") for n in names) + " |",
            ("|---" if several else "") + "|---|---|---|" + "---|" * len(names)]
     for row in selected:
         head = (f"| {row.dataset} " if several else "") + f"| {row.loss_name} | {row.hyperparameters} | "
@@ -135,8 +150,6 @@ def mean_std_text(cell: tuple[float, float, int] | None, digits: int = 3) -> str
     return _num(cell[0], digits) if cell[2] == 1 else f"{_num(cell[0], digits)} ± {_num(cell[1], digits)}"
 
 
-PREDICTOR_HEADERS = {"dice": "Dice", "hd95_mm": "HD95 (mm)", "ece": "ECE", "classwise_ece": "CECE", "nll": "NLL",
-                     "brier": "Brier", "aurc": "AURC", "eaurc": "E-AURC", "ueo": "UEO", "auroc": "AUROC"}
 
 
 def predictor_table(rows: list[ConfigRow]) -> list[str]:
@@ -147,23 +160,22 @@ def predictor_table(rows: list[ConfigRow]) -> list[str]:
     if not selected:
         return []
     several = several_datasets(rows)
-    headers = dict(PREDICTOR_HEADERS)
+    columns = {f.key: f.label for f in figures.shown_in("predictor")}
     if any(cells.get(c) for r in selected for cells in r.predictors.values() for c in RATER_PATHS):
-        headers.update({c: HEADERS[c] for c in RATER_PATHS})  # against several raters (rater_lines)
+        columns.update({c: RATER_HEADERS[c] for c in RATER_PATHS})  # against several raters (rater_lines)
     out = ["## Predictors of the configurations (single network, temperature, ensembles, TTA, MC dropout)",
            "", ("| dataset " if several else "") + "| loss | hyperparameters | predictor | n | "
-           + " | ".join(headers.values()) + " |",
-           ("|---" if several else "") + "|---|---|---|---|" + "---|" * len(headers)]
+           + " | ".join(columns.values()) + " |",
+           ("|---" if several else "") + "|---|---|---|---|" + "---|" * len(columns)]
     for row in selected:
         for name, cells in row.predictors.items():
             n = max((c[2] for c in cells.values() if c), default=0)
-            text = [mean_std_text(cells.get(column), DIGITS.get(column, 3)) for column in headers]
+            text = [mean_std_text(cells.get(column), digits(column)) for column in columns]
             out.append((f"| {row.dataset} " if several else "") + f"| {row.loss_name} | {row.hyperparameters} | "
                        f"{name} | {n} | " + " | ".join(text) + " |")
     return [*out, ""]
 
 
-SHIFT_TABLES = {"dice": "Dice", "ece": "ECE", "classwise_ece": "classwise ECE", "nll": "NLL"}
 SHIFT_FIGURE = "shift_severity"
 
 
@@ -173,7 +185,7 @@ def _shift_rows(rows: list[ConfigRow], suite: str):
 
 
 def shift_section(rows: list[ConfigRow]) -> list[str]:
-    """``## Under shift``: per suite and metric of ``SHIFT_TABLES``, one line per configuration and predictor
+    """``## Under shift``: per suite and figure under shift (the table of figures' "shift"), one line per configuration and predictor
     evaluated under the suite (:mod:`mcseg.report.shift`); nothing when no run was evaluated under shift."""
     suites = list(dict.fromkeys(suite for row in rows for suite in row.shift))
     if not suites:
@@ -193,12 +205,14 @@ def shift_section(rows: list[ConfigRow]) -> list[str]:
         corruptions = list(dict.fromkeys(c for _, _, cells in found for c in cells.corruptions))
         alphas = ", ".join(f"{a:.4g}" for a in sorted({cells.alpha for _, _, cells in found}))
         out += [f"Suite `{suite}`: corruptions {', '.join(corruptions)}; alpha {alphas}.", ""]
-        for metric, title in SHIFT_TABLES.items():
+        titles = {f.key: f.label for f in figures.table()}
+        for metric in shift_metrics():
+            title = titles[metric]
             have = [(row, name, cells) for row, name, cells in found if metric in cells.by_level]
             if not have:
                 continue
             arrow = "higher is better" if have[0][2].higher_is_better[metric] else "lower is better"
-            d = DIGITS.get(metric, 3)
+            d = digits(metric)
             out += [f"### {suite}: {title} ({arrow})", "",
                     ("| dataset " if several else "") + "| loss | hyperparameters | predictor | n | corruptions | "
                     + " | ".join(f"level {s}" for s in levels) + " | overall | degradation |",
@@ -281,7 +295,7 @@ def latex(rows: list[ConfigRow], caption: str) -> str:
     names = metric_columns(rows)
     lines = [r"\begin{table}[t]", r"\centering", r"\scriptsize", rf"\caption{{{_tex_escape(caption)}}}",
              r"\begin{tabular}{ll" + "c" * len(names) + "}", r"\toprule",
-             "Loss & Hyperparameters & " + " & ".join(_tex_escape(HEADERS[n]) for n in names) + r" \\", r"\midrule"]
+             "Loss & Hyperparameters & " + " & ".join(_tex_escape(headers()[n]) for n in names) + r" \\", r"\midrule"]
     for row in rows:
         if not row.selected:
             continue

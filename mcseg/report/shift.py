@@ -22,7 +22,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 
-from mcseg.evaluation.shift import METRICS, mean_over_corruptions
+from mcseg.evaluation.shift import mean_over_corruptions, shift_metrics
 from mcseg.metrics.robustness import suite_robustness
 from mcseg.report.table import ConfigRow, mean_std_n, predictor_evaluations, predictor_names
 
@@ -57,7 +57,7 @@ def _mean(values) -> float | None:
 def clean_matches(shift: dict, summary: dict) -> bool:
     """Whether the raw level 0 of ``shift`` (a shift_summary.json) is the clean evaluation ``summary`` beside it."""
     raw = (shift.get("predictors") or {}).get("raw") or {}
-    return all(values.get("0") == _number(summary.get(key)) for metric, (key, _) in METRICS.items()
+    return all(values.get("0") == _number(summary.get(key)) for metric, (key, _) in shift_metrics().items()
                for values in (raw.get(metric) or {}).get("values", {}).values())
 
 

@@ -27,18 +27,19 @@ import numpy as np
 from scipy.stats import wilcoxon
 
 from mcseg.environment import environment_differences
+from mcseg.evaluation.figures import shown_in
 from mcseg.metrics.statistics import bootstrap_ci, describe
 from mcseg.report.collect import RunRecord
 
-# (column, summary key, per-case key, scaler: "" raw outputs, "temperature" post-T, better: +1 higher / -1 lower)
-METRICS = (
-    ("dice", "mean_foreground_dice", "dice", "", +1),
-    ("hd95_mm", "mean_foreground_hd95_mm", "hd95_mm", "", -1),
-    ("ece", "mean_ece", "ece", "", -1),
-    ("classwise_ece", "mean_classwise_ece", "classwise_ece", "", -1),
-    ("ece_post_T", "mean_ece", "ece", "temperature", -1),
-    ("classwise_ece_post_T", "mean_classwise_ece", "classwise_ece", "temperature", -1),
-)
+
+def metrics() -> tuple[tuple[str, str, str, str, int], ...]:
+    """The comparison table's columns, from the table of figures ("report"): (column, summary key, per-case key,
+    scaler: "" raw outputs, "temperature" post-T, better: +1 higher / -1 lower / 0 nearer zero); calibration
+    figures also after the temperature."""
+    reported = shown_in("report")
+    return (*((f.key, f.summary_key, f.key, "", f.better) for f in reported),
+            *((f"{f.key}_post_T", f.summary_key, f.key, "temperature", f.better) for f in reported
+              if f.kind == "calibration"))
 
 # Against several raters, beside the single-label columns: (column, summary "raters" group, figure); the summary
 # value is raters.<group>.<figure>.mean, the per-case one per_case_raters.csv's (docs/protocol.md, "Several raters")
@@ -50,19 +51,16 @@ RATER_METRICS = (
 )
 RATER_PATHS = {column: ("raters", group, figure, "mean") for column, group, figure in RATER_METRICS}
 
-# The columns of the predictor table (single network, + T, ensembles, TTA, MC dropout): summary values,
-# mean ± std over the predictor's evaluations (a split-level figure has no per-case values to resample).
-PREDICTOR_COLUMNS = {
-    "dice": ("mean_foreground_dice",), "hd95_mm": ("mean_foreground_hd95_mm",), "ece": ("mean_ece",),
-    "classwise_ece": ("mean_classwise_ece",), "nll": ("mean_nll",), "brier": ("mean_brier",),
-    "aurc": ("failure_detection", "predictive_entropy", "image", "aurc"),
-    "eaurc": ("failure_detection", "predictive_entropy", "image", "eaurc"),
-    "ueo": ("failure_detection", "predictive_entropy", "ueo"),
-    "auroc": ("failure_detection", "predictive_entropy", "voxel_auroc_pooled"),
-}
+
+def predictor_columns() -> dict[str, tuple[str, ...]]:
+    """The columns of the predictor table (single network, + T, ensembles, TTA, MC dropout), from the table of
+    figures ("predictor"): summary paths, mean ± std over the predictor's evaluations (a split-level figure has
+    no per-case values to resample)."""
+    return {f.key: f.summary_path for f in shown_in("predictor")}
 
 # The columns of a post-hoc scaler's post_T row: (column, summary key, per-case key)
-POSTHOC_METRICS = tuple((name, key, case_key) for name, key, case_key, scaler, _ in METRICS if scaler == "")
+def posthoc_metrics() -> tuple[tuple[str, str, str], ...]:
+    return tuple((name, key, case_key) for name, key, case_key, scaler, _ in metrics() if scaler == "")
 
 
 @dataclass
@@ -207,7 +205,7 @@ def build_rows(runs: list[RunRecord], select: str = "score", select_mode: str = 
                         _hyperparameters(configuration, members[0].loss_name, common),
                         members, [r.seed for r in members], None if math.isnan(selection) else selection)
         row.cells = {name: _cell(members, key, case_key, scaler, n_boot, seed)
-                     for name, key, case_key, scaler, _ in METRICS}
+                     for name, key, case_key, scaler, _ in metrics()}
         row.raters = rater_cells(members, n_boot, seed)
         params = [r.summaries[""].get("posthoc", {}).get("temperature", {}).get("params", {}) for r in members]
         temps = [p.get("temperature") if isinstance(p, dict) else None for p in params]  # a list: pooled after
@@ -221,7 +219,7 @@ def build_rows(runs: list[RunRecord], select: str = "score", select_mode: str = 
                     labels[scaler].append(label)
         row.posthoc_labels = {scaler: " / ".join(ls) for scaler, ls in labels.items()}  # " / ": seeds differ
         row.posthoc = {scaler: {name: _cell(members, key, case_key, scaler, n_boot, seed)
-                                for name, key, case_key in POSTHOC_METRICS} for scaler in row.posthoc_labels}
+                                for name, key, case_key in posthoc_metrics()} for scaler in row.posthoc_labels}
         rows.append(row)
     order = {}
     for run in runs:  # losses in the order their first run appears (sweep order)
@@ -283,10 +281,10 @@ def mean_std_n(values) -> tuple[float, float, int] | None:
 
 
 def predictor_cells(summaries: list[dict]) -> dict[str, tuple[float, float, int] | None]:
-    """Per column (``PREDICTOR_COLUMNS``, then those against several raters): (mean, std, n) over the evaluations
+    """Per column (:func:`predictor_columns`, then those against several raters): (mean, std, n) over the evaluations
     that have it, or None."""
     return {column: mean_std_n(_value(s, path) for s in summaries)
-            for column, path in {**PREDICTOR_COLUMNS, **RATER_PATHS}.items()}
+            for column, path in {**predictor_columns(), **RATER_PATHS}.items()}
 
 
 POOLED_AFTER = ("-pool-after", ", pool-after", "pool-after")
@@ -357,7 +355,7 @@ def _test_against_baseline(rows: list[ConfigRow], baseline: str | None) -> None:
         for row in rows:
             if row is reference:
                 continue
-            for name, _, case_key, scaler, _ in METRICS:
+            for name, _, case_key, scaler, _ in metrics():
                 cell = row.cells.get(name)
                 if cell is not None and reference.cells.get(name) is not None:
                     cell.p_vs_baseline = paired_wilcoxon(case_means(row.runs, scaler, case_key),

@@ -44,6 +44,7 @@ from mcseg.training.checkpoint import load_checkpoint, load_model_weights, resto
 from mcseg.training.loader import stop_workers, to_device
 from mcseg.training.distributed import DistContext, StopVote, wrap_model
 from mcseg.evaluation.evaluator import EvalProtocol, Evaluator, reliability_figure
+from mcseg.evaluation.figures import summary_keys
 from mcseg.inference.volume import autocast_context
 from mcseg.evaluation.cases import evaluate_cases
 from mcseg.inference.predict import SegmentationPredictor
@@ -59,7 +60,6 @@ from mcseg.runtime import keep_threads_of, share_cpu, to_channels_last, use_chan
 
 log = logging.getLogger(__name__)
 
-HEADLINE = ("mean_foreground_dice", "mean_foreground_hd95_mm", "mean_ece", "mean_classwise_ece")
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)  # the main process owns the stop (loader workers ignore them)
 
 
@@ -388,7 +388,7 @@ class Trainer:
             call_hook(self.loss_fn, "on_validation_end", epoch)
         summary = evaluator.summary()
         prefix = "val_full" if full else "val"
-        metrics = {f"{prefix}/{k}": float(summary[k]) for k in HEADLINE if summary.get(k) is not None}
+        metrics = {f"{prefix}/{k}": float(summary[k]) for k in summary_keys("headline") if summary.get(k) is not None}
         if images:
             self.trackers.overlays("val", kept, self.global_step)
             self.trackers.figure("val/reliability", reliability_figure(evaluator), self.global_step)

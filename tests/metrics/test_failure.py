@@ -9,8 +9,9 @@ import pytest
 import torch
 from torchmetrics.functional.classification import binary_auroc
 
-from mcseg.metrics.failure import (FailureDetection, PooledAUROC, aggregate_uncertainty, augrc, aurc, auroc, eaurc,
-                                   micro_foreground_dice, risk_coverage, ue_dice, ueo, validation_threshold)
+from mcseg.metrics.failure import (FailureDetection, PooledAUROC, aggregate_uncertainty, auroc,
+                                   micro_foreground_dice, ue_dice, ueo, validation_threshold)
+from mcseg.metrics.risk_coverage import augrc, aurc, eaurc, risk_coverage
 from mcseg.metrics.uncertainty import MemberAccumulator, entropy
 
 

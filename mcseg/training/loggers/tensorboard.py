@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mcseg.evaluation.figures import summary_keys
 from mcseg.training.loggers.base import Tracker, note_failure
 from mcseg.training.tb_logger import TensorBoardLogger
 
@@ -37,11 +38,10 @@ class TensorBoardTracker(Tracker):
 
     def evaluation(self, name, metrics, files, step, hparams=None):
         if hparams is not None:  # the training's own test evaluation: TensorBoard's HParams view of a sweep's runs
-            final = {f"final/test_{k}": metrics.get(k) for k in HPARAM_METRICS}
+            final = {f"final/test_{k}": metrics.get(k) for k in summary_keys("hparams")}
             self._call("hparams", hparams["params"], final | hparams.get("metrics", {}))
 
     def close(self, status="FINISHED"):
         self._call("close")
 
 
-HPARAM_METRICS = ("mean_foreground_dice", "mean_foreground_hd95_mm", "mean_ece", "mean_classwise_ece")

@@ -1,0 +1,206 @@
+"""Per-case scorers: thin faces over :mod:`mcseg.metrics` that turn one case into its figures.
+
+A scorer declares the figures it computes (:class:`~mcseg.evaluation.figure.Figure` entries of the table of
+figures) and returns them from :meth:`Scorer.score`: a list of K values for a ``per="class"`` figure (one per
+class or region; the background entry is ignored), a number for a ``per="case"`` one. It may also return extra
+per-class columns (``class_extras``, e.g. the structure status) and per-case columns (``case_extras``). The
+:class:`~mcseg.evaluation.evaluator.Evaluator` calls every scorer of :data:`mcseg.evaluation.figures.SCORERS` on
+each case, then :meth:`Scorer.commit` on all of them once the case is fully evaluated (a case that fails in one
+scorer leaves no trace in any), and asks each for its pooled values (``pooled=True`` figures) at the end.
+
+A new per-case figure is a new scorer class plus its entry in ``SCORERS`` (see README, "Extending mcseg").
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from mcseg.config import EvalProtocol
+from mcseg.evaluation.figure import Figure, shows
+from mcseg.metrics.binning import BinSums
+from mcseg.metrics.calibration import CalibrationStats, case_calibration
+from mcseg.metrics.overlap import dice_score, overlap_counts
+from mcseg.metrics.regions import region_mask
+from mcseg.metrics.reliability import case_histogram
+from mcseg.metrics.statistics import nanmean
+from mcseg.metrics.surface import surface_distances
+
+__all__ = ["CaseView", "Scorer", "OverlapScorer", "SurfaceScorer", "CalibrationScorer", "EVERYWHERE"]
+
+EVERYWHERE = shows("headline", "hparams", "posthoc", "shift", "report", "predictor")
+
+
+@dataclass(frozen=True)
+class CaseView:
+    """What a scorer sees of one case (checked by the evaluator): probabilities ``C x *spatial`` (float32, or
+    None for a label map alone), the label and the prediction (``*spatial`` integers, or ``R x *spatial`` binary
+    stacks when multilabel), the spacing in mm, and the top-label confidence and class (softmax tasks)."""
+
+    case_id: str
+    probs: torch.Tensor | None
+    label: torch.Tensor
+    prediction: torch.Tensor
+    spacing: tuple[float, ...]
+    top: tuple[torch.Tensor, torch.Tensor] | None
+
+
+class Scorer:
+    """Base of the per-case scorers (module docstring)."""
+
+    figures: tuple[Figure, ...] = ()
+    class_extras: tuple[str, ...] = ()  # per-class columns besides the figures (per_case.csv rows)
+    case_extras: tuple[str, ...] = ()  # per-case columns besides the figures
+
+    def __init__(self, num_classes: int, class_names: Sequence[str], protocol: EvalProtocol,
+                 multilabel: bool = False) -> None:
+        self.num_classes, self.class_names, self.protocol, self.multilabel = (
+            num_classes, list(class_names), protocol, multilabel)
+
+    def score(self, case: CaseView) -> dict:
+        raise NotImplementedError
+
+    def commit(self) -> None:
+        """The case last scored was evaluated by every scorer: keep what pools over cases."""
+
+    def pooled(self) -> dict:
+        """Values of the ``pooled`` figures over every voxel of the committed cases."""
+        return {}
+
+
+class OverlapScorer(Scorer):
+    """Dice per class (:mod:`mcseg.metrics.overlap`) and the structure status of the empty-structure policy."""
+
+    figures = (Figure("dice", "Dice", "class", "segmentation", +1, EVERYWHERE),)
+    class_extras = ("status",)
+
+    def score(self, case: CaseView) -> dict:
+        counts = overlap_counts(case.prediction, case.label, self.num_classes, self.multilabel)
+        self._empty_label = (case.case_id, int(counts.n_label.sum() if self.multilabel else counts.n_label[1:].sum()) == 0)
+        return {"dice": dice_score(counts).tolist(), "status": [s.value for s in counts.status()]}
+
+    def commit(self) -> None:
+        case_id, empty = self._empty_label
+        if empty:
+            warnings.warn(f"case {case_id}: the label has no foreground voxel", stacklevel=4)
+
+
+class SurfaceScorer(Scorer):
+    """HD (the protocol's percentile and definition) and ASSD per class, in mm (:mod:`mcseg.metrics.surface`)."""
+
+    figures = (Figure("hd95_mm", "HD95 (mm)", "class", "segmentation", -1, EVERYWHERE, digits=2),
+               Figure("assd_mm", "ASSD (mm)", "class", "segmentation", -1))
+
+    def score(self, case: CaseView) -> dict:
+        dist = surface_distances(case.prediction, case.label, self.num_classes, case.spacing,
+                                 self.protocol.hd_percentile, self.protocol.hd_definition, self.multilabel)
+        return {"hd95_mm": dist.hd.tolist(), "assd_mm": dist.assd.tolist()}
+
+
+def _calibration_figure(key: str, label: str, places: frozenset[str] = frozenset(), better: int = -1) -> Figure:
+    return Figure(key, label, "case", "calibration", better, places, pooled=True)
+
+
+class CalibrationScorer(Scorer):
+    """The calibration figures of a case over the protocol's voxel region, from one pass of bin sums
+    (:mod:`mcseg.metrics.calibration`); pooled over every voxel of the split from the summed statistics, and the
+    dataset reliability histogram. Multilabel tasks: each region as a two-class problem (1 - p_r, p_r) on its own
+    voxels, the case's value the mean over regions (docs/protocol.md)."""
+
+    figures = (
+        _calibration_figure("ece", "ECE", EVERYWHERE),
+        _calibration_figure("mce", "MCE"),
+        _calibration_figure("classwise_ece", "CECE", EVERYWHERE),
+        _calibration_figure("adaptive_ece", "AdaECE"),
+        _calibration_figure("smooth_ece", "smECE", shows("posthoc", "shift", "report", "predictor")),
+        _calibration_figure("signed_ece", "signed ECE", shows("posthoc", "shift", "predictor"), better=0),
+        _calibration_figure("nll", "NLL", shows("posthoc", "shift", "predictor")),
+        _calibration_figure("brier", "Brier", shows("posthoc", "predictor")),
+    )
+    class_extras = ("class_ece",)
+    case_extras = ("n_region_voxels",)
+
+    def __init__(self, num_classes: int, class_names: Sequence[str], protocol: EvalProtocol,
+                 multilabel: bool = False) -> None:
+        super().__init__(num_classes, class_names, protocol, multilabel)
+        self.keys = tuple(f.key for f in self.figures)
+        self.foreground = list(range(num_classes)) if multilabel else list(range(1, num_classes))
+        self.stats: list[CalibrationStats | None] = [None] * (num_classes if multilabel else 1)
+        self.empty_regions = 0
+        self.histogram = np.zeros((len(self.foreground), protocol.n_bins, protocol.n_bins), dtype=np.int64)
+        self._pending: list[CalibrationStats] = []
+
+    def score(self, case: CaseView) -> dict:
+        values, self._pending = self._case(case)
+        return values
+
+    def commit(self) -> None:
+        stats = self._pending
+        if stats:
+            self.histogram = self.histogram + case_histogram(self.histogram_sums(stats))
+        self.stats = [s if p is None else p + s for p, s in zip(self.stats, stats)] + self.stats[len(stats):]
+        self.empty_regions += bool(stats) and any(s.n_voxels == 0 for s in stats)
+        self._pending = []
+
+    def _case(self, case: CaseView) -> tuple[dict, list[CalibrationStats]]:
+        k, region, n_bins = self.num_classes, self.protocol.region, self.protocol.n_bins
+        if case.probs is None:
+            return {**{key: math.nan for key in self.keys}, "class_ece": [math.nan] * k, "n_region_voxels": 0}, []
+        if not self.multilabel:
+            mask = region_mask(region, case.label, case.prediction, case.spacing, self.protocol.boundary_width_mm)
+            cal = case_calibration(case.probs, case.label, n_bins, mask, case.top)
+            v = cal.values
+            return {**{key: v[key] for key in self.keys}, "class_ece": v["class_ece"],
+                    "n_region_voxels": v["n_voxels"]}, [cal.stats]
+        cals = [self._binary_calibration(case.probs[r], case.label[r], case.prediction[r], case.spacing)
+                for r in range(k)]
+        per_region = [self.binary_values(cal.values) for cal in cals]
+        return {**{key: nanmean([v[key] for v in per_region]) for key in self.keys},
+                "class_ece": [v["class_ece"] for v in per_region],
+                "n_region_voxels": sum(v["n_voxels"] for v in per_region)}, [cal.stats for cal in cals]
+
+    def _binary_calibration(self, p, y, pred, spacing):
+        """Region r of a multilabel task as a two-class problem (1 - p_r, p_r) on its own voxels."""
+        mask = region_mask(self.protocol.region, y.long(), pred.long(), spacing, self.protocol.boundary_width_mm)
+        return case_calibration(torch.stack([1.0 - p, p]), y.long(), self.protocol.n_bins, mask)
+
+    @staticmethod
+    def binary_values(values: dict) -> dict:
+        """Binary reading of two-class values: classwise ECE of the region = ECE of p_r (class 1);
+        Brier = (p - y)^2, half the two-class sum."""
+        return {**values, "classwise_ece": values["class_ece"][1], "class_ece": values["class_ece"][1],
+                "brier": values["brier"] / 2}
+
+    def pooled(self) -> dict:
+        """Calibration pooled over every voxel of every case (from the summed bin sums)."""
+        stats = [s for s in self.stats if s is not None]
+        with_bound = (*self.keys, "adaptive_ece_max_error")
+        if not stats:
+            return {key: math.nan for key in with_bound} | {"n_voxels": 0}
+        values = [s.values() for s in stats]
+        if self.multilabel:
+            values = [self.binary_values(v) for v in values]
+            pooled = {key: nanmean([v[key] for v in values]) for key in with_bound}
+            class_ece = [v["class_ece"] for v in values]
+        else:
+            pooled = {key: values[0][key] for key in with_bound}
+            class_ece = values[0]["class_ece"]
+        pooled["n_voxels"] = sum(v["n_voxels"] for v in values)
+        pooled["class_ece"] = dict(zip(self.class_names, class_ece))
+        return pooled
+
+    def filled_stats(self) -> list[CalibrationStats]:
+        """The pooled statistics, zeros where no case had probabilities."""
+        return [s if s is not None else CalibrationStats.zeros(2 if self.multilabel else self.num_classes,
+                                                                self.protocol.n_bins) for s in self.stats]
+
+    def histogram_sums(self, stats: list[CalibrationStats]) -> BinSums:
+        """Classwise bin sums of the histogram's panels: the foreground classes (the margin-loss authors'
+        ``include_background=False``), or p_r against y_r per region when multilabel."""
+        if self.multilabel:
+            return BinSums.stack([s.classwise[1] for s in stats])
+        return stats[0].classwise[self.foreground]

@@ -1,0 +1,118 @@
+"""The table of figures (mcseg/evaluation/figures.py) is the one list: what the evaluator writes is exactly what it
+declares, and each place that shows figures takes its selection from it."""
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+import torch
+
+from mcseg.evaluation import figures
+from mcseg.evaluation.evaluator import EvalProtocol, Evaluator
+from mcseg.evaluation.figure import Figure, shows
+from mcseg.evaluation.scorers import Scorer
+from mcseg.evaluation.figures import case_keys, class_keys, summary_value, table
+
+from tests.metrics.reference import blobs
+
+BOOKKEEPING = {"case", "class_index", "class_name", "status", "class_ece", "n_region_voxels", "region"}
+
+
+def _written(tmp_path, multilabel=False, seed=0):
+    names = ["a", "b"] if multilabel else ["bg", "a", "b"]
+    ev = Evaluator(len(names), names, EvalProtocol(bootstrap_samples=10), multilabel=multilabel)
+    for index, seed in enumerate(range(seed, seed + 2)):
+        label = blobs((12, 10, 8), 3, seed=seed)
+        if multilabel:
+            label = torch.stack([label == 1, label >= 1]).long()
+            probs = torch.rand(2, 12, 10, 8, generator=torch.Generator().manual_seed(seed))
+        else:
+            logits = torch.nn.functional.one_hot(label, 3).movedim(-1, 0).float() * 3
+            probs = torch.softmax(logits + torch.randn(3, 12, 10, 8, generator=torch.Generator().manual_seed(seed)), 0)
+        ev.add_case(f"c{index}", probs, label, (1.0, 1.0, 2.0))
+    ev.write(tmp_path)
+    with open(tmp_path / "per_case.csv") as fh:
+        columns = next(csv.reader(fh))
+    return columns, json.loads((tmp_path / "summary.json").read_text())
+
+
+@pytest.mark.parametrize("multilabel", [False, True])
+def test_the_evaluator_writes_exactly_the_declared_figures(tmp_path, multilabel):
+    columns, summary = _written(tmp_path, multilabel)
+    declared = set(class_keys()) | set(case_keys())
+    assert set(columns) - BOOKKEEPING == declared, "a per_case.csv column without a table entry, or the reverse"
+    means = {k for k in summary if k.startswith("mean_")}
+    assert means == {f.summary_key for f in table() if f.per in ("class", "case")}
+    assert {f.key for f in table() if f.pooled} <= set(summary["pooled"])
+    assert set(summary["calibration"]) == set(case_keys()) and set(summary["foreground"]) == set(class_keys())
+    for f in table():
+        if f.per != "split":
+            assert summary_value(summary, f) is not None, f"{f.key} declared but not written"
+
+
+def test_each_place_keeps_what_it_showed_before_the_table():
+    from mcseg.evaluation.shift import failure_metrics, shift_metrics
+    from mcseg.report.table import metrics, predictor_columns
+
+    assert figures.summary_keys("headline") == ("mean_foreground_dice", "mean_foreground_hd95_mm", "mean_ece",
+                                                "mean_classwise_ece")
+    assert figures.summary_keys("hparams") == figures.summary_keys("headline")
+    assert figures.summary_keys("posthoc")[:4] == figures.summary_keys("headline")
+    assert list(shift_metrics())[:4] == ["dice", "hd95_mm", "ece", "classwise_ece"]
+    assert list(failure_metrics()) == ["voxel_auroc_pe", "aurc_pe"]
+    assert [m[0] for m in metrics()] == ["dice", "hd95_mm", "ece", "classwise_ece", "smooth_ece", "ece_post_T",
+                                         "classwise_ece_post_T", "smooth_ece_post_T"]
+    assert list(predictor_columns())[:4] == ["dice", "hd95_mm", "ece", "classwise_ece"]
+    assert "signed_ece" not in shift_metrics()  # no robustness score for a figure whose best value is zero
+
+
+def test_the_table_refuses_a_malformed_entry():
+    with pytest.raises(ValueError, match="unknown places"):
+        Figure("x", "X", "case", "calibration", -1, frozenset({"console"}))
+    with pytest.raises(ValueError, match="summary path"):
+        Figure("x", "X", "split", "failure", -1)
+    with pytest.raises(ValueError, match="better"):
+        Figure("x", "X", "case", "calibration", 2)
+    with pytest.raises(KeyError, match="no figure"):
+        figures.figure("dice_typo")
+    assert len({f.key for f in table()}) == len(table())
+
+
+class ToyScorer(Scorer):
+    """A figure added by one class and one entry: the fraction of the case's voxels predicted foreground."""
+
+    figures = (Figure("toy_fraction", "toy fraction", "case", "segmentation", 0, shows("report", "predictor")),)
+
+    def score(self, case):
+        foreground = case.prediction > 0 if not self.multilabel else case.prediction.any(0)
+        return {"toy_fraction": float(foreground.float().mean())}
+
+
+def _run_dir(run, loss: str, seed: int, monkeypatch):
+    """A run directory whose test evaluation the evaluator wrote, as mcseg-report reads it."""
+    (run / "eval" / "test").mkdir(parents=True)
+    identity = {"configuration": f"loss={loss}", "overrides": [f"loss={loss}"], "loss_name": loss, "loss": {},
+                "dataset": "toyset", "seed": seed}
+    (run / "result.json").write_text(json.dumps({"score": 0.5, "run": identity}))
+    (run / "status.json").write_text(json.dumps({"status": "completed"}))
+    _written(run / "eval" / "test", seed=seed)
+
+
+def test_a_toy_figure_added_by_one_class_and_one_entry_shows_everywhere(tmp_path, monkeypatch):
+    from mcseg.report import cli
+    from mcseg.training.loggers import summary_metrics
+
+    monkeypatch.setattr(figures, "SCORERS", [*figures.SCORERS, ToyScorer])  # the one entry
+    columns, summary = _written(tmp_path / "one")
+    assert "toy_fraction" in columns
+    assert 0 < summary["mean_toy_fraction"] < 1 and "toy_fraction" in summary["calibration"]
+    assert summary_metrics(summary)["mean_toy_fraction"] == summary["mean_toy_fraction"]  # the trackers' figures
+    for loss, seed in (("ce", 0), ("ce", 1), ("margin", 0), ("margin", 1)):
+        _run_dir(tmp_path / "runs" / f"{loss}{seed}", loss, seed, monkeypatch)
+    assert cli.main([str(tmp_path / "runs"), "--no-eval", "--out", str(tmp_path / "report")]) == 0
+    report = (tmp_path / "report" / "report.md").read_text()
+    header = next(line for line in report.splitlines() if line.startswith("| loss"))
+    assert "| toy fraction |" in header
+    with open(tmp_path / "report" / "report.csv") as fh:
+        assert any(c.startswith("toy_fraction") for c in next(csv.reader(fh)))
