@@ -16,8 +16,10 @@ import pytest
 import SimpleITK as sitk
 import torch
 
-pytest.importorskip("nnunetv2", reason="nnunetv2 (pip install -e '.[nnunet]', or see README 'nnU-Net and MONAI "
-                                       "prediction folders') makes the real nnU-Net files these tests read")
+from tests.conftest import require
+
+require("nnunetv2", "nnU-Net's export code makes the real nnU-Net files these tests read (README, 'nnU-Net and "
+                    "MONAI prediction folders')")
 
 from mcseg.data.cases import to_regions  # noqa: E402
 from mcseg.evaluate_folder import main  # noqa: E402
