@@ -212,8 +212,8 @@ BREAKS = {
                  r"case tiny_000: tiny_000.npz holds values in \[-0.01, 1\], outside \[0, 1\] by 0.01 "),
     # just beyond SUM_TOLERANCE (1e-3)
     "slightly-not-a-softmax": (lambda raw, pred: _npz(pred, "tiny_000", lambda p: p * (1 - 1.5e-3)),
-                               r"case tiny_000: tiny_000.npz: the 3 softmax channels sum to 0.998\d*\.\.0.998\d*, off 1 "
-                               r"by up to 0.0015 \(voxel \(\d+, \d+, \d+\); tolerance 0.001\)"),
+                               r"case tiny_000: tiny_000.npz: the 3 softmax channels sum to 0.998\d*\.\.0.998\d*, "
+                               r"off 1 by up to 0.0015 \(voxel \(\d+, \d+, \d+\); tolerance 0.001\)"),
     "not-a-softmax": (lambda raw, pred: _npz(pred, "tiny_000", lambda p: p * 0.9),
                       r"case tiny_000: tiny_000.npz: the 3 softmax channels sum to 0.9\d*\.\.0.9\d*, off 1 by up to "
                       r"0.1"),
@@ -266,8 +266,8 @@ def test_a_label_map_may_differ_from_nnunets_rule_only_at_a_tie_within_1e_6(requ
         assert code == 0, err
     else:
         rule = "argmax" if softmax else r"region rule \(p > 0.5 in regions_class_order\)"
-        assert code == 2 and __import__("re").search(
-            rf"case tiny_000: tiny_000.nii.gz differs from nnU-Net's {rule} of tiny_000.npz in 1 of 756 voxels", err), err
+        message = rf"case tiny_000: tiny_000.nii.gz differs from nnU-Net's {rule} of tiny_000.npz in 1 of 756 voxels"
+        assert code == 2 and __import__("re").search(message, err), err
 
 
 def test_a_region_model_read_as_labels_is_refused(nn3d_regions, tmp_path, capsys):

@@ -51,7 +51,9 @@ def _what_keep_freed_memory_does_here() -> str:
     # glibc: both thresholds raised to 1 GiB where it accepts that mmap threshold, else mmap turned off
     libc = ctypes.CDLL(None)
     threshold = libc.mallopt(-3, 1 << 30) == 1  # M_MMAP_THRESHOLD, as glibc's malloc.h numbers it
-    return "glibc mallopt: mmap and trim thresholds 1 GiB" if threshold else "glibc mallopt: mmap off, trim threshold 1 GiB"
+    if threshold:
+        return "glibc mallopt: mmap and trim thresholds 1 GiB"
+    return "glibc mallopt: mmap off, trim threshold 1 GiB"
 
 
 def test_synthetic_2d_run_produces_the_run_directory(make_cfg, tmp_path, caplog):

@@ -122,7 +122,8 @@ def test_ml1_ace_on_the_rater_mean_by_hand(binning, ace):
     from mcseg.losses import L1ACELoss
 
     p1 = torch.tensor(ACE_P1, dtype=torch.float64)
-    logits = torch.stack([torch.zeros(3, dtype=torch.float64), torch.log(p1 / (1 - p1))])[None, :, None]  # 1 x 2 x 1 x 3
+    # 1 x 2 x 1 x 3 logits whose softmax is (1 - p1, p1)
+    logits = torch.stack([torch.zeros(3, dtype=torch.float64), torch.log(p1 / (1 - p1))])[None, :, None]
     q1 = torch.tensor(ACE_Q1, dtype=torch.float64)
     q = torch.stack([1 - q1, q1])[None, :, None]
     loss = L1ACELoss(binning=binning, num_bins=2, lambda_ace=1.0, lambda_ce=0.0)
