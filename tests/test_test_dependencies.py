@@ -52,12 +52,15 @@ def _fake_checkout(tmp_path: Path) -> Path:
     return repo
 
 
+@pytest.mark.parametrize("gpu", [False, True])
 @pytest.mark.parametrize("ci", ["true", None])
-def test_setup_fails_under_ci_when_nnunets_export_code_cannot_be_installed(tmp_path, ci):
+def test_setup_fails_under_ci_when_nnunets_export_code_cannot_be_installed(tmp_path, ci, gpu):
     repo = _fake_checkout(tmp_path)
-    env = {k: v for k, v in os.environ.items() if k not in ("CI", "MCSEG_GPU", "PYTHON")}
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "MCSEG_GPU", "MCSEG_TORCH_INDEX", "PYTHON")}
     if ci:
         env["CI"] = ci
+    if gpu:  # the GPU set-up, with an interpreter without torch (.venv's python stands in for the CUDA check)
+        env.update(MCSEG_GPU="1", PYTHON="false")
     done = subprocess.run(["bash", str(repo / "scripts" / "setup.sh")], env=env, capture_output=True, text=True,
                           timeout=60)
     calls = (repo / ".venv" / "bin" / "calls").read_text()
