@@ -1,6 +1,7 @@
 """Shared fixtures: compose the real configs and shrink them (lightning-hydra-template style)."""
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
@@ -47,6 +48,24 @@ def make_cfg(tmp_path):
         return compose_config(config_name, list(overrides), Path(output_dir or tmp_path / "run"))
 
     return _make
+
+
+def in_ci() -> bool:
+    """True under ``CI=true`` (or ``1``), as CI services set it."""
+    return os.environ.get("CI", "").strip().lower() in ("true", "1")
+
+
+def require(module: str, why: str):
+    """``module`` imported, for a test that needs a dependency of the test set-up (the ``test`` extra, or
+    nnU-Net's export code that scripts/setup.sh installs). Missing: a skip saying ``why`` on a developer's
+    machine, an error under ``CI=true`` (a skip there would let a broken set-up pass as green)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        if in_ci():
+            pytest.fail(f"{module} cannot be imported ({exc}): {why}. Under CI={os.environ['CI']}: a missing test "
+                        f"dependency is an error, not a skip (scripts/setup.sh installs it)", pytrace=False)
+        pytest.skip(f"{module} is not installed: {why} (scripts/setup.sh installs it)", allow_module_level=True)
 
 
 @pytest.fixture

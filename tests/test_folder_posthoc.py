@@ -18,7 +18,9 @@ from mcseg.calibrate_folder import main as calibrate
 from mcseg.calibration.scaling import fit_scaler
 from mcseg.evaluate_folder import main as evaluate
 from mcseg.evaluation.folder_posthoc import FLOOR, log_probabilities
+from tests.conftest import require
 
+NNUNET_FILES = "nnU-Net's export code makes the real nnU-Net files (README, 'nnU-Net and MONAI prediction folders')"
 FAST = ["--bootstrap-samples", "0", "--no-failure-detection", "--no-figures"]
 
 
@@ -54,7 +56,7 @@ def test_a_temperature_fitted_on_saved_probabilities_is_the_one_fitted_on_the_lo
 
 @pytest.fixture(scope="module")
 def nn(tmp_path_factory):
-    pytest.importorskip("nnunetv2", reason="nnunetv2 makes the real nnU-Net files (README: nnU-Net and MONAI folders)")
+    require("nnunetv2", NNUNET_FILES)
     from tests.tool_outputs import make_nnunet
 
     root = tmp_path_factory.mktemp("cal")
@@ -204,7 +206,7 @@ def test_mcseg_probability_maps_and_their_label_maps_are_rewritten(tmp_path):
 
 @pytest.mark.parametrize("reader", ["NibabelIOWithReorient", "SimpleITKIOWithReorient"])
 def test_calibrated_files_of_nnunets_reorienting_readers_keep_the_files_orientation(tmp_path, reader):
-    pytest.importorskip("nnunetv2", reason="nnunetv2 makes the real nnU-Net files (README: nnU-Net and MONAI folders)")
+    require("nnunetv2", NNUNET_FILES)
     from nnunetv2.imageio.reader_writer_registry import recursive_find_reader_writer_by_name
     from nnunetv2.utilities.plans_handling.plans_handler import PlansManager
 

@@ -43,15 +43,28 @@ def _modules() -> dict[str, Path]:
 MODULES = _modules()
 
 
-def _imports(path: Path) -> set[str]:
-    """The mcseg modules ``path`` imports (``from mcseg.x import y``: ``mcseg.x.y`` when that is a module, else ``mcseg.x``)."""
+def _absolute(path: Path, node: ast.ImportFrom) -> str:
+    """The module ``from ... import`` names, relative ones (``from .x import y``, ``from .. import y``) resolved
+    against ``path``'s package."""
+    if node.level == 0:
+        return node.module
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    package = parts[:-1]  # a module's package; for a package's __init__ that is the package itself
+    base = package[: len(package) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _imports(path: Path, source: str | None = None) -> set[str]:
+    """The mcseg modules ``path`` (or ``source`` read as ``path``) imports (``from mcseg.x import y`` or relatively
+    ``from .x import y``: ``mcseg.x.y`` when that is a module, else ``mcseg.x``)."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            submodules = {f"{node.module}.{alias.name}" for alias in node.names} & set(MODULES)
+    for node in ast.walk(ast.parse(path.read_text() if source is None else source)):
+        if isinstance(node, ast.ImportFrom):
+            module = _absolute(path, node)
+            submodules = {f"{module}.{alias.name}" for alias in node.names} & set(MODULES)
             found.update(submodules)
-            if len(submodules) < len(node.names):  # a name defined in node.module itself
-                found.add(node.module)
+            if len(submodules) < len(node.names):  # a name defined in the module itself
+                found.add(module)
         elif isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
     return {name for name in found if name in MODULES and name != "mcseg"}
@@ -63,18 +76,33 @@ def _layer(module: str) -> tuple[str, int]:
     return top, LAYERS[top]
 
 
-@pytest.mark.parametrize("module", sorted(m for m in MODULES if m != "mcseg"))
-def test_imports_point_down(module):
+def _upward(module: str, imports: set[str]) -> list[str]:
+    """Each of ``imports`` that points up the layers from ``module``, or into what ``NEVER`` forbids it."""
     top, layer = _layer(module)
     upward = [f"{module} (layer {layer}) imports {name} (layer {_layer(name)[1]})"
-              for name in sorted(_imports(MODULES[module])) if _layer(name)[1] > layer]
-    upward += [f"{module} imports {name}" for name in sorted(_imports(MODULES[module]))
+              for name in sorted(imports) if _layer(name)[1] > layer]
+    upward += [f"{module} imports {name}" for name in sorted(imports)
                if any(name == n or name.startswith(n + ".") for n in NEVER.get(top, ()))]
+    return upward
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if m != "mcseg"))
+def test_imports_point_down(module):
+    upward = _upward(module, _imports(MODULES[module]))
     assert not upward, upward
 
 
+def _graph() -> dict[str, set[str]]:
+    return {module: _imports(path) - {module} for module, path in MODULES.items() if module != "mcseg"}
+
+
 def test_no_two_modules_import_each_other_directly_or_through_others():
-    graph = {module: _imports(path) - {module} for module, path in MODULES.items() if module != "mcseg"}
+    cycles = _cycles(_graph())
+    assert not cycles, cycles
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[str]:
+    """Every circle of imports a depth-first walk of ``graph`` meets, as ``a -> b -> a``."""
     state: dict[str, int] = {}  # 1: on the current path, 2: done
     cycles = []
 
@@ -90,7 +118,7 @@ def test_no_two_modules_import_each_other_directly_or_through_others():
     for module in sorted(graph):
         if module not in state:
             visit(module, [module])
-    assert not cycles, cycles
+    return cycles
 
 
 def test_the_layer_test_sees_the_imports_it_checks():
@@ -98,6 +126,22 @@ def test_the_layer_test_sees_the_imports_it_checks():
     assert "mcseg.evaluation.split" in _imports(MODULES["mcseg.evaluation.shift"])  # a top-level import
     assert "mcseg.rundir" in _imports(MODULES["mcseg.evaluation.ensemble"])  # a lazy one, inside a function
     assert "mcseg.rundir" in _imports(MODULES["mcseg.sweep"])  # from mcseg import rundir
+    assert "mcseg.losses.base" in _imports(MODULES["mcseg.losses.ace"])  # from .base import ...
+    assert "mcseg.losses.margin" in _imports(MODULES["mcseg.losses"])  # a package's own: from .margin import ...
+
+
+def test_a_planted_upward_relative_import_or_cycle_is_caught():
+    """The same checks on planted sources: an upward relative import in losses/ (layer 1 importing training,
+    layer 4), and a relative import back from losses/base.py to losses/ace.py, which imports base."""
+    ace, base = MODULES["mcseg.losses.ace"], MODULES["mcseg.losses.base"]
+    planted = _imports(ace, ace.read_text() + "\nfrom ..training.trainer import Trainer\n")
+    assert _upward("mcseg.losses.ace", planted) == [
+        "mcseg.losses.ace (layer 1) imports mcseg.training.trainer (layer 4)"]
+    assert _upward("mcseg.losses.ace", _imports(ace)) == []
+    graph = _graph()
+    graph["mcseg.losses.base"] = _imports(base, base.read_text() + "\nfrom . import ace\n") - {"mcseg.losses.base"}
+    assert "mcseg.losses.base -> mcseg.losses.ace -> mcseg.losses.base" in _cycles(graph)
+    assert _cycles(_graph()) == []
 
 
 def test_every_module_of_the_package_imports():

@@ -16,8 +16,10 @@ import pytest
 import SimpleITK as sitk
 import torch
 
-pytest.importorskip("nnunetv2", reason="nnunetv2 (pip install -e '.[nnunet]', or see README 'nnU-Net and MONAI "
-                                       "prediction folders') makes the real nnU-Net files these tests read")
+from tests.conftest import require
+
+require("nnunetv2", "nnU-Net's export code makes the real nnU-Net files these tests read (README, 'nnU-Net and "
+                    "MONAI prediction folders')")
 
 from mcseg.data.cases import to_regions  # noqa: E402
 from mcseg.evaluate_folder import main  # noqa: E402
@@ -160,6 +162,15 @@ def _npz(pred, case, change):
     np.savez_compressed(path, probabilities=change(probs))
 
 
+def _corner(values):
+    """A change of an npz that sets the probabilities of its first voxel."""
+    def change(probs):
+        probs[(slice(None), *[0] * (probs.ndim - 1))] = values
+        return probs
+
+    return change
+
+
 def _pkl(pred, case, change):
     path = pred / f"{case}.pkl"
     props = pickle.loads(path.read_bytes())
@@ -195,6 +206,14 @@ BREAKS = {
                          r"voxels \(\d"),
     "logits": (lambda raw, pred: _npz(pred, "tiny_000", lambda p: p * 3 - 1),
                r"case tiny_000: tiny_000.npz holds values in \[-1, 2\], outside \[0, 1\] by 1"),
+    # a probability below 0 in a voxel whose channels still sum to 1, its argmax the label map's (the corner,
+    # background in the cropped-away slab; array (0, 0, 0) is file voxel (0, 0, 0))
+    "negative": (lambda raw, pred: _npz(pred, "tiny_000", _corner([0.6, -0.01, 0.41])),
+                 r"case tiny_000: tiny_000.npz holds values in \[-0.01, 1\], outside \[0, 1\] by 0.01 "),
+    # just beyond SUM_TOLERANCE (1e-3)
+    "slightly-not-a-softmax": (lambda raw, pred: _npz(pred, "tiny_000", lambda p: p * (1 - 1.5e-3)),
+                               r"case tiny_000: tiny_000.npz: the 3 softmax channels sum to 0.998\d*\.\.0.998\d*, "
+                               r"off 1 by up to 0.0015 \(voxel \(\d+, \d+, \d+\); tolerance 0.001\)"),
     "not-a-softmax": (lambda raw, pred: _npz(pred, "tiny_000", lambda p: p * 0.9),
                       r"case tiny_000: tiny_000.npz: the 3 softmax channels sum to 0.9\d*\.\.0.9\d*, off 1 by up to "
                       r"0.1"),
@@ -231,6 +250,26 @@ def test_every_check_fails_in_one_line_naming_case_file_and_deviation(nn3d, tmp_
     assert __import__("re").search(message, err), err
 
 
+@pytest.mark.parametrize("gap,tied", [(5e-7, True), (2e-6, False)])
+@pytest.mark.parametrize("which", ["nn3d", "nn3d_regions"])
+def test_a_label_map_may_differ_from_nnunets_rule_only_at_a_tie_within_1e_6(request, tmp_path, capsys, which, gap,
+                                                                             tied):
+    """The corner voxel, background (0) in the label map: its probabilities set to a near-tie (softmax: background
+    ``gap`` below label 1; regions: the first region ``gap`` above 0.5), so nnU-Net's rule picks label 1 there."""
+    softmax = which == "nn3d"
+    values = [0.5 - gap / 2, 0.5 + gap / 2, 0.0] if softmax else [0.5 + gap, 0.0]
+    raw, pred = _broken(request.getfixturevalue(which), tmp_path, lambda raw, pred: _npz(pred, "tiny_000",
+                                                                                         _corner(values)))
+    code = main([str(pred), str(raw), "-o", str(tmp_path / "out"), *FAST, "--no-failure-detection"])
+    err = capsys.readouterr().err
+    if tied:
+        assert code == 0, err
+    else:
+        rule = "argmax" if softmax else r"region rule \(p > 0.5 in regions_class_order\)"
+        message = rf"case tiny_000: tiny_000.nii.gz differs from nnU-Net's {rule} of tiny_000.npz in 1 of 756 voxels"
+        assert code == 2 and __import__("re").search(message, err), err
+
+
 def test_a_region_model_read_as_labels_is_refused(nn3d_regions, tmp_path, capsys):
     """dataset.json edited to say labels: the two sigmoid channels are not the three softmax channels."""
     labels = {"background": 0, "left": 1, "right": 2}
@@ -248,10 +287,12 @@ def test_a_trainer_dataset_json_other_than_the_reference_is_refused(nn3d_regions
     assert "declares 2 sigmoid regions (whole, core), the reference a softmax over 3 labels" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("reader", ["NibabelIOWithReorient", "SimpleITKIOWithReorient"])
-def test_reorienting_readers_are_read_back_to_the_files_axes(tmp_path, reader):
-    """Files far from RAS, read by a reorienting reader: the npz is in the reoriented order; mcseg maps it back as
-    nnU-Net's write_seg does, and scores what nnU-Net's own reader gives in its order."""
+@pytest.mark.parametrize("reader", ["NibabelIO", "NibabelIOWithReorient", "SimpleITKIOWithReorient"])
+def test_nibabel_and_reorienting_readers_are_read_back_to_the_files_axes(tmp_path, reader):
+    """Files far from RAS (anisotropic voxels, 2.5 x 1 x 0.8 mm), read by the reader the plans name: the npz is in
+    that reader's order (plain NibabelIO: the file's axes reversed, its pkl spacing too; the reorienting readers:
+    the reoriented order); mcseg maps it back as nnU-Net's write_seg does, and scores what nnU-Net's own reader
+    gives in its order."""
     from nnunetv2.imageio.reader_writer_registry import recursive_find_reader_writer_by_name
 
     from mcseg.evaluate_folder import main as evaluate
@@ -267,8 +308,10 @@ def test_reorienting_readers_are_read_back_to_the_files_axes(tmp_path, reader):
         label, props = io.read_seg(str(folders["labels"] / f"{case}.nii.gz"))
         seg, _ = io.read_seg(str(folders["pred"] / f"{case}.nii.gz"))
         probs = np.load(folders["pred"] / f"{case}.npz")["probabilities"]
-        assert probs.shape[1:] == label.shape[1:]  # nnU-Net's reoriented order
-        assert probs.shape[1:] != sitk.GetArrayFromImage(sitk.ReadImage(str(folders["labels"] / f"{case}.nii.gz"))).shape
+        assert probs.shape[1:] == label.shape[1:]  # the reader's order
+        file_reversed = sitk.GetArrayFromImage(sitk.ReadImage(str(folders["labels"] / f"{case}.nii.gz"))).shape
+        assert (probs.shape[1:] == file_reversed) == (reader == "NibabelIO")
+        assert len(set(props["spacing"])) == 3
         ev.add_case(case, torch.from_numpy(probs), torch.from_numpy(label[0].astype(np.int64)), props["spacing"],
                     prediction=torch.from_numpy(seg[0].astype(np.int64)))
     expected = json.loads(json.dumps(ev.summary()))

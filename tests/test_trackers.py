@@ -15,12 +15,20 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, TINY_2D, compose_config, run_cli
+from tests.conftest import ROOT, TINY_2D, compose_config, require, run_cli
 
-mlflow_missing = importlib.util.find_spec("mlflow") is None
-wandb_missing = importlib.util.find_spec("wandb") is None
-needs_both = pytest.mark.skipif(mlflow_missing or wandb_missing, reason="needs the mlflow and wandb extras "
-                                "(pip install -e '.[test]')")
+
+@pytest.fixture(scope="module")
+def mlflow_installed():
+    require("mlflow", "the tracker tests log into MLflow's own store (the test extra)")
+
+
+@pytest.fixture(scope="module")
+def both_installed(mlflow_installed):
+    require("wandb", "the tracker tests log into wandb's offline run (the test extra)")
+
+
+needs_both = pytest.mark.usefixtures("both_installed")
 ALL = "logger=[tensorboard,csv,mlflow,wandb]"
 
 
@@ -30,11 +38,9 @@ def store(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="module")
-def logged(tmp_path_factory, store):
+def logged(tmp_path_factory, store, both_installed):
     """A tiny run with every tracker on: killed in its second (last) epoch's validation, resumed, then
     re-evaluated on its validation split. Returns the run folder."""
-    if mlflow_missing or wandb_missing:
-        pytest.skip("needs the mlflow and wandb extras")
     from mcseg.evaluate import evaluate
     from mcseg.train import train
     from mcseg.training.trainer import Trainer
@@ -220,7 +226,7 @@ def test_a_tracker_that_fails_warns_once_and_the_run_goes_on(tmp_path, caplog):
     reset_failures()
 
 
-@pytest.mark.skipif(mlflow_missing, reason="needs the mlflow extra")
+@pytest.mark.usefixtures("mlflow_installed")
 def test_a_store_that_cannot_be_opened_is_recorded_in_the_runs_status(tmp_path, caplog, monkeypatch):
     """A real failure at start (the store's folder cannot be made: a file is in its way): the run completes,
     the CSV tracker beside it logs everything, and status.json names the tracker and the error."""

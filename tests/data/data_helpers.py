@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import torch
 
 # A tiny network and run: a few samples of everything (as TINY_2D in tests/conftest.py).
@@ -10,17 +9,6 @@ TINY_RUN = [
     "debug=fast", "logger.images=1", "model.channels=[8,16,32]", "model.strides=[2,2]", "model.num_res_units=1",
     "trainer.max_epochs=1", "trainer.device=cpu", "inference.overlap=0.25",
 ]
-
-
-def evaluator_available() -> bool:
-    try:
-        import mcseg.evaluation.evaluator  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-needs_engine = pytest.mark.skipif(not evaluator_available(), reason="mcseg.evaluation.evaluator is not there yet")
 
 
 def perfect_probabilities(label: np.ndarray, num_classes: int, multilabel: bool) -> torch.Tensor:

@@ -4,6 +4,8 @@ soft targets in one line naming the loss and the targets it accepts. Focal and S
 target too, so on the rater mean they are the mean of the raters' losses."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -94,8 +96,37 @@ def test_dice_semimetric_and_ace_take_soft_targets():
     for binning in ("hard", "soft"):
         ace = L1ACELoss(binning=binning, lambda_ce=0.5)
         assert ace(logits, onehot).item() == pytest.approx(ace(logits, raters[0]).item(), rel=1e-12)
-        assert torch.isfinite(ace(logits, q))
     with_dice = L1ACELoss(lambda_dice=0.5)
     assert not with_dice.soft_targets
     with pytest.raises(ValueError, match=r"^loss L1ACELoss with lambda_dice > 0 \(its soft Dice term\) needs a hard"):
         with_dice(logits, q)
+
+
+# Two classes, three voxels: p1 = .8 .3 .9 against the rater mean q1 = .5 .25 1 (p0 = 1 - p1, q0 = 1 - q1), two bins.
+ACE_P1, ACE_Q1 = [0.8, 0.3, 0.9], [0.5, 0.25, 1.0]
+# CE on the rater mean: -(1/3) sum_v sum_c q_c log p_c
+ACE_CE = -sum(q * math.log(p) + (1 - q) * math.log(1 - p) for p, q in zip(ACE_P1, ACE_Q1)) / 3
+
+
+@pytest.mark.parametrize("binning,ace", [
+    # hard bins (0, .5], (.5, 1]: class 1: bin 0 {.3}: |.3 - .25|; bin 1 {.8, .9}: |.85 - .75|; mean .075;
+    # class 0 (p0 = .2 .7 .1, q0 = .5 .75 0): bin 0 {.2, .1}: |.15 - .25|; bin 1 {.7}: |.7 - .75|; mean .075
+    ("hard", 0.075),
+    # soft: centres .25, .75; a voxel below the first or above the last gives its whole weight to that end bin,
+    # between them (p - .25) / .5 to the upper one. Class 1: .3 puts .9 in bin 0 (alone: |.3 - .25| = .05) and .1
+    # in bin 1, with .8 and .9 (weights 1, .1, 1: |(.8 + .03 + .9) - (.5 + .025 + 1)| / 2.1 = .205 / 2.1);
+    # class 0 mirrors it (.7 puts .9 in bin 1, alone; .2 and .1 whole in bin 0): the same two gaps
+    ("soft", (0.05 + 0.205 / 2.1) / 2),
+])
+def test_ml1_ace_on_the_rater_mean_by_hand(binning, ace):
+    from mcseg.losses import L1ACELoss
+
+    p1 = torch.tensor(ACE_P1, dtype=torch.float64)
+    # 1 x 2 x 1 x 3 logits whose softmax is (1 - p1, p1)
+    logits = torch.stack([torch.zeros(3, dtype=torch.float64), torch.log(p1 / (1 - p1))])[None, :, None]
+    q1 = torch.tensor(ACE_Q1, dtype=torch.float64)
+    q = torch.stack([1 - q1, q1])[None, :, None]
+    loss = L1ACELoss(binning=binning, num_bins=2, lambda_ace=1.0, lambda_ce=0.0)
+    assert loss(logits, q).item() == pytest.approx(ace, rel=1e-6)
+    assert L1ACELoss(binning=binning, num_bins=2)(logits, q).item() == pytest.approx(0.5 * ace + 0.5 * ACE_CE,
+                                                                                       rel=1e-6)

@@ -144,12 +144,40 @@ def test_curvas2024_crop_takes_the_ct(tmp_path):
     assert row["raters/volume_crps/a"] != pytest.approx(volume_crps(probs, raters, 1e-3)["volume_crps"][1])
 
 
+def test_curvas2025_crop_is_the_raters_box_widened_by_20_voxels():
+    """A binary case whose raters mark a 3-voxel box in a 60-voxel axis: CURVAS 2025 scores (min - 20):(max + 20)
+    of it: along that axis 19:61, voxels 19 to 59; across it -19:21, every voxel (a start of -19 counts from the
+    end of 3 and stops at 0)."""
+    g = torch.Generator().manual_seed(4)
+    raters = torch.zeros(3, 60, 3, 3, dtype=torch.long)
+    raters[:, 39:42, 1, 1] = 1
+    raters[1, 40, 1, 1] = 0
+    probs = torch.softmax(torch.randn(2, 60, 3, 3, generator=g) * 2, 0)
+    evaluator = Evaluator(2, ["background", "a"], EvalProtocol(bootstrap_samples=0, rater_crop="curvas2025"))
+    row = evaluator.add_case("c", probs, raters[0], (1.0, 1.0, 1.0), raters=raters)
+    box = (slice(19, 61), slice(-19, 21), slice(-19, 21))
+    assert probs[(slice(None), *box)].shape == (2, 41, 3, 3)
+    expected = curvas_ece(probs, raters, edition=2025, crop=box)["ece_rater_mean"]
+    assert row["raters/ece_curvas_rater_mean"] == pytest.approx(expected, rel=1e-12)
+    for other in (10, 30):  # another margin would score other voxels
+        widened = (slice(39 - other, 41 + other), *[slice(1 - other, 1 + other)] * 2)
+        assert expected != pytest.approx(curvas_ece(probs, raters, edition=2025, crop=widened)["ece_rater_mean"])
+
+
 def test_bad_thresholds_and_multilabel_are_refused():
     probs, raters, _ = _case(0)
     evaluator = Evaluator(3, ["background", "a", "b"], EvalProtocol(bootstrap_samples=0, rater_thresholds=[0.0]))
     with pytest.raises(ValueError, match=r"evaluation.rater_thresholds=\[0.0\]"):
         evaluator.add_case("c", probs, raters[0], (1.0, 1.0, 1.0), raters=raters)
     assert evaluator.n_cases == 0
+    # a multi-label (region) task: sigmoids per region, not one softmax the raters' classes can be read from
+    regions = torch.stack([raters[0] > 0, raters[0] == 2]).long()
+    multilabel = Evaluator(2, ["whole", "b"], EvalProtocol(bootstrap_samples=0), multilabel=True)
+    with pytest.raises(ValueError, match="^case m: figures against several raters need softmax probabilities$"):
+        multilabel.add_case("m", probs[1:], regions, (1.0, 1.0, 1.0), raters=raters)
+    assert multilabel.n_cases == 0
+    multilabel.add_case("m", probs[1:], regions, (1.0, 1.0, 1.0))  # the same case without raters is scored
+    assert multilabel.n_cases == 1
 
 
 @pytest.mark.slow

@@ -107,6 +107,15 @@ def test_soft_calibration_by_hand():
     assert v["brier_mean"] == pytest.approx(((0.3 ** 2) * 2 + (0.3 ** 2) * 2) / 2)
 
 
+def test_soft_nll_floors_a_probability_of_zero():
+    # voxel 1: p = (1, 0), raters 0 and 1 (m = .5 .5): -.5 log 1 - .5 log 1e-12; voxel 2: p = (0, 1), both raters 1
+    # (m = 0 1): the class of p = 0 has m = 0 and adds nothing (0 log 0 = NaN without the floor)
+    probs = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    raters = torch.tensor([[0, 1], [1, 1]])
+    v = soft_calibration(probs, raters).values()
+    assert v["nll_mean"] == pytest.approx(0.5 * -math.log(1e-12) / 2, rel=1e-12)
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_soft_calibration_with_one_rater_is_the_usual_calibration(seed):
     probs, raters = _random_case(seed, k=1)
@@ -166,8 +175,9 @@ def test_curvas_crops():
     raters = torch.zeros(2, 30, 8, 8, dtype=torch.long)
     raters[0, 25, 3, 4] = 1
     raters[1, 5, 3, 4] = 1
-    box = curvas2025_crop(raters, margin=20)
+    box = curvas2025_crop(raters)  # the evaluator relies on the default: CURVAS 2025's margin of 20 voxels
     assert box == (slice(-15, 45), slice(-17, 23), slice(-16, 24))
+    assert curvas2025_crop(raters, margin=2) == (slice(3, 27), slice(1, 5), slice(2, 6))
     # -15 wraps to 15 (only the last 15 slices), -17 before the start of 8 clamps to 0: as numpy slices
     assert raters[0][box].shape == (15, 8, 8) == raters[0].numpy()[box].shape
     with pytest.raises(ValueError, match="every rater's map is empty"):
