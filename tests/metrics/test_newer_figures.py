@@ -13,9 +13,10 @@ from mcseg.metrics.binning import bin_index, bin_sums
 from mcseg.metrics.risk_coverage import (achievable_aurc, area_ci, augrc, aurc, eaugrc, optimal_augrc,
                                          risk_coverage)
 from mcseg.metrics.smooth_ece import SmoothSums, smooth_ece, smooth_ece_sigma, smooth_sums
+from tests.conftest import require
 from tests.metrics import fd_shifts_reference as fds
 
-relplot = pytest.importorskip("relplot")  # in the test extra; tests/conftest.py turns a skip into an error under CI
+relplot = require("relplot", "the smooth ECE authors' package, the reference of these tests (the test extra)")
 
 
 def _points(regime: str, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
