@@ -1,0 +1,38 @@
+"""Issue #43 section 3, config errors a new user met: a value of the wrong type for a ``_target_``'s parameter
+(``optim.lr=abc``, ``model.channels=16``) and a rater target on a dataset without raters are refused at start,
+in one line naming the key and what was expected, not by a torch or MONAI traceback an epoch later."""
+from __future__ import annotations
+
+import pytest
+
+from mcseg.config import validate_train_config
+from mcseg.errors import ConfigError
+
+from .conftest import TINY_2D, run_cli
+
+
+@pytest.mark.parametrize("override,expected", [
+    ("optim.lr=abc", r"config key 'optim.lr'=.abc.: expected a number"),
+    ("optim.lr=[0.1]", r"config key 'optim.lr'=\[0.1\]: expected a number"),
+    ("model.channels=16", r"config key 'model.channels'=16: expected a list of integers"),
+    ("model.strides=[2,x]", r"config key 'model.strides'=\[2, 'x'\]: expected a list of integers"),
+    ("loss.ignore_index=abc", r"config key 'loss.ignore_index'=.abc.: expected an integer"),
+])
+def test_a_value_of_the_wrong_type_for_a_target_is_named_at_start(make_cfg, override, expected):
+    cfg = make_cfg(TINY_2D + [override])
+    with pytest.raises(ConfigError, match=expected):
+        validate_train_config(cfg)
+
+
+@pytest.mark.parametrize("override", ["optim.lr=1", "optim.lr=0.01", "model.channels=[4,8,16]", "optim=sgd",
+                                      "loss=margin", "loss.ignore_index=null"])
+def test_values_of_the_right_type_pass(make_cfg, override):
+    validate_train_config(make_cfg(TINY_2D + [override]))
+
+
+def test_a_wrong_type_ends_the_cli_in_one_line_naming_the_key(tmp_path):
+    done = run_cli("train.py", TINY_2D + ["optim.lr=abc", f"hydra.run.dir={tmp_path / 'run'}"])
+    assert done.returncode != 0
+    message = done.stderr + done.stdout
+    assert "config key 'optim.lr'='abc': expected a number" in message
+    assert "Traceback" not in message
