@@ -36,3 +36,35 @@ def test_a_wrong_type_ends_the_cli_in_one_line_naming_the_key(tmp_path):
     message = done.stderr + done.stdout
     assert "config key 'optim.lr'='abc': expected a number" in message
     assert "Traceback" not in message
+
+
+@pytest.mark.parametrize("target", ["mean", "staple", "random", "seg01", "majorty"])
+def test_a_rater_target_on_a_dataset_without_raters_is_refused_at_start(make_cfg, tmp_path, monkeypatch, target):
+    """``dataset.raters.target=mean`` (or a misspelt target) on single-rater data trained bitwise the plain run and
+    showed in the report as another configuration; now refused before training, naming the key."""
+    from mcseg.train import train
+
+    from .fake_datasets import write_msd
+    from .test_bad_input import MSD_TINY
+
+    monkeypatch.setenv("MCSEG_CACHE_DIR", str(tmp_path / "cache"))
+    root = write_msd(tmp_path / "msd", n_cases=4)
+    cfg = make_cfg(MSD_TINY + [f"dataset.root={root}", f"dataset.raters.target={target}", "trainer.device=cpu",
+                               "loss=margin"])
+    with pytest.raises(ConfigError, match=rf"config key 'dataset.raters.target'={target}: .* no case .* several "
+                                          r"raters.*majority"):
+        train(cfg)
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_the_default_rater_target_on_a_dataset_without_raters_is_no_error(make_cfg, tmp_path, monkeypatch):
+    from mcseg.data.build import build_dataset, check_run_inputs, resolve_split
+
+    from .fake_datasets import write_msd
+    from .test_bad_input import MSD_TINY
+
+    monkeypatch.setenv("MCSEG_CACHE_DIR", str(tmp_path / "cache"))
+    root = write_msd(tmp_path / "msd", n_cases=4)
+    cfg = make_cfg(MSD_TINY + [f"dataset.root={root}", "dataset.raters.target=majority"])
+    dataset = build_dataset(cfg.dataset)
+    check_run_inputs(cfg, dataset, resolve_split(dataset, cfg.dataset, tmp_path))
