@@ -40,6 +40,17 @@ def rater_config(node: Mapping | None) -> dict:
     return {"target": target}
 
 
+def check_target_has_raters(target: str, refs: Sequence, dataset_name: str) -> None:
+    """A rater target other than the default (``majority``, which is a single-rater case's own label) needs cases
+    with several raters: on a dataset without them it would train the plain run under another name."""
+    from mcseg.errors import ConfigError
+
+    if target != "majority" and not any(getattr(r, "raters", None) for r in refs):
+        raise ConfigError(f"config key 'dataset.raters.target'={target}: dataset {dataset_name} has no case with "
+                          "several raters (one label per case), so there is no rater to choose or average; leave "
+                          "the key at its default, majority, which is each case's own label")
+
+
 def majority_vote(raters: np.ndarray, num_classes: int) -> np.ndarray:
     """``K x *S`` label maps to the ``*S`` map of the most frequent class per voxel (ties: lowest class)."""
     raters = np.asarray(raters)
