@@ -1,0 +1,59 @@
+"""Issue #43 section 3: what the report compares. Rows scored against different references (runs trained on
+different rater targets: each one's single-label columns are scored against its own target's label) are never
+selected or tested against each other; folder evaluations are told apart by their whole reference folder, and of
+two evaluations of one prediction folder the one of its current files is reported."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from mcseg.report.collect import collect_runs
+from mcseg.report.table import build_rows
+
+from .test_rundir import _fake_run
+
+
+def _target_run(run: Path, loss: str, seed: int, dice: float, score: float, target: str | None,
+                recorded: bool = True) -> None:
+    """A run of ``loss`` trained on ``dataset.raters.target=<target>`` (None: the default), given on the command
+    line; ``recorded``: its evaluation's provenance names the target (evaluations of older versions do not)."""
+    _fake_run(run, "qubiq", loss, seed, dice, score)
+    overrides = [f"loss={loss}"] + ([f"dataset.raters.target={target}"] if target else [])
+    result = json.loads((run / "result.json").read_text())
+    result["run"].update(configuration=" ".join(sorted(overrides)), overrides=overrides)
+    (run / "result.json").write_text(json.dumps(result))
+    if recorded:
+        summary_path = run / "eval/test/summary.json"
+        summary = json.loads(summary_path.read_text())
+        summary["provenance"] = {"dataset": {"name": "qubiq", "raters_target": target or "majority"}}
+        summary_path.write_text(json.dumps(summary))
+    per_case = run / "eval/test/per_case.csv"  # per-case values that differ, so a test has something to test
+    per_case.write_text("case,class,dice,hd95_mm,ece,classwise_ece\n"
+                        + "".join(f"c{i},1,{dice + 0.01 * i * (seed + 1)},1.0,0.1,0.1\n" for i in range(6)))
+
+
+def test_rows_trained_on_different_rater_targets_are_never_compared(tmp_path):
+    """The runs trained on one rater (eroded, staple) were selected and Wilcoxon-tested beside those trained on
+    the majority, each scored against its own target's label: the ranking came out reversed. Runs whose label is
+    the majority (majority, mean, random) stay comparable."""
+    for seed in (0, 1):
+        _target_run(tmp_path / f"ce{seed}", "ce", seed, 0.80, 0.50, None)
+        _target_run(tmp_path / f"maj{seed}", "margin", seed, 0.81, 0.51, "majority")
+        _target_run(tmp_path / f"mean{seed}", "margin", seed, 0.82, 0.52, "mean")
+        _target_run(tmp_path / f"eroded{seed}", "margin", seed, 0.90, 0.90, "eroded")
+        _target_run(tmp_path / f"staple{seed}", "margin", seed, 0.70, 0.95, "staple", recorded=False)
+    rows = build_rows(collect_runs([tmp_path]), baseline="ce", n_boot=10)
+    by = {(r.loss_name, r.configuration): r for r in rows}
+    plain = by["ce", "loss=ce"].dataset
+    assert by["margin", "dataset.raters.target=mean loss=margin"].dataset == plain
+    assert by["margin", "dataset.raters.target=majority loss=margin"].dataset == plain
+    eroded = by["margin", "dataset.raters.target=eroded loss=margin"]
+    staple = by["margin", "dataset.raters.target=staple loss=margin"]  # told by its overrides alone
+    assert len({plain, eroded.dataset, staple.dataset}) == 3
+    assert "eroded" in eroded.dataset and "staple" in staple.dataset
+    # selection and tests per reference: the majority's margin row is selected by its own validation, the
+    # rows scored against another label are selected alone and tested against no baseline of another label
+    assert by["margin", "dataset.raters.target=mean loss=margin"].selected
+    assert eroded.selected and staple.selected
+    assert eroded.cells["dice"].p_vs_baseline is None and staple.cells["dice"].p_vs_baseline is None
+    assert by["margin", "dataset.raters.target=mean loss=margin"].cells["dice"].p_vs_baseline is not None
