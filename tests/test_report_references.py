@@ -57,3 +57,15 @@ def test_rows_trained_on_different_rater_targets_are_never_compared(tmp_path):
     assert eroded.selected and staple.selected
     assert eroded.cells["dice"].p_vs_baseline is None and staple.cells["dice"].p_vs_baseline is None
     assert by["margin", "dataset.raters.target=mean loss=margin"].cells["dice"].p_vs_baseline is not None
+
+
+def test_every_evaluation_records_the_rater_target_it_scored(make_cfg, tmp_path):
+    """The report reads the target from the evaluation's provenance (``dataset``, from ``dataset_identity``)."""
+    from mcseg.data.build import build_dataset
+    from mcseg.evaluation.provenance import dataset_identity
+
+    from .fake_datasets import write_qubiq
+
+    root = write_qubiq(tmp_path / "qubiq", n_train=2, n_val=1)
+    cfg = make_cfg(["dataset=qubiq", f"dataset.root={root}", "dataset.raters.target=staple"])
+    assert dataset_identity(build_dataset(cfg.dataset), [])["raters_target"] == "staple"

@@ -40,6 +40,12 @@ def rater_config(node: Mapping | None) -> dict:
     return {"target": target}
 
 
+def scored_reference(target: str) -> str:
+    """The hard label a run trained on ``dataset.raters.target=<target>`` is scored against in its single-label
+    figures: the majority vote for ``majority``, ``random`` and ``mean``; the STAPLE consensus; a rater's map."""
+    return "majority" if target in ("majority", "random", "mean") else target
+
+
 def check_target_has_raters(target: str, refs: Sequence, dataset_name: str) -> None:
     """A rater target other than the default (``majority``, which is a single-rater case's own label) needs cases
     with several raters: on a dataset without them it would train the plain run under another name."""

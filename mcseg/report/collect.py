@@ -18,6 +18,7 @@ from pathlib import Path
 
 import yaml
 
+from mcseg.data.raters import scored_reference
 from mcseg.evaluation.raters import CASE_FIGURES, FOREGROUND_FIGURES
 from mcseg.evaluation.shift import SUMMARY_FILE as SHIFT_SUMMARY
 from mcseg.metrics.statistics import nanmean
@@ -149,6 +150,7 @@ def read_run(run_dir: Path, split: str = "test") -> RunRecord | None:
         log.warning("%s: evaluates %s, not the run's selected checkpoint; not reported", eval_dir,
                     summary["provenance"]["checkpoint"].get("path"))
         summary = None
+    keep_apart(record, _scored_reference(identity, summary))
     if summary is not None:
         record.summaries[""] = summary
         record.per_case[""] = read_per_case(eval_dir / "per_case.csv")
@@ -167,6 +169,24 @@ def read_run(run_dir: Path, split: str = "test") -> RunRecord | None:
             if (shift := _read_json(folder.parent / SHIFT_SUMMARY)) is not None:
                 record.shift[tag] = shift
     return record
+
+
+def _scored_reference(identity: dict, summary: dict | None) -> str:
+    """The hard label a run's single-label figures are scored against (:func:`mcseg.data.raters.scored_reference`
+    of its ``dataset.raters.target``): as its evaluation records it, else (evaluations of older versions) as its
+    overrides set it; ``majority`` (also a single-rater case's own label) by default."""
+    recorded = (((summary or {}).get("provenance") or {}).get("dataset") or {}).get("raters_target")
+    given = [o.split("=", 1)[1] for o in identity.get("overrides") or []
+             if o.lstrip("+~").startswith("dataset.raters.target=")]
+    return scored_reference(str(recorded or (given[-1] if given else "majority")))
+
+
+def keep_apart(record: RunRecord, reference: str) -> None:
+    """A run scored against another label than the majority (trained on one rater, or STAPLE) is of a dataset of
+    its own in the report: its rows are never selected or tested beside rows scored against another label."""
+    if reference != "majority":
+        record.dataset = f"{record.dataset} [against {reference}]"
+        record.dataset_key = f"{record.dataset_key} [against {reference}]"
 
 
 @dataclass
