@@ -69,3 +69,67 @@ def test_every_evaluation_records_the_rater_target_it_scored(make_cfg, tmp_path)
     root = write_qubiq(tmp_path / "qubiq", n_train=2, n_val=1)
     cfg = make_cfg(["dataset=qubiq", f"dataset.root={root}", "dataset.raters.target=staple"])
     assert dataset_identity(build_dataset(cfg.dataset), [])["raters_target"] == "staple"
+
+
+def _labels_pair(tmp_path: Path) -> tuple[Path, Path]:
+    """Two reference folders of one name (``labels``) under paths that share their start, of other content."""
+    import shutil
+
+    import nibabel as nib
+    import numpy as np
+
+    from .test_monai_folders import _labels
+
+    first = _labels(tmp_path / "ref_a" / "labels", (11, 9, 6))
+    second = shutil.copytree(first, tmp_path / "ref_b" / "labels")
+    img = nib.load(str(second / "case_0.nii.gz"))
+    label = np.asarray(img.dataobj).copy()
+    label[label == 2] = 1  # another reference: case_0 without its inner class
+    nib.save(nib.Nifti1Image(label, img.affine), str(second / "case_0.nii.gz"))
+    return first, second
+
+
+FAST = ["--bootstrap-samples", "0", "--no-failure-detection", "--no-figures"]
+
+
+def test_folder_evaluations_against_two_references_of_one_name_are_two_datasets(tmp_path):
+    """The report labelled a folder evaluation's dataset by the first 8 characters of its reference's absolute
+    path: two references merged into one dataset (selection and tests across them)."""
+    from mcseg.evaluate_folder import main as evaluate_folder
+    from mcseg.report.collect import collect_folder_evaluations
+
+    from .tool_outputs import make_monai
+
+    first, second = _labels_pair(tmp_path)
+    pred = make_monai(tmp_path / "pred", first)
+    assert evaluate_folder([str(pred), str(first), "-o", str(tmp_path / "evals/a"), *FAST]) == 0
+    assert evaluate_folder([str(pred), str(second), "-o", str(tmp_path / "evals/b"), *FAST]) == 0
+    rows = build_rows(collect_folder_evaluations([tmp_path / "evals"]), baseline=None, n_boot=10)
+    assert len(rows) == 2 and len({r.dataset for r in rows}) == 2
+    assert all(r.dataset.startswith("ref_a/labels") or r.dataset.startswith("ref_b/labels") for r in rows)
+
+
+def test_of_two_evaluations_of_one_folder_the_one_of_its_current_files_is_reported(tmp_path, caplog):
+    """A calibrated folder evaluated, its files then replaced (calibrated again) and evaluated again: the report
+    kept the stale evaluation and dropped the current one as a duplicate seed."""
+    import logging
+
+    from mcseg.evaluate_folder import main as evaluate_folder
+    from mcseg.report.collect import collect_folder_evaluations
+
+    from .tool_outputs import make_monai
+
+    labels, _ = _labels_pair(tmp_path)
+    pred = make_monai(tmp_path / "calibrated", labels, seed=0)
+    assert evaluate_folder([str(pred), str(labels), "-o", str(tmp_path / "evals/e1"), *FAST]) == 0
+    make_monai(pred, labels, noise=3.0, seed=1)  # the folder's files replaced by other probabilities
+    assert evaluate_folder([str(pred), str(labels), "-o", str(tmp_path / "evals/e2"), *FAST]) == 0
+    current = json.loads((tmp_path / "evals/e2/summary.json").read_text())
+    stale = json.loads((tmp_path / "evals/e1/summary.json").read_text())
+    assert current["mean_ece"] != stale["mean_ece"]
+    with caplog.at_level(logging.WARNING):
+        records = collect_folder_evaluations([tmp_path / "evals"])
+    rows = build_rows(records, baseline=None, n_boot=10)
+    assert len(rows) == 1 and [r.path.name for r in rows[0].runs] == ["e2"]
+    assert rows[0].cells["ece"].mean == current["mean_ece"]
+    assert any("evals/e1" in r.message and "no longer hold" in r.message for r in caplog.records)
