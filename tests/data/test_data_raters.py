@@ -302,3 +302,25 @@ def test_a_rater_trained_checkpoint_scored_on_a_single_rater_copy_of_its_cases_w
     seen = summary["provenance"]["seen_in_training"]
     assert seen.get("train") == {case: case for case in trained}
     assert any("are, by content, cases of" in r.getMessage() for r in caplog.records)
+
+
+def test_a_case_with_raters_and_its_single_rater_copy_share_their_images_fingerprint(make_cfg, downloads, tmp_path,
+                                                                                     monkeypatch):
+    """What the evaluation compares (the slow test above runs the whole chain): a checkpoint's recorded ``inputs``
+    against the scored cases' images; the content fingerprints, which cover every rater, stay apart."""
+    from pathlib import Path
+
+    from mcseg.evaluation.checkpoint import scored_content
+
+    monkeypatch.setenv("MCSEG_CACHE_DIR", str(tmp_path / "cache"))
+    raters = _dataset(make_cfg, "nnunet", downloads["nnunet"])
+    single = build(make_cfg, ["dataset=nnunet", f"dataset.root={_single_rater_copy(downloads['nnunet'], tmp_path / 's')}"])[0]
+    rater_refs, single_refs = raters.case_refs(), single.case_refs()
+    assert all(r.raters for r in rater_refs) and not any(r.raters for r in single_refs)
+    split = {"train": rater_refs[:2], "val": rater_refs[2:3], "test": rater_refs[3:]}
+    state = {"content": split_fingerprints(raters, split), "inputs": split_fingerprints(raters, split, inputs=True)}
+    assert split_fingerprints(single, {"all": single_refs})["all"] != \
+        {c: fp for part in state["content"].values() for c, fp in part.items()}
+    seen, _, _ = scored_content(Path("best.pt"), state, single, single_refs, None)
+    assert seen == {"train": {r.case_id: r.case_id for r in rater_refs[:2]}, "val": {rater_refs[2].case_id:
+                                                                                     rater_refs[2].case_id}}
