@@ -24,6 +24,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from mcseg.errors import ConfigError
+
 RATER_KEYS = ("target",)
 TARGETS = ("majority", "staple", "random", "mean")  # or a rater's name
 
@@ -49,8 +51,6 @@ def scored_reference(target: str) -> str:
 def check_target_has_raters(target: str, refs: Sequence, dataset_name: str) -> None:
     """A rater target other than the default (``majority``, which is a single-rater case's own label) needs cases
     with several raters: on a dataset without them it would train the plain run under another name."""
-    from mcseg.errors import ConfigError
-
     if target != "majority" and not any(getattr(r, "raters", None) for r in refs):
         raise ConfigError(f"config key 'dataset.raters.target'={target}: dataset {dataset_name} has no case with "
                           "several raters (one label per case), so there is no rater to choose or average; leave "
