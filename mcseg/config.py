@@ -18,7 +18,7 @@ import types
 import typing
 from collections import abc
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -267,6 +267,8 @@ def fits(value: Any, hint: Any) -> bool:
     if isinstance(hint, type) and hint is not object:
         if issubclass(hint, enum.Enum):
             return isinstance(value, (str, int)) and not isinstance(value, bool)
+        if issubclass(hint, PurePath):
+            return isinstance(value, str)
         return isinstance(value, (hint, dict))  # a dict: a node instantiated before the call
     return True
 
