@@ -221,3 +221,64 @@ def test_calibrated_files_of_nnunets_reorienting_readers_keep_the_files_orientat
         theirs = labels.convert_probabilities_to_segmentation(np.load(out / f"{case}.npz")["probabilities"])
         np.testing.assert_array_equal(seg[0], theirs)
     assert evaluate([str(out), str(folders["raw"]), "-o", str(tmp_path / "e"), *FAST]) == 0
+
+
+def _mcseg_predictions(root, cases: dict[str, list[int]], seed: int = 3):
+    """A labels folder of 4 cases and mcseg prediction folders (``<case>_probs`` and ``<case>``) holding the
+    cases ``cases`` names (folder name -> case numbers), over-confident."""
+    import nibabel as nib
+
+    from tests.test_monai_folders import AFFINE, _labels
+
+    labels = _labels(root / "labels", (11, 9, 6), n=4)
+    g = torch.Generator().manual_seed(seed)
+    folders = {}
+    for name, numbers in cases.items():
+        pred = folders[name] = root / name
+        pred.mkdir()
+        for i in numbers:
+            label = torch.from_numpy(np.asarray(nib.load(str(labels / f"case_{i}.nii.gz")).dataobj).astype(np.int64))
+            probs = torch.softmax(torch.nn.functional.one_hot(label, 3).movedim(-1, 0) * 4.0
+                                  + torch.randn(3, *label.shape, generator=g) * 3, 0)
+            nib.save(nib.Nifti1Image(np.moveaxis(probs.numpy(), 0, -1), AFFINE), str(pred / f"case_{i}_probs.nii.gz"))
+            nib.save(nib.Nifti1Image(probs.argmax(0).numpy().astype(np.uint8), AFFINE), str(pred / f"case_{i}.nii.gz"))
+    return labels, folders
+
+
+def _snapshot(folder):
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_calibrate_folder_never_replaces_a_result_unless_asked_nor_writes_into_another_tools_folder(tmp_path,
+                                                                                                      capsys):
+    """Issue #43 section 3: -o onto another tool's folder overwrote its files (exit 0); a rerun with another
+    scaler replaced the calibrated files while calibration.json kept both fits without saying which they carry."""
+    labels, f = _mcseg_predictions(tmp_path, {"val": [0, 1], "test": [2, 3], "other": [2, 3]})
+    common = ["--fit", str(f["val"]), "--reference", str(labels), "--apply", str(f["test"])]
+    # another tool's predictions (here mcseg's own <case>_probs of another model) and an evaluation's folder
+    assert evaluate([str(f["other"]), str(labels), "-o", str(tmp_path / "evaluation"), "--allow-missing", *FAST]) == 0
+    for target, held in ((f["other"], "predictions"), (tmp_path / "evaluation", "evaluation")):
+        before = _snapshot(target)
+        assert calibrate([*common, "-o", str(target)]) == 2
+        err = capsys.readouterr().err
+        assert f"-o {target}" in err and held in err and "a new folder" in err and len(err.splitlines()) == 1, err
+        assert _snapshot(target) == before
+    out = tmp_path / "calibrated"
+    assert calibrate([*common, "-o", str(out)]) == 0
+    first = _snapshot(out)
+    # a second calibration into the same folder: refused, untouched; replaced with --overwrite
+    again = [*common, "-o", str(out), "--scaler", "vector", "--voxels", "all"]
+    assert calibrate(again) == 2
+    err = capsys.readouterr().err
+    assert "--overwrite" in err and str(out) in err and len(err.splitlines()) == 1, err
+    assert _snapshot(out) == first
+    assert calibrate([*again, "--overwrite"]) == 0
+    stored = json.loads((out / "calibration.json").read_text())
+    (key, fit), = stored["fits"].items()  # the fit the files carry, alone
+    assert list(fit["scalers"]) == ["vector"]
+    assert stored["applied"]["fit"] == key and stored["applied"]["scaler"] == "vector"
+    assert stored["applied"]["to"] == str(f["test"].resolve())
+    replaced, = stored["replaced"]  # the earlier fit, said to be replaced
+    assert list(replaced["scalers"]) == ["temperature"] and replaced["applied"]["scaler"] == "temperature"
+    assert _snapshot(out)[__import__("pathlib").Path("case_2_probs.nii.gz")] != first[
+        __import__("pathlib").Path("case_2_probs.nii.gz")]

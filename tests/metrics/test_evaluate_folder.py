@@ -156,3 +156,31 @@ def test_real_hippocampus_cases(hippocampus_root, tmp_path):
     with open(preds / "eval/per_case.csv") as f:
         for row in csv.DictReader(f):
             assert float(row["hd95_mm"]) == pytest.approx(expected[row["case"]][int(row["class_index"]) - 1], rel=1e-6)
+
+
+def _snapshot(folder):
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_an_evaluation_is_never_replaced_unless_asked_nor_written_into_a_prediction_folder(folders, tmp_path,
+                                                                                           capsys):
+    """Issue #43 section 3: -o into an existing evaluation silently replaced all its files."""
+    dirs, _ = folders
+    args = [str(dirs["preds"]), str(dirs["labels"]), "--probs", str(dirs["probs"]), "--num-classes", "3",
+            "--bootstrap-samples", "0", "--no-figures"]
+    out = tmp_path / "out"
+    assert main([*args, "-o", str(out)]) == 0
+    capsys.readouterr()
+    first = _snapshot(out)
+    assert main([*args, "-o", str(out), "--region", "all"]) == 2
+    err = capsys.readouterr().err
+    assert f"-o {out}" in err and "evaluation" in err and "--overwrite" in err and len(err.splitlines()) == 1, err
+    assert _snapshot(out) == first
+    assert main([*args, "-o", str(out), "--region", "all", "--overwrite"]) == 0
+    assert json.loads((out / "summary.json").read_text())["protocol"]["region"] == "all"
+    # a folder of predictions (the probability maps) is never an evaluation's folder, even with --overwrite
+    before = _snapshot(dirs["probs"])
+    assert main([*args, "-o", str(dirs["probs"]), "--overwrite"]) == 2
+    err = capsys.readouterr().err
+    assert f"-o {dirs['probs']}" in err and "predictions" in err and "a new folder" in err, err
+    assert _snapshot(dirs["probs"]) == before
