@@ -18,7 +18,9 @@ from mcseg.calibration import PosthocConfig
 from mcseg.calibration.posthoc import OBJECTIVES, VOXEL_SAMPLES
 from mcseg.data.io import VolumeError
 from mcseg.evaluation.evaluator import EvalProtocol
-from mcseg.evaluation.folder_posthoc import REFUSED, calibrate_folder, fit_folders
+from mcseg.evaluation.folder_outputs import CALIBRATE_TOOL, EXIT_INTERRUPTED, FolderInterrupted, claim_output, writing
+from mcseg.evaluation.folder_posthoc import REFUSED, calibrate_folder, fit_folders, record_applied, take_over
+from mcseg.rundir import RunDirBusy
 from mcseg.evaluation.folders import FORMATS, FolderError, fold_cases, open_folder, read_reference
 from mcseg.metrics.regions import REGIONS
 
@@ -39,6 +41,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--apply", type=Path, metavar="TEST_DIR", help="the prediction folder to calibrate")
     p.add_argument("-o", "--output-dir", type=Path, required=True,
                    help="where calibration.json and the calibrated files go (never the input folders)")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier calibration in OUT_DIR (its "
+                   "calibration.json and the files it wrote; never a folder of another tool's files)")
     p.add_argument("--scaler", default="temperature", choices=[s for s in ("temperature", "vector")])
     p.add_argument("--voxels", default=posthoc.voxels, choices=VOXEL_SAMPLES,
                    help="fit voxels: the calibration region of --region (default), balanced or all")
@@ -60,6 +64,7 @@ def calibrate(args: argparse.Namespace) -> tuple[dict, list[str]]:
     inputs = [d.resolve() for d in [*args.fit, *([args.apply] if args.apply else [])]]
     if out in inputs:
         raise FolderError(f"-o {args.output_dir}: write the calibrated files to a new folder, not an input folder")
+    earlier = claim_output(args.output_dir, CALIBRATE_TOOL, args.overwrite, args.monai_postfix)
     reference = read_reference(args.reference, dataset_json=args.dataset_json)
     fit = [open_folder(d, reference.task, args.fmt, args.monai_postfix) for d in args.fit]
     if (args.splits is None) != (args.fold is None):
@@ -73,21 +78,27 @@ def calibrate(args: argparse.Namespace) -> tuple[dict, list[str]]:
     posthoc = PosthocConfig(fit=[args.scaler], apply=[args.scaler], max_voxels=args.max_voxels, seed=args.seed,
                             voxels=args.voxels, objective=args.objective)
     protocol = EvalProtocol(region=args.region, n_bins=args.n_bins)
-    record, scalers = fit_folders(fit, reference, out, [args.scaler], cases, posthoc, protocol)
-    written = []
-    if args.apply is not None:
-        target = open_folder(args.apply, reference.task, args.fmt, args.monai_postfix)
-        written = calibrate_folder(target, scalers[args.scaler], out, reference.task.multilabel)
-    return record, written
+    target = open_folder(args.apply, reference.task, args.fmt, args.monai_postfix) if args.apply else None
+    with writing(out, CALIBRATE_TOOL, {"fit": [str(d.resolve()) for d in args.fit],
+                                       "apply": str(args.apply.resolve()) if args.apply else None}):
+        replaced = take_over(out) if earlier is not None else []
+        record, scalers = fit_folders(fit, reference, out, [args.scaler], cases, posthoc, protocol)
+        files = calibrate_folder(target, scalers[args.scaler], out, reference.task.multilabel) if target else []
+        record_applied(out, record, args.scaler, target, files, record["val_cases"], replaced)
+    return record, target.cases() if target else []
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         record, written = calibrate(args)
-    except (FolderError, VolumeError, ValueError) as exc:
+    except (FolderError, VolumeError, ValueError, RunDirBusy) as exc:
         print(f"mcseg-calibrate-folder: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:
+        print(str(exc) if isinstance(exc, FolderInterrupted) else
+              "mcseg-calibrate-folder: interrupted (Ctrl-C) before anything was written", file=sys.stderr)
+        return EXIT_INTERRUPTED
     fitted = record["scalers"][args.scaler]
     values = (f"T={fitted['temperature']:.4g}" if "temperature" in fitted else
               f"w={[round(w, 4) for w in fitted['weight']]} b={[round(b, 4) for b in fitted['bias']]}")

@@ -130,7 +130,8 @@ def test_folds_validation_folders_together_and_refusals(nn, tmp_path, capsys):
     fit, = json.loads((out / "calibration.json").read_text())["fits"].values()
     assert fit["val_cases"] == sorted(c for s in splits for c in s["val"])
     # the same case in two fit folders, local temperature scaling, writing into an input folder
-    assert calibrate(["--fit", str(val), fold_dirs[0], "--reference", str(folders["raw"]), "-o", str(out)]) == 2
+    assert calibrate(["--fit", str(val), fold_dirs[0], "--reference", str(folders["raw"]), "-o",
+                      str(tmp_path / "both")]) == 2
     assert "is in both" in capsys.readouterr().err
     assert calibrate(["--fit", str(val), "--reference", str(folders["raw"]), "-o", str(test), "--apply", str(test)]) == 2
     assert "not an input folder" in capsys.readouterr().err

@@ -698,16 +698,31 @@ def read_case(folders: Sequence[PredictionFolder], reference: Reference, case: s
 
 def evaluate_folders(folders: Sequence[PredictionFolder], reference: Reference, protocol: EvalProtocol,
                      output_dir: Path, cases: Sequence[str] | None = None, allow_missing: bool = False,
-                     uncertainty_dir: Path | None = None, selection: dict | None = None) -> dict:
+                     uncertainty_dir: Path | None = None, selection: dict | None = None,
+                     overwrite: bool = False) -> dict:
     """Evaluate one prediction folder, or the ensemble of several (probabilities averaged, the members' PE / EE /
     MI maps), against ``reference`` with ``protocol``: the evaluator's files plus ``provenance.json`` (tool,
-    version where the files say it, the sha256 of every file read) and failure detection; returns the summary."""
+    version where the files say it, the sha256 of every file read) and failure detection; returns the summary.
+    ``output_dir`` follows :mod:`mcseg.evaluation.folder_outputs` (an earlier evaluation replaced only with
+    ``overwrite``; marked in status.json while written)."""
+    from mcseg.evaluation.folder_outputs import EVALUATE_TOOL, EVALUATION_FILES, claim_output, writing
+
     chosen = select_cases(folders, reference, cases, allow_missing)
-    task = reference.task
-    evaluator = Evaluator(task.channels, task.class_names, protocol, task.multilabel)
     with_probs = not isinstance(folders[0], McsegFolder) or folders[0].has_probs
     if uncertainty_dir is not None and not with_probs:
         raise FolderError("uncertainty maps (--save-uncertainty) need the probability maps (--probs)")
+    out = Path(output_dir)
+    earlier = claim_output(out, EVALUATE_TOOL, overwrite, getattr(folders[0], "postfix", "trans"))
+    record = {"predictions": [str(Path(f.path).resolve()) for f in folders], "reference": str(reference.root.resolve())}
+    with writing(out, EVALUATE_TOOL, record, EVALUATION_FILES if earlier is not None else ()):
+        return _evaluate(folders, reference, protocol, out, chosen, uncertainty_dir, selection, with_probs)
+
+
+def _evaluate(folders: Sequence[PredictionFolder], reference: Reference, protocol: EvalProtocol, out: Path,
+              chosen: list[str], uncertainty_dir: Path | None, selection: dict | None, with_probs: bool) -> dict:
+    """:func:`evaluate_folders` once its output folder is owned: read, score and write."""
+    task = reference.task
+    evaluator = Evaluator(task.channels, task.class_names, protocol, task.multilabel)
     failure = FailureDetection(MAPS) if protocol.failure_detection and with_probs else None
     inputs: list[Path] = [*reference.files, *(f for folder in folders for f in folder.config_files())]
     for case in chosen:
@@ -745,7 +760,6 @@ def evaluate_folders(folders: Sequence[PredictionFolder], reference: Reference, 
                                       "averages logits inside one predictor)"}
     if failure is not None:
         extra["failure_detection"] = failure.summary()
-    out = Path(output_dir)
     summary = evaluator.write(out, extra=extra)
     if failure is not None and failure.rows:
         write_rows(out / FAILURE_FILE, failure.rows)

@@ -57,7 +57,8 @@ def test_cli_matches_the_evaluator(folders, tmp_path, capsys):
     assert "foreground mean" in capsys.readouterr().out
     assert {p.name for p in out.iterdir()} == {"per_case.csv", "summary.json", "reliability.csv", "reliability.png",
                                                "reliability_histogram.csv", "reliability_histogram.png",
-                                               "provenance.json", "failure_per_case.csv"}
+                                               "provenance.json", "failure_per_case.csv", "status.json"}
+    assert json.loads((out / "status.json").read_text())["status"] == "completed"  # as a run's is
     assert provenance["predictions"][0]["format"] == "mcseg" and len(provenance["input_files_sha256"]) == 6
     assert 0.5 < detection["predictive_entropy"]["voxel_auroc"] <= 1
 
