@@ -283,3 +283,27 @@ def test_calibrate_folder_never_replaces_a_result_unless_asked_nor_writes_into_a
     assert list(replaced["scalers"]) == ["temperature"] and replaced["applied"]["scaler"] == "temperature"
     assert _snapshot(out)[__import__("pathlib").Path("case_2_probs.nii.gz")] != first[
         __import__("pathlib").Path("case_2_probs.nii.gz")]
+
+
+def test_the_cases_a_temperature_is_fitted_on_are_not_calibrated_for_scoring_without_a_word(tmp_path, capsys):
+    """Issue #43 section 3: --fit and --apply given the same folder fitted the temperature on the cases it then
+    scored, silently. Refused; --allow-fit-cases calibrates them with a warning, recorded in calibration.json and
+    in the provenance of the calibrated folder's evaluation."""
+    labels, f = _mcseg_predictions(tmp_path, {"val": [0, 1], "test": [1, 2, 3]})
+    for apply, named in ((f["val"], "case_0, case_1"), (f["test"], "case_1")):
+        out = tmp_path / f"out_{apply.name}"
+        assert calibrate(["--fit", str(f["val"]), "--reference", str(labels), "--apply", str(apply), "-o",
+                          str(out)]) == 2
+        err = capsys.readouterr().err
+        assert named in err and "--allow-fit-cases" in err and len(err.splitlines()) == 1, err
+        assert not out.exists()
+    out = tmp_path / "out"
+    assert calibrate(["--fit", str(f["val"]), "--reference", str(labels), "--apply", str(f["test"]), "-o", str(out),
+                      "--allow-fit-cases"]) == 0
+    assert "warning" in capsys.readouterr().out.lower()
+    assert json.loads((out / "calibration.json").read_text())["applied"]["fit_cases_calibrated"] == ["case_1"]
+    assert evaluate([str(out), str(labels), "-o", str(tmp_path / "e"), "--allow-missing", *FAST]) == 0
+    assert "case_1" in capsys.readouterr().err
+    provenance = json.loads((tmp_path / "e" / "provenance.json").read_text())
+    assert provenance["scored_fit_cases"] == ["case_1"]
+    assert any("case_1" in w for w in provenance["warnings"])
