@@ -43,6 +43,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="where calibration.json and the calibrated files go (never the input folders)")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier calibration in OUT_DIR (its "
                    "calibration.json and the files it wrote; never a folder of another tool's files)")
+    p.add_argument("--allow-fit-cases", action="store_true", help="calibrate an --apply folder holding fit cases "
+                   "(refused otherwise: their evaluation would score the cases the temperature was fitted on); "
+                   "recorded in calibration.json and in the provenance of the calibrated folder's evaluation")
     p.add_argument("--scaler", default="temperature", choices=[s for s in ("temperature", "vector")])
     p.add_argument("--voxels", default=posthoc.voxels, choices=VOXEL_SAMPLES,
                    help="fit voxels: the calibration region of --region (default), balanced or all")
@@ -79,12 +82,27 @@ def calibrate(args: argparse.Namespace) -> tuple[dict, list[str]]:
                             voxels=args.voxels, objective=args.objective)
     protocol = EvalProtocol(region=args.region, n_bins=args.n_bins)
     target = open_folder(args.apply, reference.task, args.fmt, args.monai_postfix) if args.apply else None
+    fit_cases = cases if cases is not None else sorted({c for folder in fit for c in folder.cases()})
+    scored = sorted(set(fit_cases) & set(target.cases())) if target else []
+    if scored:
+        listed = f"{len(scored)} of its cases are fit cases ({', '.join(scored[:10])})"
+        same = f"is also a --fit folder: {listed}" if args.apply.resolve() in [d.resolve() for d in args.fit] \
+            else f"holds cases the temperature is fitted on: {listed}"
+        if not args.allow_fit_cases:
+            raise FolderError(f"--apply {args.apply} {same}; an evaluation of the calibrated files would score the "
+                              f"cases it was fitted on: pass --apply a folder of other cases (the test predictions), "
+                              f"or --allow-fit-cases to calibrate them anyway (recorded in calibration.json and in "
+                              f"the provenance of their evaluation)")
     with writing(out, CALIBRATE_TOOL, {"fit": [str(d.resolve()) for d in args.fit],
                                        "apply": str(args.apply.resolve()) if args.apply else None}):
         replaced = take_over(out) if earlier is not None else []
         record, scalers = fit_folders(fit, reference, out, [args.scaler], cases, posthoc, protocol)
         files = calibrate_folder(target, scalers[args.scaler], out, reference.task.multilabel) if target else []
         record_applied(out, record, args.scaler, target, files, record["val_cases"], replaced)
+    if scored:
+        record.setdefault("warnings", []).append(
+            f"--apply {args.apply} {same} (--allow-fit-cases): an evaluation of {args.output_dir} that scores them "
+            f"measures the fit itself, not calibration on unseen cases (recorded in calibration.json 'applied')")
     return record, target.cases() if target else []
 
 

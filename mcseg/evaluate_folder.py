@@ -132,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     from mcseg.evaluation.split import format_summary
 
+    for warning in (summary.get("provenance") or {}).get("warnings") or []:
+        print(f"mcseg-evaluate-folder: warning: {warning}", file=sys.stderr)
     names = summary["classes"] if summary.get("multilabel") else ["background", *summary["classes"]]
     print(format_summary(summary, names, title=f"{args.pred_dir}"))
     return 0

@@ -72,8 +72,9 @@ def test_nnunet_fit_apply_and_write_back_as_nnunet_reads_it(nn, kind, tmp_path):
     folders = nn[kind]
     val, test = folders["members"]
     out = tmp_path / "calibrated"
+    # test holds every case (another member's predictions): fold 0's, the fit cases, are left out of its evaluation
     assert calibrate(["--fit", str(val), "--reference", str(folders["raw"]), "--apply", str(test), "-o", str(out),
-                      "--splits", str(folders["splits"]), "--fold", "0"]) == 0
+                      "--splits", str(folders["splits"]), "--fold", "0", "--allow-fit-cases"]) == 0
     record = json.loads((out / "calibration.json").read_text())
     (key, fit), = record["fits"].items()
     assert fit["val_cases"] == json.loads(folders["splits"].read_text())[0]["val"]
@@ -107,6 +108,8 @@ def test_nnunet_fit_apply_and_write_back_as_nnunet_reads_it(nn, kind, tmp_path):
     assert evaluate([str(test), str(folders["raw"]), "-o", str(before), *FAST, *test_cases]) == 0
     assert evaluate([str(out), str(folders["raw"]), "-o", str(after), *FAST, *test_cases]) == 0
     b, a = (json.loads((d / "summary.json").read_text()) for d in (before, after))
+    assert a["provenance"]["predictions"][0]["calibration"]["fit_cases_calibrated"] == ["tiny_000", "tiny_002"]
+    assert "scored_fit_cases" not in a["provenance"]  # fold 1's cases only
     assert a["mean_nll"] < b["mean_nll"] and a["mean_foreground_dice"] == pytest.approx(b["mean_foreground_dice"])
 
 
@@ -142,7 +145,7 @@ def test_folds_validation_folders_together_and_refusals(nn, tmp_path, capsys):
         shutil.copy2(folders["trainer"] / name, broken / name)
     np.savez_compressed(broken / "tiny_002.npz", probabilities=np.load(test / "tiny_002.npz")["probabilities"] * 4 - 2)
     assert calibrate(["--fit", str(val), "--reference", str(folders["raw"]), "-o", str(tmp_path / "b"), "--apply",
-                      str(broken)]) == 2
+                      str(broken), "--allow-fit-cases"]) == 2
     assert "case tiny_002: tiny_002.npz holds values in [-2, 2], outside [0, 1] by 2" in capsys.readouterr().err
     from mcseg.evaluation.folder_posthoc import fit_folders
     from mcseg.evaluation.folders import FolderError, open_folder, read_reference
@@ -168,7 +171,8 @@ def test_monai_maps_are_calibrated_in_place_of_their_own_files(tmp_path):
     labels = _labels(tmp_path / "labels", (11, 9, 6))
     pred = make_monai(tmp_path / "pred", labels, noise=3.0)
     out = tmp_path / "out"
-    assert calibrate(["--fit", str(pred), "--reference", str(labels), "--apply", str(pred), "-o", str(out)]) == 0
+    assert calibrate(["--fit", str(pred), "--reference", str(labels), "--apply", str(pred), "-o", str(out),
+                      "--allow-fit-cases"]) == 0
     t = next(iter(json.loads((out / "calibration.json").read_text())["fits"].values()))["scalers"]["temperature"]
     old = nib.load(str(pred / "case_0" / "case_0_trans.nii.gz"))
     new = nib.load(str(out / "case_0" / "case_0_trans.nii.gz"))
@@ -195,7 +199,8 @@ def test_mcseg_probability_maps_and_their_label_maps_are_rewritten(tmp_path):
         nib.save(nib.Nifti1Image(np.moveaxis(probs.numpy(), 0, -1), AFFINE), str(pred / f"case_{i}_probs.nii.gz"))
         nib.save(nib.Nifti1Image(probs.argmax(0).numpy().astype(np.uint8), AFFINE), str(pred / f"case_{i}.nii.gz"))
     out = tmp_path / "out"
-    assert calibrate(["--fit", str(pred), "--reference", str(labels), "--apply", str(pred), "-o", str(out)]) == 0
+    assert calibrate(["--fit", str(pred), "--reference", str(labels), "--apply", str(pred), "-o", str(out),
+                      "--allow-fit-cases"]) == 0
     for i in range(3):
         new = np.moveaxis(nib.load(str(out / f"case_{i}_probs.nii.gz")).get_fdata(dtype=np.float32), -1, 0)
         seg = np.asarray(nib.load(str(out / f"case_{i}.nii.gz")).dataobj)
@@ -214,7 +219,7 @@ def test_calibrated_files_of_nnunets_reorienting_readers_keep_the_files_orientat
     folders = make_nnunet(tmp_path / "reo", dims=3, reader=reader, n_cases=2, noise=4.0)
     out = tmp_path / "out"
     assert calibrate(["--fit", str(folders["pred"]), "--reference", str(folders["raw"]), "--apply",
-                      str(folders["pred"]), "-o", str(out)]) == 0
+                      str(folders["pred"]), "-o", str(out), "--allow-fit-cases"]) == 0
     labels = PlansManager(json.loads((out / "plans.json").read_text())).get_label_manager(
         json.loads((out / "dataset.json").read_text()))
     for case in ("tiny_000", "tiny_001"):

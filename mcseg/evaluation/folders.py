@@ -309,6 +309,22 @@ def detect_format(folder: Path, stated: str = "auto", monai_postfix: str = "tran
     return next(iter(held))
 
 
+def calibration_of(folder: Path) -> dict | None:
+    """What ``mcseg-calibrate-folder`` wrote into ``folder/calibration.json`` about the files it calibrated (the
+    fit and scaler they carry, the fit cases among them; its sha256), or None for a folder it did not write."""
+    path = Path(folder) / "calibration.json"
+    if not path.is_file():
+        return None
+    try:
+        applied = json.loads(path.read_text()).get("applied")
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return None
+    if not isinstance(applied, dict):
+        return None
+    return {"file": str(path.resolve()), "sha256": file_sha256(path),
+            **{k: applied.get(k) for k in ("fit", "scaler", "to", "fit_cases_calibrated")}}
+
+
 class PredictionFolder:
     """A folder of one tool's saved probabilities (:func:`open_folder`); ``read`` checks and returns a case."""
 
@@ -340,8 +356,10 @@ class PredictionFolder:
         raise NotImplementedError
 
     def identity(self) -> dict:
+        calibration = calibration_of(self.path)
         return {"path": str(self.path.resolve()), "format": self.format, "tool": self.tool, "version": None,
-                "version_note": "the tool does not write its version into these files"}
+                "version_note": "the tool does not write its version into these files",
+                **({"calibration": calibration} if calibration else {})}
 
     def check_probabilities(self, case: str, path: Path, probs: np.ndarray) -> np.ndarray:
         """``probs`` (``C x *S``) as float32 after the checks every format shares: the task's channel count, finite
@@ -747,12 +765,20 @@ def _evaluate(folders: Sequence[PredictionFolder], reference: Reference, protoco
                 if len(folders) > 1 or name == "predictive_entropy":
                     write_nifti(Path(uncertainty_dir) / f"{case}_{suffix}.nii.gz", maps[name].numpy(),
                                 label_vol.affine, reference.labels[case])
+    identities = [folder.identity() for folder in folders]
     provenance = {
-        "predictions": [folder.identity() for folder in folders],
+        "predictions": identities,
         "reference": {"path": str(reference.root.resolve()), "kind": reference.kind},
         "cases": chosen, **({"selection": selection} if selection else {}),
         "input_files_sha256": {str(p.resolve()): file_sha256(p) for p in dict.fromkeys(inputs)},
     }
+    scored_fit = sorted({c for i in identities for c in (i.get("calibration") or {}).get("fit_cases_calibrated") or []
+                         if c in chosen})
+    if scored_fit:
+        provenance["scored_fit_cases"] = scored_fit
+        provenance["warnings"] = [f"{len(scored_fit)} scored case(s) ({', '.join(scored_fit[:10])}) are cases the "
+                                  f"calibration of the predictions was fitted on (their calibration.json 'applied'): "
+                                  f"their calibration figures measure the fit, not unseen cases"]
     extra = {"provenance": provenance}
     if len(folders) > 1:
         extra["predictor"] = {"members": len(folders), "pooled": "probabilities",
