@@ -185,3 +185,23 @@ def test_an_evaluation_is_never_replaced_unless_asked_nor_written_into_a_predict
     err = capsys.readouterr().err
     assert f"-o {dirs['probs']}" in err and "predictions" in err and "a new folder" in err, err
     assert _snapshot(dirs["probs"]) == before
+
+
+def test_an_ensemble_of_a_folder_with_itself_or_a_copy_is_refused(folders, tmp_path, capsys):
+    """Issue #43 section 3: --ensemble of a folder with itself or a byte-identical copy counted as two members
+    (evaluate.py refuses checkpoints with identical weights)."""
+    import shutil
+
+    dirs, _ = folders
+    copy = shutil.copytree(dirs["probs"], tmp_path / "copy")
+    args = [str(dirs["probs"]), str(dirs["labels"]), "--num-classes", "3", "--bootstrap-samples", "0", "--no-figures"]
+    for member, said in ((dirs["probs"], "twice"), (copy, "identical")):
+        out = tmp_path / f"out_{member.name}"
+        assert main([*args, "--ensemble", str(member), "-o", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert said in err and str(member) in err and len(err.splitlines()) == 1, err
+        assert not out.exists()
+    # a member that differs in one file is a member
+    _save(copy / "case_02_probs.nii.gz", np.full((18, 16, 10, 3), 1 / 3, np.float32))
+    assert main([*args, "--ensemble", str(copy), "-o", str(tmp_path / "two")]) == 0
+    assert json.loads((tmp_path / "two" / "summary.json").read_text())["predictor"]["members"] == 2
