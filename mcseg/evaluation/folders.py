@@ -714,6 +714,32 @@ def read_case(folders: Sequence[PredictionFolder], reference: Reference, case: s
     return label_vol, label, probs, prediction, files
 
 
+def distinct_members(folders: Sequence[PredictionFolder], cases: Sequence[str]) -> None:
+    """An ensemble's members must differ: a folder listed twice, or two folders whose files of ``cases`` are
+    byte-identical (sha256 over each case's files), would count one prediction as several members (as
+    evaluate.py refuses checkpoints with identical weights)."""
+    import hashlib
+
+    paths: dict[Path, PredictionFolder] = {}
+    digests: dict[str, PredictionFolder] = {}
+    for folder in folders:
+        path = Path(folder.path).resolve()
+        if path in paths:
+            raise FolderError(f"--ensemble: {folder.path} is listed twice (also as {paths[path].path}): a folder with "
+                              f"itself is the folder alone; list each member once")
+        paths[path] = folder
+        digest = hashlib.sha256()
+        for case in cases:
+            for file in folder.case_files(case):
+                digest.update(f"{case}\n{file_sha256(file)}\n".encode())
+        key = digest.hexdigest()
+        if key in digests:
+            raise FolderError(f"--ensemble: {digests[key].path} and {folder.path} hold identical files for the "
+                              f"{len(cases)} case(s) (sha256 {key[:8]}): an ensemble of copies is the one prediction "
+                              f"folder; evaluate it alone")
+        digests[key] = folder
+
+
 def evaluate_folders(folders: Sequence[PredictionFolder], reference: Reference, protocol: EvalProtocol,
                      output_dir: Path, cases: Sequence[str] | None = None, allow_missing: bool = False,
                      uncertainty_dir: Path | None = None, selection: dict | None = None,
@@ -726,6 +752,8 @@ def evaluate_folders(folders: Sequence[PredictionFolder], reference: Reference, 
     from mcseg.evaluation.folder_outputs import EVALUATE_TOOL, EVALUATION_FILES, claim_output, writing
 
     chosen = select_cases(folders, reference, cases, allow_missing)
+    if len(folders) > 1:
+        distinct_members(folders, chosen)
     with_probs = not isinstance(folders[0], McsegFolder) or folders[0].has_probs
     if uncertainty_dir is not None and not with_probs:
         raise FolderError("uncertainty maps (--save-uncertainty) need the probability maps (--probs)")
