@@ -205,3 +205,40 @@ def test_an_ensemble_of_a_folder_with_itself_or_a_copy_is_refused(folders, tmp_p
     _save(copy / "case_02_probs.nii.gz", np.full((18, 16, 10, 3), 1 / 3, np.float32))
     assert main([*args, "--ensemble", str(copy), "-o", str(tmp_path / "two")]) == 0
     assert json.loads((tmp_path / "two" / "summary.json").read_text())["predictor"]["members"] == 2
+
+
+def test_ctrl_c_ends_in_one_line_and_marks_the_evaluation_interrupted_which_the_report_leaves_out(
+        folders, tmp_path, capsys, monkeypatch):
+    """Issue #43 section 3: Ctrl-C in mcseg-evaluate-folder ended in a traceback and left a half-written folder
+    (summary.json without its failure table and provenance.json) that mcseg-report listed as complete."""
+    from mcseg.evaluation import folders as folder_module
+    from mcseg.report.cli import failure_lines
+    from mcseg.report.collect import collect_folder_evaluations
+
+    dirs, _ = folders
+    out = tmp_path / "evals" / "out"
+    args = [str(dirs["preds"]), str(dirs["labels"]), "--probs", str(dirs["probs"]), "--num-classes", "3",
+            "--bootstrap-samples", "0", "--no-figures", "-o", str(out)]
+
+    def ctrl_c(*args, **kwargs):  # Ctrl-C once summary.json is written, before the failure table
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(folder_module, "write_rows", ctrl_c)
+    try:
+        code = main(args)
+    except KeyboardInterrupt:
+        code = "KeyboardInterrupt escaped: a traceback"
+    assert code == 130
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "interrupted" in err and str(out) in err, err
+    assert "run the same command again" in err
+    assert (out / "summary.json").is_file() and not (out / "provenance.json").exists()  # half a folder
+    assert json.loads((out / "status.json").read_text())["status"] == "interrupted"
+    record, = collect_folder_evaluations([tmp_path / "evals"])
+    assert record.status == "interrupted" and not record.evaluated  # not a row of the report's tables
+    assert any(str(out) in line and "interrupted" in line for line in failure_lines([record]))
+    # the advice works: the same command again, without --overwrite
+    monkeypatch.undo()
+    assert main(args) == 0
+    record, = collect_folder_evaluations([tmp_path / "evals"])
+    assert record.status == "completed" and record.evaluated and (out / "provenance.json").is_file()
