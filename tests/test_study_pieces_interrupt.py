@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
+from types import SimpleNamespace
 
 from .conftest import ROOT
 
@@ -68,7 +70,12 @@ def test_ctrl_c_while_training_stops_the_trainings_it_started(tmp_path, monkeypa
         return started[-1]
 
     monkeypatch.setattr(study_pieces.subprocess, "Popen", popen)
-    monkeypatch.setattr(study_pieces.time, "sleep", lambda s: (_ for _ in ()).throw(KeyboardInterrupt))
+    def ctrl_c(seconds):  # while the script waits for its trainings
+        raise KeyboardInterrupt
+
+    clock = SimpleNamespace(sleep=ctrl_c, **{name: getattr(time, name) for name in ("perf_counter", "monotonic",
+                                                                                     "strftime")})
+    monkeypatch.setattr(study_pieces, "time", clock)  # the script's clock only: subprocess waits with time.sleep
     try:
         assert _main() == 130
         assert len(started) == 2 and all(p.poll() is not None for p in started)
