@@ -21,7 +21,7 @@ from mcseg.evaluation.evaluator import EvalProtocol
 from mcseg.evaluation.folder_outputs import CALIBRATE_TOOL, EXIT_INTERRUPTED, FolderInterrupted, claim_output, writing
 from mcseg.evaluation.folder_posthoc import REFUSED, calibrate_folder, fit_folders, record_applied, take_over
 from mcseg.rundir import RunDirBusy
-from mcseg.evaluation.folders import FORMATS, FolderError, fold_cases, open_folder, read_reference
+from mcseg.evaluation.folders import FORMATS, FolderError, declared_classes, fold_cases, open_folder, read_reference
 from mcseg.metrics.regions import REGIONS
 
 __all__ = ["main"]
@@ -58,7 +58,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--fold", help="a fold of --splits, or 'all'")
     p.add_argument("--format", dest="fmt", default="auto", choices=("auto", *FORMATS))
     p.add_argument("--monai-postfix", default="trans")
-    p.add_argument("--dataset-json", type=Path, help="the dataset.json that gives the classes")
+    p.add_argument("--dataset-json", type=Path, help="the dataset.json that gives the classes (default: the "
+                   "reference's, or beside/above its labels)")
+    p.add_argument("--num-classes", type=int, help="number of classes K of the task, background included, when "
+                   "nothing else says (a softmax)")
+    p.add_argument("--class-names", nargs="+", help="K class names, background first, when nothing else says")
     return p
 
 
@@ -68,7 +72,8 @@ def calibrate(args: argparse.Namespace) -> tuple[dict, list[str]]:
     if out in inputs:
         raise FolderError(f"-o {args.output_dir}: write the calibrated files to a new folder, not an input folder")
     earlier = claim_output(args.output_dir, CALIBRATE_TOOL, args.overwrite, args.monai_postfix)
-    reference = read_reference(args.reference, dataset_json=args.dataset_json)
+    reference = read_reference(args.reference, args.class_names, args.num_classes, args.dataset_json,
+                               declared=declared_classes(args.fit[0]))
     fit = [open_folder(d, reference.task, args.fmt, args.monai_postfix) for d in args.fit]
     if (args.splits is None) != (args.fold is None):
         raise FolderError("--splits and --fold go together")

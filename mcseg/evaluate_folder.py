@@ -20,8 +20,8 @@ from mcseg.evaluation.evaluator import EvalProtocol
 from mcseg.evaluation.folder_outputs import EXIT_INTERRUPTED, FolderInterrupted
 from mcseg.rundir import RunDirBusy
 from mcseg.runtime import keep_freed_memory
-from mcseg.evaluation.folders import (FORMATS, FolderError, evaluate_folders, fold_cases, open_folder,
-                                      read_reference)
+from mcseg.evaluation.folders import (FORMATS, FolderError, declared_classes, evaluate_folders, fold_cases,
+                                      open_folder, read_reference)
 from mcseg.metrics.regions import REGIONS
 from mcseg.metrics.surface import HD_DEFINITIONS
 
@@ -49,7 +49,7 @@ def evaluate_folder(pred_dir: Path, label_dir: Path, probs_dir: Path | None = No
     protocol = protocol or EvalProtocol()
     pred_dir = Path(pred_dir)
     reference = read_reference(label_dir, class_names, num_classes, dataset_json,
-                               channels_hint=_channels_hint(pred_dir, probs_dir))
+                               channels_hint=_channels_hint(pred_dir, probs_dir), declared=declared_classes(pred_dir))
     folders = [open_folder(pred_dir, reference.task, fmt, monai_postfix, probs_dir)]
     folders += [open_folder(Path(d), reference.task, fmt, monai_postfix) for d in ensemble or []]
     if (splits is None) != (fold is None):

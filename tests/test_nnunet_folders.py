@@ -282,6 +282,7 @@ def test_the_advice_for_a_labels_folder_without_classes_works_when_followed(whic
     to a second refusal for an nnU-Net folder (its class names are not class_1 ...). Each command the refusal
     suggests (in backquotes) must succeed, for both folder tools."""
     import re
+    import shlex
 
     from mcseg.calibrate_folder import main as calibrate
 
@@ -296,5 +297,11 @@ def test_the_advice_for_a_labels_folder_without_classes_works_when_followed(whic
         advice = re.findall(r"`(--[^`]+)`", err) or ([f"--num-classes {k}"] if "--num-classes K" in err else [])
         assert advice and len(err.splitlines()) == 1, err
         for i, option in enumerate(advice):
-            code = tool([*args, *option.split(), "-o", str(tmp_path / f"{name}_{i}")])
+            code = tool([*args, *shlex.split(option), "-o", str(tmp_path / f"{name}_{i}")])
             assert code == 0, (option, capsys.readouterr().err)
+    if which == "nn3d":  # --num-classes alone: the names differ, and the second refusal's advice works too
+        args = [*tools["evaluate"][1], "--num-classes", "3"]
+        assert main([*args, "-o", str(tmp_path / "k")]) == 2
+        advice = re.findall(r"`(--[^`]+)`", capsys.readouterr().err)
+        assert len(advice) == 2 and all(main([*args, *shlex.split(option), "-o", str(tmp_path / f"k{i}")]) == 0
+                                        for i, option in enumerate(advice))

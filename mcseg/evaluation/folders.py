@@ -51,8 +51,8 @@ from mcseg.evaluation.split import FAILURE_FILE, PROVENANCE_FILE, write_rows
 from mcseg.metrics.failure import FailureDetection
 from mcseg.metrics.uncertainty import MAPS, MemberAccumulator, normalise
 
-__all__ = ["FORMATS", "FolderError", "PredictionFolder", "Reference", "Task", "detect_format", "evaluate_folders",
-           "fold_cases", "open_folder", "read_reference"]
+__all__ = ["FORMATS", "FolderError", "PredictionFolder", "Reference", "Task", "declared_classes", "detect_format",
+           "evaluate_folders", "fold_cases", "open_folder", "read_reference"]
 
 FORMATS = ("nnunet", "monai", "mcseg")
 TOOLS = {"nnunet": "nnU-Net v2", "monai": "MONAI SaveImage", "mcseg": "mcseg"}
@@ -185,10 +185,12 @@ class Reference:
 
 
 def read_reference(path: str | Path, class_names: Sequence[str] | None = None, num_classes: int | None = None,
-                   dataset_json: Path | None = None, channels_hint: int | None = None) -> Reference:
+                   dataset_json: Path | None = None, channels_hint: int | None = None,
+                   declared: Path | None = None) -> Reference:
     """An nnU-Net raw dataset, an MSD folder or a plain labels folder (module docstring). Classes from its
     ``dataset.json`` (or ``dataset_json``), else ``class_names`` / ``num_classes``, else ``channels_hint`` (the
-    probability maps' channels, a softmax); never from the labels present."""
+    probability maps' channels, a softmax); never from the labels present. ``declared``: the dataset.json the
+    predictions come with (:func:`declared_classes`), suggested when nothing says the classes."""
     root = Path(path)
     if not root.is_dir():
         raise FolderError(f"{root}: the reference is not a folder")
@@ -230,10 +232,44 @@ def read_reference(path: str | Path, class_names: Sequence[str] | None = None, n
         task = Task(names)
     else:
         raise FolderError(f"{root}: cannot tell the classes: no dataset.json beside the labels or one folder up; "
-                          f"pass --num-classes K or --class-names")
+                          f"{_classes_advice(declared)}")
     if not labels:
         raise FolderError(f"{root}: no reference label files")
     return Reference(labels, task, kind, root, files)
+
+
+def declared_classes(pred_dir: Path) -> Path | None:
+    """The dataset.json an nnU-Net prediction folder comes with (in it, or up to two folders above, as
+    :class:`NnUNetFolder` finds it); None for any other folder."""
+    try:
+        if detect_format(Path(pred_dir)) != "nnunet":
+            return None
+    except FolderError:
+        return None
+    return next((folder / "dataset.json" for folder in (Path(pred_dir), Path(pred_dir).parent, Path(pred_dir).parent.parent)
+                 if (folder / "dataset.json").is_file()), None)
+
+
+def _classes_advice(declared: Path | None) -> str:
+    """What to pass when nothing says the classes: the predictions' own dataset.json where they have one (its
+    class names for a label-based task), else the number of classes or their names."""
+    if declared is not None:
+        try:
+            task = _task_of_json(declared)
+        except FolderError:
+            task = None
+        if task is not None:
+            return (f"the predictions declare {task.describe()} in {declared}: if the labels are these, pass "
+                    f"{_options(declared, task)}")
+    return "pass --num-classes K (background included) or --class-names NAME ... (background first)"
+
+
+def _options(declared: Path, task: Task) -> str:
+    """The options that give a reference ``declared``'s classes, each in backquotes, ready to paste."""
+    import shlex
+
+    names = "" if task.multilabel else f" or `{shlex.join(['--class-names', *task.class_names])}`"
+    return f"`--dataset-json {shlex.quote(str(declared))}`{names}"
 
 
 def fold_cases(splits_file: str | Path, fold: int | str, part: str = "val") -> list[str]:
@@ -423,7 +459,10 @@ class NnUNetFolder(PredictionFolder):
         self.transpose_backward = [int(i) for i in plans.get("transpose_backward", [])]
         own = task_from_labels(dataset.get("labels") or {}, self.dataset_path, dataset.get("regions_class_order"))
         if own != self.task:
-            raise FolderError(f"{self.dataset_path} declares {own.describe()}, the reference {self.task.describe()}")
+            named = own.channels == self.task.channels and own.regions == self.task.regions  # names differ only
+            raise FolderError(f"{self.dataset_path} declares {own.describe()}, the reference {self.task.describe()}"
+                              + (f"; if the reference's labels are these, pass {_options(self.dataset_path, own)}"
+                                 if named else ""))
         self.file_ending = str(dataset.get("file_ending", ".nii.gz"))
         files = {p.name[:-4]: p for p in sorted(self.path.glob("*.npz"))}
         for case in files:
