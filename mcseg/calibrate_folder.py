@@ -40,7 +40,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="their labels: an nnU-Net raw dataset, an MSD folder or a folder of <case>.nii.gz")
     p.add_argument("--apply", type=Path, metavar="TEST_DIR", help="the prediction folder to calibrate")
     p.add_argument("-o", "--output-dir", type=Path, required=True,
-                   help="where calibration.json and the calibrated files go (never the input folders)")
+                   help="where calibration.json and the calibrated files go: a new folder (never an input folder, "
+                   "a folder of predictions or an evaluation; an earlier calibration only with --overwrite)")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier calibration in OUT_DIR (its "
                    "calibration.json and the files it wrote; never a folder of another tool's files)")
     p.add_argument("--allow-fit-cases", action="store_true", help="calibrate an --apply folder holding fit cases "

@@ -92,7 +92,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--num-classes", type=int, help="number of classes K of the task, background included "
                    "(default: dataset.json beside the labels, else the probability channels)")
     p.add_argument("--class-names", nargs="+", help="K class names, background first")
-    p.add_argument("-o", "--output-dir", type=Path, help="where to write the results (default: PRED_DIR/eval)")
+    p.add_argument("-o", "--output-dir", type=Path, help="where to write the results (default: PRED_DIR/eval); "
+                   "never a folder of predictions, an earlier evaluation only with --overwrite")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier evaluation in OUT_DIR (never "
                    "a folder of predictions or another tool's files)")
     p.add_argument("--allow-missing", action="store_true", help="evaluate even if some labels have no prediction")
