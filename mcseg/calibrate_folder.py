@@ -21,7 +21,8 @@ from mcseg.evaluation.evaluator import EvalProtocol
 from mcseg.evaluation.folder_outputs import CALIBRATE_TOOL, EXIT_INTERRUPTED, FolderInterrupted, claim_output, writing
 from mcseg.evaluation.folder_posthoc import REFUSED, calibrate_folder, fit_folders, record_applied, take_over
 from mcseg.rundir import RunDirBusy
-from mcseg.evaluation.folders import FORMATS, FolderError, declared_classes, fold_cases, open_folder, read_reference
+from mcseg.evaluation.folders import (FORMATS, FolderError, declared_classes, fold_cases, open_folder,
+                                      prediction_files, read_reference)
 from mcseg.metrics.regions import REGIONS
 
 __all__ = ["main"]
@@ -72,7 +73,8 @@ def calibrate(args: argparse.Namespace) -> tuple[dict, list[str]]:
     inputs = [d.resolve() for d in [*args.fit, *([args.apply] if args.apply else [])]]
     if out in inputs:
         raise FolderError(f"-o {args.output_dir}: write the calibrated files to a new folder, not an input folder")
-    earlier = claim_output(args.output_dir, CALIBRATE_TOOL, args.overwrite, args.monai_postfix)
+    earlier = claim_output(args.output_dir, CALIBRATE_TOOL, args.overwrite,
+                           lambda folder: prediction_files(folder, args.monai_postfix))
     reference = read_reference(args.reference, args.class_names, args.num_classes, args.dataset_json,
                                declared=declared_classes(args.fit[0]))
     fit = [open_folder(d, reference.task, args.fmt, args.monai_postfix) for d in args.fit]

@@ -19,6 +19,7 @@ import os
 import shutil
 import socket
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,8 +27,8 @@ from pathlib import Path
 from mcseg.data.io import write_json
 from mcseg.rundir import LOCK_FILE, RUN_MARKERS, STATUS_FILE, held, state_of
 
-__all__ = ["CALIBRATE_TOOL", "EVALUATE_TOOL", "EXIT_INTERRUPTED", "FolderInterrupted", "Held", "claim_output", "folder_status",
-           "held_by", "writing"]
+__all__ = ["CALIBRATE_TOOL", "EVALUATE_TOOL", "EXIT_INTERRUPTED", "FolderInterrupted", "Held", "OutputRefused",
+           "claim_output", "folder_status", "held_by", "writing"]
 
 EVALUATE_TOOL = "mcseg-evaluate-folder"
 CALIBRATE_TOOL = "mcseg-calibrate-folder"
@@ -38,6 +39,10 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells expect of a command ended by
 EVALUATION_FILES = ("summary.json", "per_case.csv", "per_case_raters.csv", "per_rater.csv", "reliability_raters.csv",
                     "reliability.csv", "reliability.png", "reliability_histogram.csv", "reliability_histogram.png",
                     "failure_per_case.csv", "provenance.json")
+
+
+class OutputRefused(ValueError):
+    """The output folder holds what the tool must not write into or replace; nothing was written."""
 
 
 class FolderInterrupted(KeyboardInterrupt):
@@ -73,27 +78,15 @@ def folder_status(folder: Path) -> dict | None:
 def _calibrated_here(folder: Path) -> bool:
     """``calibration.json`` written by mcseg-calibrate-folder (fits on saved probabilities), not a run's."""
     stored = _read_json(folder / CALIBRATION_FILE)
-    return "applied" in stored or any(str((fit.get("checkpoint") or {}).get("kind", "")).startswith("saved probabilities")
-                                      for fit in (stored.get("fits") or {}).values() if isinstance(fit, dict))
+    kinds = [str((fit.get("checkpoint") or {}).get("kind", "")) for fit in (stored.get("fits") or {}).values()
+             if isinstance(fit, dict)]
+    return "applied" in stored or any(kind.startswith("saved probabilities") for kind in kinds)
 
 
-def _predictions(folder: Path, monai_postfix: str) -> str | None:
-    from mcseg.evaluation.folders import TOOLS, FolderError, _case_files, _signals
-
-    try:
-        found = {f"{n} {what} ({TOOLS[fmt]})" for fmt, n, what in (
-            (fmt, n, {"nnunet": "<case>.npz", "monai": f"<name>_{monai_postfix} maps", "mcseg": "<case>_probs"}[fmt])
-            for fmt, n in _signals(folder, monai_postfix).items() if n)}
-        maps = len(_case_files(folder, derived_ok=True))
-    except FolderError as exc:
-        return f"files of a prediction folder ({exc})"
-    if maps and not found:
-        found.add(f"{maps} label map(s)")
-    return ", ".join(sorted(found)) or None
-
-
-def held_by(folder: Path, monai_postfix: str = "trans") -> Held | None:
-    """What ``folder`` holds that a folder tool must not silently replace (None: absent, empty or unrelated)."""
+def held_by(folder: Path, predictions: Callable[[Path], str | None] | None = None) -> Held | None:
+    """What ``folder`` holds that a folder tool must not silently replace (None: absent, empty or unrelated);
+    ``predictions(folder)`` describes the prediction files it holds (None: none), e.g.
+    :func:`mcseg.evaluation.folders.prediction_files`."""
     folder = Path(folder)
     if not folder.exists():
         return None
@@ -115,23 +108,23 @@ def held_by(folder: Path, monai_postfix: str = "trans") -> Held | None:
     markers = [m for m in RUN_MARKERS if (folder / m).exists()]
     if markers:
         return Held("other", f"an mcseg run ({', '.join(markers)})")
-    predictions = _predictions(folder, monai_postfix)
-    return Held("predictions", f"predictions: {predictions}") if predictions else None
+    found = predictions(folder) if predictions is not None else None
+    return Held("predictions", f"predictions: {found}") if found else None
 
 
-def claim_output(out: Path, tool: str, overwrite: bool, monai_postfix: str = "trans") -> Held | None:
-    """Refuse (one :class:`~mcseg.evaluation.folders.FolderError` line) an output folder that holds another
-    tool's files, or a complete result of ``tool`` without ``overwrite``; return what it holds (None: nothing)."""
-    from mcseg.evaluation.folders import FolderError
-
-    found = held_by(out, monai_postfix)
+def claim_output(out: Path, tool: str, overwrite: bool,
+                 predictions: Callable[[Path], str | None] | None = None) -> Held | None:
+    """Refuse (one :class:`OutputRefused` line) an output folder that holds another tool's files, or a complete
+    result of ``tool`` without ``overwrite``; return what it holds (None: nothing). ``predictions``: as
+    :func:`held_by`'s."""
+    found = held_by(out, predictions)
     if found is None:
         return None
     if found.kind != KINDS[tool]:
-        raise FolderError(f"-o {out} holds {found.what}: {tool} never writes into another tool's folder (its "
+        raise OutputRefused(f"-o {out} holds {found.what}: {tool} never writes into another tool's folder (its "
                           f"files would be mixed with, or read as, those); pass -o a new folder")
     if found.complete and not overwrite:
-        raise FolderError(f"-o {out} holds {found.what}: pass --overwrite to replace it, or -o a new folder")
+        raise OutputRefused(f"-o {out} holds {found.what}: pass --overwrite to replace it, or -o a new folder")
     return found
 
 

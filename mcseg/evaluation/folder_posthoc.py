@@ -39,14 +39,14 @@ import numpy as np
 import torch
 
 from mcseg.calibration import PosthocConfig, fit_posthoc
+from mcseg.calibration.posthoc import CALIBRATION_FILE
 from mcseg.calibration.scalers import SCALER_TYPES, Scaler, load_scaler
 from mcseg.data.cases import CaseData
+from mcseg.data.io import write_json
 from mcseg.evaluation.evaluator import EvalProtocol
 from mcseg.evaluation.folders import (ChannelLastFolder, FolderError, McsegFolder, NnUNetFolder, PredictionFolder,
                                       Reference, read_case, segmentation_of)
 from mcseg.evaluation.provenance import file_sha256
-from mcseg.calibration.posthoc import CALIBRATION_FILE
-from mcseg.data.io import write_json
 
 __all__ = ["FLOOR", "CEIL", "REFUSED", "SavedProbabilities", "calibrate_folder", "fit_folders", "log_probabilities"]
 
@@ -290,8 +290,8 @@ def record_applied(out_dir: Path, fit: dict, scaler: str, target: PredictionFold
     if target is not None:
         stored["applied"] = {"fit": fit["checkpoint"]["sha256"], "scaler": scaler,
                              "to": str(Path(target.path).resolve()), "format": target.format,
-                             "cases": target.cases(), "fit_cases_calibrated": sorted(set(fit_cases) & set(target.cases())),
-                             "files": files}
+                             "cases": target.cases(), "files": files,
+                             "fit_cases_calibrated": sorted(set(fit_cases) & set(target.cases()))}
     if replaced:
         stored["replaced"] = replaced
     write_json(path, stored)

@@ -46,13 +46,14 @@ from mcseg.data.cases import to_regions
 from mcseg.data.io import Volume, read_volume, write_json, write_nifti
 from mcseg.evaluation.cases import UNCERTAINTY_FILES
 from mcseg.evaluation.evaluator import EvalProtocol, Evaluator
+from mcseg.evaluation.folder_outputs import EVALUATE_TOOL, EVALUATION_FILES, claim_output, writing
 from mcseg.evaluation.provenance import file_sha256
 from mcseg.evaluation.split import FAILURE_FILE, PROVENANCE_FILE, write_rows
 from mcseg.metrics.failure import FailureDetection
 from mcseg.metrics.uncertainty import MAPS, MemberAccumulator, normalise
 
 __all__ = ["FORMATS", "FolderError", "PredictionFolder", "Reference", "Task", "declared_classes", "detect_format",
-           "evaluate_folders", "fold_cases", "open_folder", "read_reference"]
+           "evaluate_folders", "fold_cases", "open_folder", "prediction_files", "read_reference"]
 
 FORMATS = ("nnunet", "monai", "mcseg")
 TOOLS = {"nnunet": "nnU-Net v2", "monai": "MONAI SaveImage", "mcseg": "mcseg"}
@@ -246,7 +247,8 @@ def declared_classes(pred_dir: Path) -> Path | None:
             return None
     except FolderError:
         return None
-    return next((folder / "dataset.json" for folder in (Path(pred_dir), Path(pred_dir).parent, Path(pred_dir).parent.parent)
+    here = Path(pred_dir)
+    return next((folder / "dataset.json" for folder in (here, here.parent, here.parent.parent)
                  if (folder / "dataset.json").is_file()), None)
 
 
@@ -318,6 +320,17 @@ def _signals(folder: Path, monai_postfix: str) -> dict[str, int]:
         raise FolderError(f"{folder}: the prediction folder is not a folder")
     return {"nnunet": len(list(folder.glob("*.npz"))), "monai": len(_monai_files(folder, monai_postfix)),
             "mcseg": len(_case_files(folder, "_probs"))}
+
+
+def prediction_files(folder: Path, monai_postfix: str = "trans") -> str | None:
+    """What prediction files ``folder`` holds, e.g. ``4 <case>.npz (nnU-Net v2)``; None when it holds none."""
+    what = {"nnunet": "<case>.npz", "monai": f"<name>_{monai_postfix} maps", "mcseg": "<case>_probs"}
+    try:
+        found = [f"{n} {what[fmt]} ({TOOLS[fmt]})" for fmt, n in _signals(Path(folder), monai_postfix).items() if n]
+        maps = len(_case_files(Path(folder), derived_ok=True))
+    except FolderError as exc:
+        return f"files of a prediction folder ({exc})"
+    return ", ".join(found) or (f"{maps} label map(s)" if maps else None)
 
 
 def detect_format(folder: Path, stated: str = "auto", monai_postfix: str = "trans") -> str:
@@ -788,8 +801,6 @@ def evaluate_folders(folders: Sequence[PredictionFolder], reference: Reference, 
     version where the files say it, the sha256 of every file read) and failure detection; returns the summary.
     ``output_dir`` follows :mod:`mcseg.evaluation.folder_outputs` (an earlier evaluation replaced only with
     ``overwrite``; marked in status.json while written)."""
-    from mcseg.evaluation.folder_outputs import EVALUATE_TOOL, EVALUATION_FILES, claim_output, writing
-
     chosen = select_cases(folders, reference, cases, allow_missing)
     if len(folders) > 1:
         distinct_members(folders, chosen)
@@ -797,7 +808,8 @@ def evaluate_folders(folders: Sequence[PredictionFolder], reference: Reference, 
     if uncertainty_dir is not None and not with_probs:
         raise FolderError("uncertainty maps (--save-uncertainty) need the probability maps (--probs)")
     out = Path(output_dir)
-    earlier = claim_output(out, EVALUATE_TOOL, overwrite, getattr(folders[0], "postfix", "trans"))
+    postfix = getattr(folders[0], "postfix", "trans")
+    earlier = claim_output(out, EVALUATE_TOOL, overwrite, lambda folder: prediction_files(folder, postfix))
     record = {"predictions": [str(Path(f.path).resolve()) for f in folders], "reference": str(reference.root.resolve())}
     with writing(out, EVALUATE_TOOL, record, EVALUATION_FILES if earlier is not None else ()):
         return _evaluate(folders, reference, protocol, out, chosen, uncertainty_dir, selection, with_probs)
