@@ -20,10 +20,10 @@ from mcseg.data.io import VolumeError
 from mcseg.evaluation.evaluator import EvalProtocol
 from mcseg.evaluation.folder_outputs import CALIBRATE_TOOL, EXIT_INTERRUPTED, FolderInterrupted, claim_output, writing
 from mcseg.evaluation.folder_posthoc import REFUSED, calibrate_folder, fit_folders, record_applied, take_over
-from mcseg.rundir import RunDirBusy
-from mcseg.evaluation.folders import (FORMATS, FolderError, declared_classes, fold_cases, open_folder,
+from mcseg.evaluation.folders import (FORMATS, FolderError, PredictionFolder, declared_classes, fold_cases, open_folder,
                                       prediction_files, read_reference)
 from mcseg.metrics.regions import REGIONS
+from mcseg.rundir import RunDirBusy
 
 __all__ = ["main"]
 
@@ -90,28 +90,38 @@ def calibrate(args: argparse.Namespace) -> tuple[dict, list[str]]:
                             voxels=args.voxels, objective=args.objective)
     protocol = EvalProtocol(region=args.region, n_bins=args.n_bins)
     target = open_folder(args.apply, reference.task, args.fmt, args.monai_postfix) if args.apply else None
-    fit_cases = cases if cases is not None else sorted({c for folder in fit for c in folder.cases()})
-    scored = sorted(set(fit_cases) & set(target.cases())) if target else []
-    if scored:
-        listed = f"{len(scored)} of its cases are fit cases ({', '.join(scored[:10])})"
-        same = f"is also a --fit folder: {listed}" if args.apply.resolve() in [d.resolve() for d in args.fit] \
-            else f"holds cases the temperature is fitted on: {listed}"
-        if not args.allow_fit_cases:
-            raise FolderError(f"--apply {args.apply} {same}; an evaluation of the calibrated files would score the "
-                              f"cases it was fitted on: pass --apply a folder of other cases (the test predictions), "
-                              f"or --allow-fit-cases to calibrate them anyway (recorded in calibration.json and in "
-                              f"the provenance of their evaluation)")
+    overlap = fit_cases_applied(args, fit, target, cases)
     with writing(out, CALIBRATE_TOOL, {"fit": [str(d.resolve()) for d in args.fit],
                                        "apply": str(args.apply.resolve()) if args.apply else None}):
         replaced = take_over(out) if earlier is not None else []
         record, scalers = fit_folders(fit, reference, out, [args.scaler], cases, posthoc, protocol)
         files = calibrate_folder(target, scalers[args.scaler], out, reference.task.multilabel) if target else []
         record_applied(out, record, args.scaler, target, files, record["val_cases"], replaced)
-    if scored:
+    if overlap:
         record.setdefault("warnings", []).append(
-            f"--apply {args.apply} {same} (--allow-fit-cases): an evaluation of {args.output_dir} that scores them "
+            f"--apply {args.apply} {overlap} (--allow-fit-cases): an evaluation of {args.output_dir} that scores them "
             f"measures the fit itself, not calibration on unseen cases (recorded in calibration.json 'applied')")
     return record, target.cases() if target else []
+
+
+def fit_cases_applied(args: argparse.Namespace, fit: list[PredictionFolder], target: PredictionFolder | None,
+                      cases: list[str] | None) -> str | None:
+    """What the --apply folder holds of the fit cases (``cases``, else every case of the ``fit`` folders), said
+    in a phrase; refused unless --allow-fit-cases (an evaluation of the calibrated files would score the cases
+    the temperature was fitted on). None when it holds none."""
+    fit_cases = cases if cases is not None else sorted({c for folder in fit for c in folder.cases()})
+    scored = sorted(set(fit_cases) & set(target.cases())) if target else []
+    if not scored:
+        return None
+    listed = f"{len(scored)} of its cases are fit cases ({', '.join(scored[:10])})"
+    overlap = (f"is also a --fit folder: {listed}" if args.apply.resolve() in [d.resolve() for d in args.fit] else
+               f"holds cases the temperature is fitted on: {listed}")
+    if not args.allow_fit_cases:
+        raise FolderError(f"--apply {args.apply} {overlap}; an evaluation of the calibrated files would score the "
+                          f"cases it was fitted on: pass --apply a folder of other cases (the test predictions), or "
+                          f"--allow-fit-cases to calibrate them anyway (recorded in calibration.json and in the "
+                          f"provenance of their evaluation)")
+    return overlap
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,12 +18,12 @@ from pathlib import Path
 from mcseg.data.io import VolumeError
 from mcseg.evaluation.evaluator import EvalProtocol
 from mcseg.evaluation.folder_outputs import EXIT_INTERRUPTED, FolderInterrupted
-from mcseg.rundir import RunDirBusy
 from mcseg.runtime import keep_freed_memory
 from mcseg.evaluation.folders import (FORMATS, FolderError, declared_classes, evaluate_folders, fold_cases,
                                       open_folder, read_reference)
 from mcseg.metrics.regions import REGIONS
 from mcseg.metrics.surface import HD_DEFINITIONS
+from mcseg.rundir import RunDirBusy
 
 __all__ = ["FolderError", "evaluate_folder", "main"]
 

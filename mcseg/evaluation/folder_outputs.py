@@ -122,7 +122,7 @@ def claim_output(out: Path, tool: str, overwrite: bool,
         return None
     if found.kind != KINDS[tool]:
         raise OutputRefused(f"-o {out} holds {found.what}: {tool} never writes into another tool's folder (its "
-                          f"files would be mixed with, or read as, those); pass -o a new folder")
+                            f"files would be mixed with, or read as, those); pass -o a new folder")
     if found.complete and not overwrite:
         raise OutputRefused(f"-o {out} holds {found.what}: pass --overwrite to replace it, or -o a new folder")
     return found
