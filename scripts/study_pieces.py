@@ -195,11 +195,13 @@ def train_all(jobs: list[tuple[str, list[str], Path]], parallel: int) -> dict[st
 
 
 def stop_trainings(processes: list[subprocess.Popen], wait_s: float = 120.0) -> None:
-    """SIGINT to each training still running (it writes its checkpoint and stops, marked interrupted, so that
-    the next piece resumes it), then wait for them; one that does not stop in ``wait_s`` is killed."""
+    """SIGTERM to each training still running (it writes its checkpoint at the next step and stops, marked
+    interrupted, so that the next piece resumes it; never SIGINT: a training that already had the terminal's
+    Ctrl-C would take a second one as "stop at once, without a checkpoint"), then wait for them; one that does not
+    stop in ``wait_s`` is killed."""
     for process in processes:
         if process.poll() is None:
-            process.send_signal(signal.SIGINT)
+            process.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + wait_s
     for process in processes:
         try:

@@ -4,6 +4,7 @@ never take it for a complete piece."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -79,6 +80,8 @@ def test_ctrl_c_while_training_stops_the_trainings_it_started(tmp_path, monkeypa
     try:
         assert _main() == 130
         assert len(started) == 2 and all(p.poll() is not None for p in started)
+        # SIGTERM: a training that already had the terminal's Ctrl-C takes a second SIGINT as "stop at once"
+        assert all(p.returncode == -signal.SIGTERM for p in started)
     finally:
         for process in started:  # what the script left running
             if process.poll() is None:
