@@ -242,3 +242,32 @@ def test_ctrl_c_ends_in_one_line_and_marks_the_evaluation_interrupted_which_the_
     assert main(args) == 0
     record, = collect_folder_evaluations([tmp_path / "evals"])
     assert record.status == "completed" and record.evaluated and (out / "provenance.json").is_file()
+
+
+def test_a_real_sigint_ends_the_command_in_one_line_without_a_traceback(folders, tmp_path):
+    """The same through a real SIGINT (what Ctrl-C sends) in a process of its own, while the first case is scored."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    dirs, _ = folders
+    out = tmp_path / "out"
+    code = ("import os, signal, sys\n"
+            "from mcseg.evaluation.evaluator import Evaluator\n"
+            "scored = Evaluator.add_case\n"
+            "def add_case(self, *args, **kwargs):\n"
+            "    os.kill(os.getpid(), signal.SIGINT)\n"
+            "    return scored(self, *args, **kwargs)\n"
+            "Evaluator.add_case = add_case\n"
+            "from mcseg.evaluate_folder import main\n"
+            "sys.exit(main(sys.argv[1:]))\n")
+    args = [str(dirs["preds"]), str(dirs["labels"]), "--probs", str(dirs["probs"]), "--num-classes", "3",
+            "--bootstrap-samples", "0", "--no-figures", "-o", str(out)]
+    done = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 130, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "run the same command again" in done.stderr, done.stderr
+    assert json.loads((out / "status.json").read_text())["status"] == "interrupted"
+    assert not (out / "run.lock").exists()
