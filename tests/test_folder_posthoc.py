@@ -312,3 +312,38 @@ def test_the_cases_a_temperature_is_fitted_on_are_not_calibrated_for_scoring_wit
     provenance = json.loads((tmp_path / "e" / "provenance.json").read_text())
     assert provenance["scored_fit_cases"] == ["case_1"]
     assert any("case_1" in w for w in provenance["warnings"])
+
+
+def test_ctrl_c_in_calibrate_folder_marks_the_folder_which_is_not_evaluated_until_redone(tmp_path, capsys,
+                                                                                         monkeypatch):
+    """Ctrl-C while calibrated files are written: one line, the folder marked interrupted; mcseg-evaluate-folder
+    refuses the half-calibrated folder; the same command again redoes it without --overwrite."""
+    from mcseg.evaluation import folder_posthoc
+
+    labels, f = _mcseg_predictions(tmp_path, {"val": [0, 1], "test": [2, 3]})
+    out = tmp_path / "out"
+    args = ["--fit", str(f["val"]), "--reference", str(labels), "--apply", str(f["test"]), "-o", str(out)]
+    written = []
+    real = folder_posthoc._write_channel_last
+
+    def ctrl_c_after_one_case(*a, **k):
+        if written:
+            raise KeyboardInterrupt
+        written.append(real(*a, **k))
+        return written[-1]
+
+    monkeypatch.setattr(folder_posthoc, "_write_channel_last", ctrl_c_after_one_case)
+    try:
+        code = calibrate(args)
+    except KeyboardInterrupt:
+        code = "KeyboardInterrupt escaped: a traceback"
+    assert code == 130
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "run the same command again" in err, err
+    assert json.loads((out / "status.json").read_text())["status"] == "interrupted"
+    assert evaluate([str(out), str(labels), "-o", str(tmp_path / "e"), "--allow-missing", *FAST]) == 2
+    err = capsys.readouterr().err
+    assert str(out) in err and "interrupted" in err, err
+    monkeypatch.undo()
+    assert calibrate(args) == 0
+    assert evaluate([str(out), str(labels), "-o", str(tmp_path / "e"), "--allow-missing", *FAST]) == 0
