@@ -46,11 +46,12 @@ from mcseg.data.cases import to_regions
 from mcseg.data.io import Volume, read_volume, write_json, write_nifti
 from mcseg.evaluation.cases import UNCERTAINTY_FILES
 from mcseg.evaluation.evaluator import EvalProtocol, Evaluator
-from mcseg.evaluation.folder_outputs import EVALUATE_TOOL, EVALUATION_FILES, claim_output, writing
+from mcseg.evaluation.folder_outputs import EVALUATE_TOOL, EVALUATION_FILES, claim_output, folder_status, writing
 from mcseg.evaluation.provenance import file_sha256
 from mcseg.evaluation.split import FAILURE_FILE, PROVENANCE_FILE, write_rows
 from mcseg.metrics.failure import FailureDetection
 from mcseg.metrics.uncertainty import MAPS, MemberAccumulator, normalise
+from mcseg.rundir import STATUS_FILE
 
 __all__ = ["FORMATS", "FolderError", "PredictionFolder", "Reference", "Task", "declared_classes", "detect_format",
            "evaluate_folders", "fold_cases", "open_folder", "prediction_files", "read_reference"]
@@ -801,6 +802,11 @@ def evaluate_folders(folders: Sequence[PredictionFolder], reference: Reference, 
     version where the files say it, the sha256 of every file read) and failure detection; returns the summary.
     ``output_dir`` follows :mod:`mcseg.evaluation.folder_outputs` (an earlier evaluation replaced only with
     ``overwrite``; marked in status.json while written)."""
+    for folder in folders:
+        unfinished = folder_status(folder.path)
+        if unfinished is not None and unfinished["status"] != "completed":
+            raise FolderError(f"{folder.path}: {unfinished['tool']} did not complete this folder ({STATUS_FILE}: "
+                              f"{unfinished['status']}): run its command again before evaluating it")
     chosen = select_cases(folders, reference, cases, allow_missing)
     if len(folders) > 1:
         distinct_members(folders, chosen)
