@@ -16,6 +16,9 @@ tables are written under ``docs/results/<study>/<config>/``:
 - ``piece.json``: the commit that made it, when, the machine's load before, during and after, what each
   training and evaluation cost, and (for seed 0) the comparison with the seed-0 figures already published.
 
+While a piece writes its folder, ``piece.json`` says ``status: running`` (``interrupted`` after Ctrl-C, which
+also stops the piece's trainings with SIGTERM, so they checkpoint, and ends in one line saying how to resume):
+``--table`` and ``--list`` only take pieces whose status is ``completed`` (or absent, as in older pieces).
 Commit them before starting the next piece. ``--table`` assembles ``table.md`` and ``per_evaluation.csv`` of the
 whole study from the committed pieces only (never from run folders), and rewrites the study's README.md (which
 pieces exist, the command of the next). Nothing is selected on the test split: every temperature is fitted on
