@@ -222,11 +222,31 @@ def collect_runs(roots: list[Path], split: str = "test") -> list[RunRecord]:
     return [r for r in records if r is not None]
 
 
+def _unfinished_folder_evaluation(eval_dir: Path) -> RunRecord | None:
+    """An evaluation by ``mcseg-evaluate-folder`` whose ``status.json`` says it did not complete (interrupted,
+    failed, or running with its process gone): a record without results, which the report lists as left out."""
+    from mcseg.evaluation.folder_outputs import EVALUATE_TOOL, folder_status
+
+    status = folder_status(eval_dir)
+    if status is None or status.get("tool") != EVALUATE_TOOL or status["status"] == "completed":
+        return None
+    folders = "+".join("/".join(Path(str(p)).parts[-2:]) for p in status.get("predictions") or [])
+    reference = str(status.get("reference") or "?")
+    return RunRecord(eval_dir, f"predictions={folders.replace(' ', '_')}", EVALUATE_TOOL, {}, 0,
+                     str(status["status"]), error=f"{status.get('error') or 'not completed'}: its files are "
+                     f"incomplete; run its mcseg-evaluate-folder command again", dataset=Path(reference).name,
+                     dataset_key=reference)
+
+
 def read_folder_evaluation(eval_dir: Path) -> RunRecord | None:
     """An evaluation of another tool's prediction folder (``mcseg-evaluate-folder``: a summary.json whose
     provenance names the ``predictions``) as a report row of its own: the tool in the loss column, the
     configuration ``predictions=<folder>[+<folder>...]`` (the folders' whole paths as its key), the reference
-    (:func:`folder_reference`) as the dataset, one evaluation (seed 0). None for any other summary.json."""
+    (:func:`folder_reference`) as the dataset, one evaluation (seed 0). None for any other summary.json. One that
+    did not complete (its status.json) is a record without results (:func:`_unfinished_folder_evaluation`)."""
+    unfinished = _unfinished_folder_evaluation(eval_dir)
+    if unfinished is not None:
+        return unfinished
     summary = _read_json(eval_dir / "summary.json")
     provenance = (summary or {}).get("provenance") or {}
     predictions = provenance.get("predictions")
@@ -288,12 +308,15 @@ def current_evaluations(records: list[RunRecord]) -> list[RunRecord]:
 
 
 def collect_folder_evaluations(roots: list[Path]) -> list[RunRecord]:
-    """Every evaluation of a prediction folder under ``roots`` (:func:`read_folder_evaluation`); of several of the
-    same folders against the same reference, the current ones (:func:`current_evaluations`)."""
-    found = {path.parent.resolve() for root in roots for path in Path(root).glob("**/summary.json")}
+    """Every evaluation of a prediction folder under ``roots`` (:func:`read_folder_evaluation`); of several
+    complete ones of the same folders against the same reference, the current ones (:func:`current_evaluations`);
+    unfinished ones (no results) are kept to be listed as left out."""
+    found = {path.parent.resolve() for root in roots for name in ("summary.json", STATUS_FILE)
+             for path in Path(root).glob(f"**/{name}")}
     records = [r for r in (read_folder_evaluation(path) for path in sorted(found)) if r is not None]
     groups: dict[tuple[str, str], list[RunRecord]] = {}
     for record in records:
-        groups.setdefault((record.dataset_key, record.configuration_key), []).append(record)
+        if record.summaries:
+            groups.setdefault((record.dataset_key, record.configuration_key), []).append(record)
     kept = {r.path for group in groups.values() for r in (group if len(group) == 1 else current_evaluations(group))}
-    return [r for r in records if r.path in kept]
+    return [r for r in records if r.path in kept or not r.summaries]
