@@ -312,7 +312,7 @@ def _open_mlflow_only(settings: dict, run_dir: Path, limit_s: float = 30.0):
     return built.get("trackers"), time.monotonic() - start
 
 
-@pytest.mark.skipif(mlflow_missing, reason="needs the mlflow extra")
+@pytest.mark.usefixtures("mlflow_installed")
 @pytest.mark.parametrize("server", ["refusing", "silent"])
 def test_an_unreachable_tracking_server_is_one_warning_at_start_not_minutes_of_retries(tmp_path, caplog, server):
     """Issue #43 section 3: logger.mlflow.tracking_uri=http://127.0.0.1:9 stalled the run about 4 minutes in the
@@ -343,7 +343,7 @@ def test_an_unreachable_tracking_server_is_one_warning_at_start_not_minutes_of_r
     reset_failures()
 
 
-@pytest.mark.skipif(mlflow_missing, reason="needs the mlflow extra")
+@pytest.mark.usefixtures("mlflow_installed")
 def test_a_read_only_store_is_reported_with_its_path_not_sqlalchemys_autoflush_hint(tmp_path, monkeypatch):
     """A read-only mlflow.db was reported as "(raised as a result of Query-invoked autoflush; consider using a
     session.no_autoflush block ...)". Now the cause and the file. (The tests may run as root, whom the OS lets
