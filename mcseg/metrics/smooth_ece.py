@@ -67,19 +67,27 @@ class SmoothSums:
         return int(self.count.sum().item())
 
 
-def smooth_sums(confidence: torch.Tensor, correct: torch.Tensor) -> SmoothSums:
+# voxels per step of the accumulation: the float64 temporaries of a step stay small (a 3D case has 10^7 voxels)
+_CHUNK = 1 << 18
+
+
+def smooth_sums(confidence: torch.Tensor, correct: torch.Tensor, into: SmoothSums | None = None) -> SmoothSums:
     """The :class:`SmoothSums` of confidences in [0, 1] (clamped) and 0/1 (or boolean) outcomes of the same
-    shape, on their device."""
+    shape, on their device; added to ``into`` (and returned) when given."""
     if confidence.shape != correct.shape:
         raise ValueError(f"confidence and correct: expected the same shape, got {tuple(confidence.shape)} and "
                          f"{tuple(correct.shape)}")
-    f = confidence.reshape(-1).to(torch.float64).clamp(0.0, 1.0)
-    y = correct.reshape(-1).to(torch.float64)
-    cell = (f * N_CELLS).long().clamp_(max=N_CELLS - 1)
-    sums = SmoothSums.zeros(device=f.device)
-    for target, values in ((sums.count, torch.ones_like(f)), (sums.correct, y), (sums.conf, f),
-                           (sums.conf_correct, f * y), (sums.conf_sq, f * f)):
-        target.index_add_(0, cell, values)
+    sums = SmoothSums.zeros(device=confidence.device) if into is None else into
+    conf, hit = confidence.reshape(-1), correct.reshape(-1)
+    for start in range(0, conf.numel(), _CHUNK):
+        f = conf[start:start + _CHUNK].to(torch.float64).clamp(0.0, 1.0)
+        y = hit[start:start + _CHUNK].to(torch.float64)
+        cell = (f * N_CELLS).long().clamp_(max=N_CELLS - 1)
+        sums.count.index_add_(0, cell, torch.ones_like(f))
+        sums.correct.index_add_(0, cell, y)
+        sums.conf.index_add_(0, cell, f)
+        sums.conf_correct.index_add_(0, cell, f * y)
+        sums.conf_sq.index_add_(0, cell, f * f)
     return sums
 
 
