@@ -11,7 +11,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, ListConfig, open_dict
 
-from mcseg.data.io import write_json
+from mcseg.files import write_json
 from mcseg.evaluation.checkpoint import evaluate_checkpoint
 from mcseg.evaluation.ensemble import evaluate_ensemble
 from mcseg.evaluation.split import evaluate_split, format_summary  # noqa: F401  (re-exported for scripts)

@@ -28,7 +28,7 @@ from typing import Any, Callable
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from mcseg.data.io import atomic_write, write_json
+from mcseg.files import atomic_write, json_text, write_json
 from mcseg.errors import as_disk_full
 from mcseg.rundir import RUN_MARKERS, STATUS_FILE, find_run_dirs, state_of  # noqa: F401  (importable here too)
 
@@ -126,14 +126,10 @@ def run_identity(cfg: DictConfig) -> dict:
                         str(cfg.dataset.get("name")), cfg.seed)
 
 
-def _status_json(record: dict) -> str:
-    return json.dumps(record, indent=2, default=str) + "\n"
-
-
 def write_status(path: Path, record: dict) -> None:
     """Write ``status.json`` atomically, padded to keep its space reserved (``STATUS_BLOCK``); when that fails
     (a full disk), write ``record`` over the file in place, within its size. Raises when neither works."""
-    text = _status_json(record)
+    text = json_text(record)
     size = -(-(len(text) + STATUS_SPARE) // STATUS_BLOCK) * STATUS_BLOCK
     try:
         atomic_write(path, lambda tmp: tmp.write_text(text + " " * (size - len(text))))
@@ -147,10 +143,10 @@ def _overwrite_in_place(path: Path, record: dict) -> bool:
     try:
         with open(path, "r+b") as f:
             size = os.fstat(f.fileno()).st_size
-            text = _status_json(record)
+            text = json_text(record)
             if len(text) > size and record.get("error"):
                 error = record["error"]
-                text = _status_json({**record, "error": error[: max(0, len(error) - (len(text) - size) - 3)] + "..."})
+                text = json_text({**record, "error": error[: max(0, len(error) - (len(text) - size) - 3)] + "..."})
             if len(text) > size:
                 return False
             f.write((text + " " * (size - len(text))).encode())

@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from mcseg.calibration import PosthocConfig, fit_posthoc, scalers_to_apply
 from mcseg.config import LoggerConfig, TrainerConfig, typed, validate_train_config
-from mcseg.data.io import write_json
+from mcseg.files import write_json
 from mcseg.errors import ConfigError, TrainingInterrupted
 from mcseg.data.build import check_run_inputs
 from mcseg.inference.build import build_predictor

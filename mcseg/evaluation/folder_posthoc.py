@@ -204,7 +204,7 @@ def calibrate_folder(folder: PredictionFolder, scaler: Scaler, out_dir: Path, mu
 def _write_nnunet(folder: NnUNetFolder, case: str, scaled, out_dir: Path) -> None:
     import SimpleITK as sitk
 
-    from mcseg.data.io import atomic_write
+    from mcseg.files import atomic_write
 
     with np.load(folder.path / f"{case}.npz") as stored:
         probs = scaled(case, folder.path / f"{case}.npz", stored["probabilities"], 0)
@@ -229,7 +229,7 @@ def _savez(tmp: Path, probs: np.ndarray) -> None:
 def _write_channel_last(folder: ChannelLastFolder, case: str, scaled, out_dir: Path) -> None:
     import nibabel as nib
 
-    from mcseg.data.io import atomic_write
+    from mcseg.files import atomic_write
 
     path = folder.files[case]
     img = nib.load(str(path))

@@ -43,11 +43,12 @@ import numpy as np
 import torch
 
 from mcseg.data.cases import to_regions
-from mcseg.data.io import Volume, read_volume, write_json, write_nifti
+from mcseg.data.io import Volume, read_volume, write_nifti
+from mcseg.files import write_csv, write_json
 from mcseg.evaluation.cases import UNCERTAINTY_FILES
 from mcseg.evaluation.evaluator import EvalProtocol, Evaluator
 from mcseg.evaluation.provenance import file_sha256
-from mcseg.evaluation.split import FAILURE_FILE, PROVENANCE_FILE, write_rows
+from mcseg.evaluation.split import FAILURE_FILE, PROVENANCE_FILE
 from mcseg.metrics.failure import FailureDetection
 from mcseg.metrics.uncertainty import MAPS, MemberAccumulator, normalise
 
@@ -748,6 +749,6 @@ def evaluate_folders(folders: Sequence[PredictionFolder], reference: Reference, 
     out = Path(output_dir)
     summary = evaluator.write(out, extra=extra)
     if failure is not None and failure.rows:
-        write_rows(out / FAILURE_FILE, failure.rows)
+        write_csv(out / FAILURE_FILE, failure.rows)
     write_json(out / PROVENANCE_FILE, provenance)
     return summary

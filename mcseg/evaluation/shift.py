@@ -27,7 +27,7 @@ from pathlib import Path
 
 from mcseg.data.base import SegmentationDataset
 from mcseg.data.cases import CaseData, CaseRef
-from mcseg.data.io import atomic_write, write_json
+from mcseg.files import atomic_write, write_json
 from mcseg.data.shift import Corruption, ShiftConfig, case_seed, corruption
 from mcseg.evaluation.split import clear_evaluation, evaluate_split
 from mcseg.evaluation.evaluator import EvalProtocol, Evaluator
