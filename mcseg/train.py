@@ -32,7 +32,7 @@ from mcseg.evaluation.provenance import (checkpoint_identity, classes_unseen_in_
                                     content_lookup, dataset_identity,
                                     hydra_overrides, split_case_ids, warn_shared_content)
 from mcseg.training.relaunch import check_launch
-from mcseg.sweep import run_identity, sweep_dir_of_job
+from mcseg.identity import run_identity, sweep_dir_of_job
 from mcseg.rundir import begin as begin_run
 from mcseg.environment import environment_record
 from mcseg.runtime import describe_device, keep_freed_memory, seed_everything, thread_reductions

@@ -55,7 +55,7 @@ from mcseg.evaluation.evaluator import EvalProtocol  # noqa: E402
 from mcseg.inference.volume import InferenceConfig  # noqa: E402
 from mcseg.evaluation.provenance import checkpoint_identity  # noqa: E402
 from mcseg.runtime import resolve_device  # noqa: E402
-from mcseg.sweep import find_run_dirs  # noqa: E402
+from mcseg.rundir import find_run_dirs  # noqa: E402
 
 log = logging.getLogger("posthoc_study")
 
