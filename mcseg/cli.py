@@ -8,7 +8,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from mcseg.config import CONFIG_DIR  # noqa: F401  (importable from here too)
+from mcseg.config import CONFIG_DIR
 from mcseg.identity import job_name
 
 # ${mcseg_job:...} names sweep job directories (configs/hydra/default.yaml); registered on import,

@@ -16,7 +16,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from mcseg.data.io import VolumeError
-from mcseg.evaluation.evaluator import EvalProtocol
+from mcseg.config import EvalProtocol
 from mcseg.runtime import keep_freed_memory
 from mcseg.evaluation.folders import (FORMATS, FolderError, evaluate_folders, fold_cases, open_folder,
                                       read_reference)

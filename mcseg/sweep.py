@@ -93,7 +93,7 @@ def run_job(fn: Callable[[DictConfig], Any], cfg: DictConfig, checks_itself: boo
     ``status.json`` keeps reserved (:func:`write_status`).
     """
     from mcseg import rundir
-    from mcseg.training import loggers
+    from mcseg.training.loggers.base import failures, reset_failures
     from mcseg.training.distributed import env_context
     from mcseg.training.relaunch import RunFinished
     from mcseg.errors import TrainingInterrupted
@@ -111,7 +111,7 @@ def run_job(fn: Callable[[DictConfig], Any], cfg: DictConfig, checks_itself: boo
     out_dir = Path(cfg.paths.output_dir)
     record = {"status": "running", "overrides": overrides, "job_num": num, "pid": os.getpid(),
               "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    loggers.reset_failures()  # the trackers that fail in this job are recorded in its status
+    reset_failures()  # the trackers that fail in this job are recorded in its status
     start = time.perf_counter()
     unrecorded = []  # why status.json could not be updated (e.g. the full disk that ended the run)
 
@@ -119,8 +119,8 @@ def run_job(fn: Callable[[DictConfig], Any], cfg: DictConfig, checks_itself: boo
         if not owner.started:  # refused before it began: the directory stays as it was
             return
         record.update(status=status, error=error, wall_time_s=round(time.perf_counter() - start, 1))
-        if loggers.failures():  # the run went on without them; its folder is the record
-            record["tracker_failures"] = loggers.failures()
+        if failures():  # the run went on without them; its folder is the record
+            record["tracker_failures"] = failures()
         try:
             write_status(out_dir / STATUS_FILE, record)
         except OSError as exc:

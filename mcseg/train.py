@@ -13,16 +13,14 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from mcseg.calibration import PosthocConfig, fit_posthoc, scalers_to_apply
-from mcseg.config import LoggerConfig, TrainerConfig, typed, validate_train_config
+from mcseg.config import EvalProtocol, InferenceConfig, LoggerConfig, TrainerConfig, typed, validate_train_config
 from mcseg.files import write_json
 from mcseg.errors import ConfigError, TrainingInterrupted
-from mcseg.data.build import check_run_inputs
+from mcseg.data.build import build_dataset, check_run_inputs, record_dataset_facts, resolve_split
 from mcseg.inference.build import build_predictor
-from mcseg.training.loader import build_dataset, build_train_loader, load_cases, record_dataset_facts, resolve_split
+from mcseg.training.loader import build_train_loader, load_cases
 from mcseg.training.distributed import init_distributed, shutdown
-from mcseg.evaluation.evaluator import EvalProtocol
 from mcseg.evaluation.figures import summary_keys
-from mcseg.inference.volume import InferenceConfig
 from mcseg.training.loggers import Trackers, build_trackers, check_libraries, config_params, flatten, logger_settings
 from mcseg.training.trainer import Trainer
 from mcseg.evaluation.split import evaluate_split, format_summary

@@ -51,8 +51,8 @@ from bench_metrics import machine, write_section  # noqa: E402
 from competitor import competitors  # noqa: E402
 
 from mcseg.data.cases import CaseData  # noqa: E402
-from mcseg.evaluation.evaluator import EvalProtocol, Evaluator  # noqa: E402
-from mcseg.inference.volume import InferenceConfig  # noqa: E402
+from mcseg.evaluation.evaluator import Evaluator  # noqa: E402
+from mcseg.config import EvalProtocol, InferenceConfig  # noqa: E402
 from mcseg.evaluation.cases import evaluate_cases  # noqa: E402
 from mcseg.inference.predict import SegmentationPredictor  # noqa: E402
 from mcseg.training.trainer import Trainer  # noqa: E402
@@ -233,7 +233,7 @@ def loader_alone(record: dict) -> str:
 def evaluation_rate(cfg, trainer: Trainer, n_cases: int, out_dir: Path) -> dict:
     """(d): test volumes/s through ``evaluate_split`` (after one untimed volume)."""
     from mcseg.config import typed
-    from mcseg.training.loader import build_dataset, resolve_split
+    from mcseg.data.build import build_dataset, resolve_split
     from mcseg.evaluation.split import evaluate_split
 
     dataset = build_dataset(cfg.dataset)

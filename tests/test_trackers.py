@@ -197,7 +197,8 @@ def test_a_sweep_job_is_a_child_of_the_sweeps_parent_run(tmp_path, store):
 def test_a_tracker_that_fails_warns_once_and_the_run_goes_on(tmp_path, caplog):
     """A tracker raising (a locked database, a server that does not answer) is one warning naming it and the
     error; the others go on and the failure is recorded for the run's status."""
-    from mcseg.training.loggers import Tracker, Trackers, failures, reset_failures
+    from mcseg.training.loggers import Trackers
+    from mcseg.training.loggers.base import Tracker, failures, reset_failures
 
     class Locked(Tracker):
         name = "mlflow"

@@ -13,7 +13,7 @@ import pytest
 import torch
 from omegaconf import open_dict
 
-from mcseg.training.checkpoint import load_checkpoint
+from mcseg.inference.build import load_checkpoint
 from mcseg.training.trainer import Trainer
 from mcseg.evaluate import evaluate
 from mcseg.rundir import LaunchRefused

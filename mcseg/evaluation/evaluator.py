@@ -21,7 +21,7 @@ import torch
 from mcseg.metrics.uncertainty import entropy
 from matplotlib.figure import Figure
 
-from mcseg.config import EvalProtocol  # the schema of the ``evaluation`` node; importable here too
+from mcseg.config import EvalProtocol
 from mcseg.evaluation.raters import (
     CASE_FIGURES, CLASS_FIGURES, RATER_COLUMNS, RELIABILITY_COLUMNS, RELIABILITY_FILE, RaterFigures,
 )

@@ -40,7 +40,7 @@ import torch
 from mcseg.calibration import PosthocConfig, fit_posthoc
 from mcseg.calibration.scalers import SCALER_TYPES, Scaler, load_scaler
 from mcseg.data.cases import CaseData
-from mcseg.evaluation.evaluator import EvalProtocol
+from mcseg.config import EvalProtocol
 from mcseg.evaluation.folders import (ChannelLastFolder, FolderError, McsegFolder, NnUNetFolder, PredictionFolder,
                                       Reference, read_case, segmentation_of)
 from mcseg.evaluation.provenance import file_sha256

@@ -46,7 +46,8 @@ from mcseg.data.cases import to_regions
 from mcseg.data.io import Volume, read_volume, write_nifti
 from mcseg.files import write_csv, write_json
 from mcseg.evaluation.cases import UNCERTAINTY_FILES
-from mcseg.evaluation.evaluator import EvalProtocol, Evaluator
+from mcseg.evaluation.evaluator import Evaluator
+from mcseg.config import EvalProtocol
 from mcseg.evaluation.provenance import file_sha256
 from mcseg.evaluation.split import FAILURE_FILE, PROVENANCE_FILE
 from mcseg.metrics.failure import FailureDetection

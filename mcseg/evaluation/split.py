@@ -14,11 +14,11 @@ import torch
 from tqdm import tqdm
 
 from mcseg.calibration import CALIBRATION_FILE, SCALER_TYPES, Scaler
-from mcseg.data.cases import CaseData
+from mcseg.data.cases import CaseData, CaseRef
 from mcseg.data.base import SegmentationDataset
-from mcseg.data.cases import CaseRef
 from mcseg.files import write_csv, write_json
-from mcseg.evaluation.evaluator import EvalProtocol, Evaluator
+from mcseg.evaluation.evaluator import Evaluator
+from mcseg.config import EvalProtocol
 from mcseg.evaluation.cases import PerNetwork, evaluate_cases
 from mcseg.evaluation.raters import RELIABILITY_FILE as RATER_RELIABILITY
 from mcseg.inference.predict import SegmentationPredictor

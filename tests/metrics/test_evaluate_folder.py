@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from mcseg.evaluation.evaluator import EvalProtocol, Evaluator
+from mcseg.evaluation.evaluator import Evaluator
+from mcseg.config import EvalProtocol
 from mcseg.evaluate_folder import main
 
 from .reference import blobs

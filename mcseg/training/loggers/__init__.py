@@ -30,7 +30,7 @@ from typing import Any
 
 from mcseg.files import write_json
 from mcseg.errors import ConfigError
-from mcseg.training.loggers.base import Tracker, failures, note_failure, reset_failures  # noqa: F401
+from mcseg.training.loggers.base import Tracker, note_failure
 
 log = logging.getLogger(__name__)
 
