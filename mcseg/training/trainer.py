@@ -72,8 +72,8 @@ def call_hook(obj, name: str, *args) -> None:
 class Trainer:
     """Runs epochs; owns model, loss, optimiser, scheduler and the run's checkpoints."""
 
-    def __init__(
-        self, cfg: TrainerConfig, run_dir: Path, model, loss_fn, optimizer, scheduler, loader, sampler,
+    def __init__(  # keyword-only: eighteen arguments are read by name (mcseg.training.build builds it)
+        self, *, cfg: TrainerConfig, run_dir: Path, model, loss_fn, optimizer, scheduler, loader, sampler,
         predictor: SegmentationPredictor, val_cases: list, restore, num_classes: int, class_names: list[str],
         protocol: EvalProtocol, trackers: Trackers, config_container: dict, images: int = 2,
         dist: DistContext | None = None,
