@@ -18,9 +18,12 @@ from mcseg.calibration import PosthocConfig
 from mcseg.calibration.posthoc import OBJECTIVES, VOXEL_SAMPLES
 from mcseg.data.io import VolumeError
 from mcseg.config import EvalProtocol
-from mcseg.evaluation.folder_posthoc import REFUSED, calibrate_folder, fit_folders
-from mcseg.evaluation.folders import FORMATS, FolderError, fold_cases, open_folder, read_reference
+from mcseg.evaluation.folder_outputs import CALIBRATE_TOOL, EXIT_INTERRUPTED, FolderInterrupted, claim_output, writing
+from mcseg.evaluation.folder_posthoc import REFUSED, calibrate_folder, fit_folders, record_applied, take_over
+from mcseg.evaluation.folders import (FORMATS, FolderError, PredictionFolder, declared_classes, fold_cases, open_folder,
+                                      prediction_files, read_reference)
 from mcseg.metrics.regions import REGIONS
+from mcseg.rundir import RunDirBusy
 
 __all__ = ["main"]
 
@@ -38,7 +41,13 @@ def _parser() -> argparse.ArgumentParser:
                    help="their labels: an nnU-Net raw dataset, an MSD folder or a folder of <case>.nii.gz")
     p.add_argument("--apply", type=Path, metavar="TEST_DIR", help="the prediction folder to calibrate")
     p.add_argument("-o", "--output-dir", type=Path, required=True,
-                   help="where calibration.json and the calibrated files go (never the input folders)")
+                   help="where calibration.json and the calibrated files go: a new folder (never an input folder, "
+                   "a folder of predictions or an evaluation; an earlier calibration only with --overwrite)")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier calibration in OUT_DIR (its "
+                   "calibration.json and the files it wrote; never a folder of another tool's files)")
+    p.add_argument("--allow-fit-cases", action="store_true", help="calibrate an --apply folder holding fit cases "
+                   "(refused otherwise: their evaluation would score the cases the temperature was fitted on); "
+                   "recorded in calibration.json and in the provenance of the calibrated folder's evaluation")
     p.add_argument("--scaler", default="temperature", choices=[s for s in ("temperature", "vector")])
     p.add_argument("--voxels", default=posthoc.voxels, choices=VOXEL_SAMPLES,
                    help="fit voxels: the calibration region of --region (default), balanced or all")
@@ -51,7 +60,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--fold", help="a fold of --splits, or 'all'")
     p.add_argument("--format", dest="fmt", default="auto", choices=("auto", *FORMATS))
     p.add_argument("--monai-postfix", default="trans")
-    p.add_argument("--dataset-json", type=Path, help="the dataset.json that gives the classes")
+    p.add_argument("--dataset-json", type=Path, help="the dataset.json that gives the classes (default: the "
+                   "reference's, or beside/above its labels)")
+    p.add_argument("--num-classes", type=int, help="number of classes K of the task, background included, when "
+                   "nothing else says (a softmax)")
+    p.add_argument("--class-names", nargs="+", help="K class names, background first, when nothing else says")
     return p
 
 
@@ -60,7 +73,10 @@ def calibrate(args: argparse.Namespace) -> tuple[dict, list[str]]:
     inputs = [d.resolve() for d in [*args.fit, *([args.apply] if args.apply else [])]]
     if out in inputs:
         raise FolderError(f"-o {args.output_dir}: write the calibrated files to a new folder, not an input folder")
-    reference = read_reference(args.reference, dataset_json=args.dataset_json)
+    earlier = claim_output(args.output_dir, CALIBRATE_TOOL, args.overwrite,
+                           lambda folder: prediction_files(folder, args.monai_postfix))
+    reference = read_reference(args.reference, args.class_names, args.num_classes, args.dataset_json,
+                               declared=declared_classes(args.fit[0]))
     fit = [open_folder(d, reference.task, args.fmt, args.monai_postfix) for d in args.fit]
     if (args.splits is None) != (args.fold is None):
         raise FolderError("--splits and --fold go together")
@@ -73,21 +89,52 @@ def calibrate(args: argparse.Namespace) -> tuple[dict, list[str]]:
     posthoc = PosthocConfig(fit=[args.scaler], apply=[args.scaler], max_voxels=args.max_voxels, seed=args.seed,
                             voxels=args.voxels, objective=args.objective)
     protocol = EvalProtocol(region=args.region, n_bins=args.n_bins)
-    record, scalers = fit_folders(fit, reference, out, [args.scaler], cases, posthoc, protocol)
-    written = []
-    if args.apply is not None:
-        target = open_folder(args.apply, reference.task, args.fmt, args.monai_postfix)
-        written = calibrate_folder(target, scalers[args.scaler], out, reference.task.multilabel)
-    return record, written
+    target = open_folder(args.apply, reference.task, args.fmt, args.monai_postfix) if args.apply else None
+    overlap = fit_cases_applied(args, fit, target, cases)
+    with writing(out, CALIBRATE_TOOL, {"fit": [str(d.resolve()) for d in args.fit],
+                                       "apply": str(args.apply.resolve()) if args.apply else None}):
+        replaced = take_over(out) if earlier is not None else []
+        record, scalers = fit_folders(fit, reference, out, [args.scaler], cases, posthoc, protocol)
+        files = calibrate_folder(target, scalers[args.scaler], out, reference.task.multilabel) if target else []
+        record_applied(out, record, args.scaler, target, files, record["val_cases"], replaced)
+    if overlap:
+        record.setdefault("warnings", []).append(
+            f"--apply {args.apply} {overlap} (--allow-fit-cases): an evaluation of {args.output_dir} that scores them "
+            f"measures the fit itself, not calibration on unseen cases (recorded in calibration.json 'applied')")
+    return record, target.cases() if target else []
+
+
+def fit_cases_applied(args: argparse.Namespace, fit: list[PredictionFolder], target: PredictionFolder | None,
+                      cases: list[str] | None) -> str | None:
+    """What the --apply folder holds of the fit cases (``cases``, else every case of the ``fit`` folders), said
+    in a phrase; refused unless --allow-fit-cases (an evaluation of the calibrated files would score the cases
+    the temperature was fitted on). None when it holds none."""
+    fit_cases = cases if cases is not None else sorted({c for folder in fit for c in folder.cases()})
+    scored = sorted(set(fit_cases) & set(target.cases())) if target else []
+    if not scored:
+        return None
+    listed = f"{len(scored)} of its cases are fit cases ({', '.join(scored[:10])})"
+    overlap = (f"is also a --fit folder: {listed}" if args.apply.resolve() in [d.resolve() for d in args.fit] else
+               f"holds cases the temperature is fitted on: {listed}")
+    if not args.allow_fit_cases:
+        raise FolderError(f"--apply {args.apply} {overlap}; an evaluation of the calibrated files would score the "
+                          f"cases it was fitted on: pass --apply a folder of other cases (the test predictions), or "
+                          f"--allow-fit-cases to calibrate them anyway (recorded in calibration.json and in the "
+                          f"provenance of their evaluation)")
+    return overlap
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         record, written = calibrate(args)
-    except (FolderError, VolumeError, ValueError) as exc:
+    except (FolderError, VolumeError, ValueError, RunDirBusy) as exc:
         print(f"mcseg-calibrate-folder: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:
+        print(str(exc) if isinstance(exc, FolderInterrupted) else
+              "mcseg-calibrate-folder: interrupted (Ctrl-C) before anything was written", file=sys.stderr)
+        return EXIT_INTERRUPTED
     fitted = record["scalers"][args.scaler]
     values = (f"T={fitted['temperature']:.4g}" if "temperature" in fitted else
               f"w={[round(w, 4) for w in fitted['weight']]} b={[round(b, 4) for b in fitted['bias']]}")

@@ -4,18 +4,24 @@ Hydra already refuses command-line overrides of keys that do not exist. These ch
 cover the rest: a misspelt key or a wrong type inside a YAML file (an experiment preset,
 a user's dataset file) fails at start with the full key named, not an hour into a run.
 Nodes with a fixed shape are checked against dataclasses; ``_target_`` nodes are checked
-against the signature of the class or function they name. :func:`resume_mismatch` says where two
+against the signature of the class or function they name: each key a parameter of it, each value of the
+parameter's annotated type (``optim.lr=abc``, ``model.channels=16`` are named at start, not by a torch or
+MONAI traceback). :func:`resume_mismatch` says where two
 resolved configs differ in what decides a checkpoint's model.
 """
 from __future__ import annotations
 
+import enum
 import importlib
 import inspect
+import types
+import typing
+from collections import abc
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from mcseg.errors import ConfigError
@@ -204,41 +210,121 @@ def typed(node: Any, schema: type, key: str):
         raise ConfigError(f"config key '{where}': {str(exc).splitlines()[0]}") from None
 
 
-def _accepted_parameters(target: str, key: str) -> tuple[set[str], bool]:
+def _accepted_parameters(target: str, key: str) -> tuple[dict[str, inspect.Parameter], bool]:
+    """The parameters of ``target`` by name (walking ``**kwargs`` up the class hierarchy, annotations resolved
+    where they can be) and whether it also takes keywords it does not name."""
     module_name, _, attr = target.rpartition(".")
     try:
         obj = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError, ValueError) as exc:
         raise ConfigError(f"config key '{key}._target_': cannot import {target!r} ({exc})") from None
-    names, open_ended = set(), False
+    found: dict[str, inspect.Parameter] = {}
     classes = inspect.getmro(obj) if inspect.isclass(obj) else (obj,)
     for cls in classes:
         fn = cls.__init__ if inspect.isclass(obj) else cls
         try:
             params = inspect.signature(fn).parameters.values()
         except (TypeError, ValueError):
-            return names, True
-        names |= {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+            return found, True
+        hints = _type_hints(fn)
+        for p in params:
+            if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and p.name not in found:
+                found[p.name] = p.replace(annotation=hints.get(p.name, p.annotation))
         if not any(p.kind == p.VAR_KEYWORD for p in params):
-            return names, open_ended
-    return names, True
+            return found, False
+    return found, True
+
+
+def _type_hints(fn) -> dict:
+    """``fn``'s annotations as types ({} where they cannot be resolved: then nothing is type-checked)."""
+    try:
+        return typing.get_type_hints(fn)
+    except Exception:  # an annotation naming what the module does not import at run time
+        return {}
+
+
+def fits(value: Any, hint: Any) -> bool:
+    """Whether a config value (plain Python: numbers, strings, lists, dicts, None) can be ``hint``; annotations
+    it does not understand (callables, type variables, unresolved strings) accept anything."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(fits(value, a) for a in args)
+    if hint is type(None):
+        return value is None
+    if origin is typing.Literal:
+        return value in args
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint in (bool, str):
+        return isinstance(value, hint)
+    if hint in (list, tuple) or origin in (list, tuple, abc.Sequence, abc.Iterable, abc.Collection):
+        members = [a for a in args if a is not Ellipsis]
+        return isinstance(value, (list, tuple)) and all(any(fits(v, a) for a in members) for v in value if members)
+    if hint is dict or origin in (dict, abc.Mapping):
+        return isinstance(value, dict)
+    if isinstance(hint, type) and hint is not object:
+        if issubclass(hint, enum.Enum):
+            return isinstance(value, (str, int)) and not isinstance(value, bool)
+        if issubclass(hint, PurePath):
+            return isinstance(value, str)
+        return isinstance(value, (hint, dict))  # a dict: a node instantiated before the call
+    return True
+
+
+def describe_type(hint: Any) -> str:
+    """``hint`` in words, for an error: ``a number``, ``a list of integers``, ``a number or a Tensor``."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(dict.fromkeys(describe_type(a) for a in args))
+    if origin is typing.Literal:
+        return "one of " + ", ".join(map(repr, args))
+    words = {float: "a number", int: "an integer", bool: "true or false", str: "a string", type(None): "null",
+             list: "a list", tuple: "a list", dict: "a mapping"}
+    if hint in words:
+        return words[hint]
+    if origin in (list, tuple, abc.Sequence, abc.Iterable, abc.Collection):
+        members = [a for a in args if a is not Ellipsis]
+        plural = {"a number": "numbers", "an integer": "integers", "a string": "strings", "true or false": "booleans"}
+        inner = " or ".join(dict.fromkeys(plural.get(describe_type(a), describe_type(a)) for a in members))
+        return f"a list of {inner}" if inner else "a list"
+    if origin in (dict, abc.Mapping):
+        return "a mapping"
+    return f"a {getattr(hint, '__name__', str(hint))}"
+
+
+def _config_value(node: DictConfig, k: str):
+    """A node's value as plain Python, interpolations resolved (``...``: not resolvable before Hydra runs)."""
+    try:
+        value = node[k]
+    except OmegaConfBaseException:
+        return ...
+    return OmegaConf.to_container(value, resolve=True) if isinstance(value, (DictConfig, ListConfig)) else value
 
 
 def check_target_keys(node: DictConfig, key: str, ignore: tuple[str, ...] = ()) -> None:
-    """Every key of a ``_target_`` node must be a parameter of its target (walking ``**kwargs``)."""
+    """Every key of a ``_target_`` node must be a parameter of its target (walking ``**kwargs``), and its value
+    of the parameter's annotated type where it has one (:func:`fits`)."""
     target = node.get("_target_")
     if target is None:
         raise ConfigError(f"config key '{key}._target_' is missing")
-    names, open_ended = _accepted_parameters(str(target), key)
-    if open_ended:
-        return
+    params, open_ended = _accepted_parameters(str(target), key)
     for k in node.keys():
         if str(k).startswith("_") or k in ignore:
             continue
-        if k not in names:
+        if k not in params:
+            if open_ended:
+                continue
             raise ConfigError(
-                f"config key '{key}.{k}' is not a parameter of {target} (accepted: {', '.join(sorted(names))})"
+                f"config key '{key}.{k}' is not a parameter of {target} (accepted: {', '.join(sorted(params))})"
             )
+        param, value = params[k], _config_value(node, k)
+        if value is ... or value is None or param.annotation is param.empty:  # null: filled in at start (in_channels)
+            continue
+        if not fits(value, param.annotation):
+            raise ConfigError(f"config key '{key}.{k}'={value!r}: expected {describe_type(param.annotation)} "
+                              f"(parameter {k} of {target})")
 
 
 TOP_LEVEL = {
@@ -256,15 +342,16 @@ def validate_train_config(cfg: DictConfig) -> None:
     from mcseg.targets import check_targets
 
     check_targets(cfg)
-    for key in ("model", "loss", "optim", "scheduler"):
-        check_target_keys(cfg[key], key)
-    check_target_keys(cfg.dataset, "dataset", ignore=("split", "sampling"))
+    # the plain nodes first: a _target_ node's value may be an interpolation of theirs (total_iters: max_epochs)
     typed(cfg.dataset.get("split"), SplitConfig, "dataset.split")
     typed(cfg.dataset.get("sampling"), SamplingConfig, "dataset.sampling")
     typed(cfg.trainer, TrainerConfig, "trainer")
     typed(cfg.logger, LoggerConfig, "logger")
     typed(cfg.inference, InferenceConfig, "inference")
     typed(cfg.evaluation, EvalProtocol, "evaluation")
+    for key in ("model", "loss", "optim", "scheduler"):
+        check_target_keys(cfg[key], key)
+    check_target_keys(cfg.dataset, "dataset", ignore=("split", "sampling"))
 
 
 # What of a config decides a checkpoint's model: compared when a run resumes (mcseg.training.relaunch) and when

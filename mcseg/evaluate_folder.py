@@ -17,11 +17,13 @@ from pathlib import Path
 
 from mcseg.data.io import VolumeError
 from mcseg.config import EvalProtocol
+from mcseg.evaluation.folder_outputs import EXIT_INTERRUPTED, FolderInterrupted
 from mcseg.runtime import keep_freed_memory
-from mcseg.evaluation.folders import (FORMATS, FolderError, evaluate_folders, fold_cases, open_folder,
-                                      read_reference)
+from mcseg.evaluation.folders import (FORMATS, FolderError, declared_classes, evaluate_folders, fold_cases,
+                                      open_folder, read_reference)
 from mcseg.metrics.regions import REGIONS
 from mcseg.metrics.surface import HD_DEFINITIONS
+from mcseg.rundir import RunDirBusy
 
 __all__ = ["FolderError", "evaluate_folder", "main"]
 
@@ -39,14 +41,15 @@ def evaluate_folder(pred_dir: Path, label_dir: Path, probs_dir: Path | None = No
                     class_names: list[str] | None = None, protocol: EvalProtocol | None = None,
                     output_dir: Path | None = None, allow_missing: bool = False, fmt: str = "auto",
                     ensemble: list[Path] | None = None, splits: Path | None = None, fold: str | None = None,
-                    monai_postfix: str = "trans", dataset_json: Path | None = None) -> dict:
+                    monai_postfix: str = "trans", dataset_json: Path | None = None, overwrite: bool = False) -> dict:
     """Evaluate the predictions of ``pred_dir`` (pooled with those of ``ensemble``) against the reference
     ``label_dir``; write the outputs to ``output_dir`` (default ``pred_dir/eval``, ``pred_dir/eval-ensemble<M>``
-    for an ensemble of M folders) and return the summary."""
+    for an ensemble of M folders) and return the summary. An earlier evaluation there is replaced only with
+    ``overwrite``; a folder of predictions is never written into (:mod:`mcseg.evaluation.folder_outputs`)."""
     protocol = protocol or EvalProtocol()
     pred_dir = Path(pred_dir)
     reference = read_reference(label_dir, class_names, num_classes, dataset_json,
-                               channels_hint=_channels_hint(pred_dir, probs_dir))
+                               channels_hint=_channels_hint(pred_dir, probs_dir), declared=declared_classes(pred_dir))
     folders = [open_folder(pred_dir, reference.task, fmt, monai_postfix, probs_dir)]
     folders += [open_folder(Path(d), reference.task, fmt, monai_postfix) for d in ensemble or []]
     if (splits is None) != (fold is None):
@@ -61,7 +64,7 @@ def evaluate_folder(pred_dir: Path, label_dir: Path, probs_dir: Path | None = No
     # mcseg's maps go beside its predictions; never into another tool's folder (its tools would read them as cases)
     uncertainty = (pred_dir if folders[0].format == "mcseg" and len(folders) == 1 else out / "uncertainty") \
         if protocol.save_uncertainty else None
-    return evaluate_folders(folders, reference, protocol, out, cases, allow_missing, uncertainty, selection)
+    return evaluate_folders(folders, reference, protocol, out, cases, allow_missing, uncertainty, selection, overwrite)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -89,7 +92,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--num-classes", type=int, help="number of classes K of the task, background included "
                    "(default: dataset.json beside the labels, else the probability channels)")
     p.add_argument("--class-names", nargs="+", help="K class names, background first")
-    p.add_argument("-o", "--output-dir", type=Path, help="where to write the results (default: PRED_DIR/eval)")
+    p.add_argument("-o", "--output-dir", type=Path, help="where to write the results (default: PRED_DIR/eval); "
+                   "never a folder of predictions, an earlier evaluation only with --overwrite")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier evaluation in OUT_DIR (never "
+                   "a folder of predictions or another tool's files)")
     p.add_argument("--allow-missing", action="store_true", help="evaluate even if some labels have no prediction")
     p.add_argument("--region", choices=REGIONS, default=defaults.region, help="voxels used for calibration")
     p.add_argument("--n-bins", type=int, default=defaults.n_bins)
@@ -117,12 +123,18 @@ def main(argv: list[str] | None = None) -> int:
         protocol = EvalProtocol(**{f.name: getattr(args, f.name) for f in fields(EvalProtocol) if hasattr(args, f.name)})
         summary = evaluate_folder(args.pred_dir, args.label_dir, args.probs_dir, args.num_classes, args.class_names,
                                   protocol, args.output_dir, args.allow_missing, args.fmt, args.ensemble, args.splits,
-                                  args.fold, args.monai_postfix, args.dataset_json)
-    except (FolderError, VolumeError, ValueError) as exc:
+                                  args.fold, args.monai_postfix, args.dataset_json, args.overwrite)
+    except (FolderError, VolumeError, ValueError, RunDirBusy) as exc:
         print(f"mcseg-evaluate-folder: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:
+        print(str(exc) if isinstance(exc, FolderInterrupted) else
+              "mcseg-evaluate-folder: interrupted (Ctrl-C) before anything was written", file=sys.stderr)
+        return EXIT_INTERRUPTED
     from mcseg.evaluation.split import format_summary
 
+    for warning in (summary.get("provenance") or {}).get("warnings") or []:
+        print(f"mcseg-evaluate-folder: warning: {warning}", file=sys.stderr)
     names = summary["classes"] if summary.get("multilabel") else ["background", *summary["classes"]]
     print(format_summary(summary, names, title=f"{args.pred_dir}"))
     return 0

@@ -95,16 +95,16 @@ keep() {
 evaluate() {
     local splits=$nnUNet_preprocessed/$name/splits_final.json
     "$mcseg_py" -m mcseg.evaluate_folder "$fold/validation" "$raw" --format nnunet --splits "$splits" --fold 0 \
-        --no-figures -o "$work/eval/validation"
+        --no-figures --overwrite -o "$work/eval/validation"
     keep "$work/eval/validation" validation
-    "$mcseg_py" -m mcseg.evaluate_folder "$work/test" "$work/labelsTs" --format nnunet --no-figures -o "$work/eval/test"
+    "$mcseg_py" -m mcseg.evaluate_folder "$work/test" "$work/labelsTs" --format nnunet --no-figures --overwrite -o "$work/eval/test"
     keep "$work/eval/test" test
     rm -rf "$work/test_temperature"
     "$mcseg_py" -m mcseg.calibrate_folder --fit "$fold/validation" --reference "$raw" --splits "$splits" --fold 0 \
         --apply "$work/test" -o "$work/test_temperature"
     cp "$work/test_temperature/calibration.json" "$results/calibration.json"
     "$mcseg_py" -m mcseg.evaluate_folder "$work/test_temperature" "$work/labelsTs" --format nnunet --no-figures \
-        -o "$work/eval/test_temperature"
+        --overwrite -o "$work/eval/test_temperature"
     keep "$work/eval/test_temperature" test_temperature
     [ -n "${MCSEG_RUN:-}" ] && keep "$MCSEG_RUN/eval/test" mcseg
     "$mcseg_py" scripts/peer_nnunet.py table "$results"

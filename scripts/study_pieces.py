@@ -16,6 +16,9 @@ tables are written under ``docs/results/<study>/<config>/``:
 - ``piece.json``: the commit that made it, when, the machine's load before, during and after, what each
   training and evaluation cost, and (for seed 0) the comparison with the seed-0 figures already published.
 
+While a piece writes its folder, ``piece.json`` says ``status: running`` (``interrupted`` after Ctrl-C, which
+also stops the piece's trainings with SIGTERM, so they checkpoint, and ends in one line saying how to resume):
+``--table`` and ``--list`` only take pieces whose status is ``completed`` (or absent, as in older pieces).
 Commit them before starting the next piece. ``--table`` assembles ``table.md`` and ``per_evaluation.csv`` of the
 whole study from the committed pieces only (never from run folders; a row scaled by a degenerate temperature fit
 is marked "(degenerate fit)" in table.md), and rewrites the study's README.md (which pieces exist, the command of
@@ -43,11 +46,13 @@ import logging
 import math
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -183,6 +188,35 @@ def train_all(jobs: list[tuple[str, list[str], Path]], parallel: int) -> dict[st
     seconds: dict[str, float] = {}
     pending = [(name, command, run_dir) for name, command, run_dir in jobs if not (run_dir / "result.json").exists()]
     running: list[tuple[str, subprocess.Popen, float, Path]] = []
+    try:
+        _train(pending, running, parallel, env)
+    except KeyboardInterrupt:  # a Ctrl-C sent to this process alone would leave its trainings running
+        stop_trainings([process for _, process, _, _ in running])
+        raise
+    for name, _, run_dir in jobs:  # the job's own record: also right for a run trained before this piece
+        seconds[name] = job_seconds(run_dir)
+    return seconds
+
+
+def stop_trainings(processes: list[subprocess.Popen], wait_s: float = 120.0) -> None:
+    """SIGTERM to each training still running (it writes its checkpoint at the next step and stops, marked
+    interrupted, so that the next piece resumes it; never SIGINT: a training that already had the terminal's
+    Ctrl-C would take a second one as "stop at once, without a checkpoint"), then wait for them; one that does not
+    stop in ``wait_s`` is killed."""
+    for process in processes:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + wait_s
+    for process in processes:
+        try:
+            process.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _train(pending: list, running: list, parallel: int, env: dict) -> None:
+    """:func:`train_all`'s loop: start the pending trainings ``parallel`` at a time, wait for each to end."""
     while pending or running:
         while pending and len(running) < parallel:
             name, command, run_dir = pending.pop(0)
@@ -201,9 +235,6 @@ def train_all(jobs: list[tuple[str, list[str], Path]], parallel: int) -> dict[st
                 raise RuntimeError(f"training {name} failed (exit {process.returncode}): see "
                                    f"{run_dir.parent / (run_dir.name + '.train.log')}")
             log.info("trained %s in %.0f s", name, time.perf_counter() - start)
-    for name, _, run_dir in jobs:  # the job's own record: also right for a run trained before this piece
-        seconds[name] = job_seconds(run_dir)
-    return seconds
 
 
 def job_seconds(run_dir: Path) -> float:
@@ -264,64 +295,92 @@ def run_piece(study_name: str, config: str, runs_root: Path, parallel: int) -> P
 
     if study.prepare is not None:
         study.prepare()
+    earlier = json.loads((out / "piece.json").read_text()) if (out / "piece.json").is_file() else {}
     with LoadMonitor() as load:
         train_seconds = train_all(jobs, parallel)
-        seed_runs = [runs / f"seed{s}" for s in study.seeds]
-        evals = runs / "evals"
-        if study.shift is None:
-            for seed, run in zip(study.seeds, seed_runs):
-                summary = json.loads((run / "eval/test/summary.json").read_text())
-                add("single", seed, summary, 0.0, run / "eval/test", f"single_seed{seed}")
-                add("single + T", seed, _scaled(summary), 0.0, None, None)
-        if study.ensembles or study.shift:
-            members = [str(r) for r in seed_runs]
-            shift = [f"shift={study.shift}"] if study.shift else []
-            n = len(members)
-            ensemble, seconds = _evaluate("ensemble", members, ["posthoc.apply=[temperature]", *shift, *study.extra,
-                                                                f"eval_dir={evals / 'ensemble'}"])
-            add(f"ensemble of {n}", "all", ensemble, seconds, evals / "ensemble", "ensemble")
-            add(f"ensemble of {n} + T (pooled)", "all", _scaled(ensemble), 0.0, None, None)
-            if not study.shift:
-                after, seconds = _evaluate("ensemble", members, ["posthoc.apply=[temperature]", "posthoc.pool=after",
-                                                                 *study.extra,
-                                                                 f"eval_dir={evals / 'ensemble_pool_after'}"])
-                add(f"ensemble of {n} + T (each network's, then pooled)", "all", _scaled(after), seconds,
-                    evals / "ensemble_pool_after", "ensemble_pool_after")
-        for seed, kind in ((s, k) for s in study.tta_seeds for k in study.tta):
-            slug = f"tta_{kind}_seed{seed}"
-            tta, seconds = _evaluate("single", runs / f"seed{seed}/checkpoints/best.pt",
-                                     [f"tta=[{kind}]", *study.extra, f"eval_dir={evals / slug}"])
-            add(f"TTA ({kind})", seed, tta, seconds, evals / slug, slug)
-            add(f"TTA ({kind}) + T (pooled)", seed, _scaled(tta), 0.0, None, None)
-        if study.dropout:
-            run = runs / "dropout_seed0"
-            alone = json.loads((run / "eval/test/summary.json").read_text())
-            add("dropout net, one pass", 0, alone, 0.0, run / "eval/test", "dropout_seed0")
-            add("dropout net, one pass + T", 0, _scaled(alone), 0.0, None, None)
-            k = study.mc_samples
-            mc, seconds = _evaluate("single", run / "checkpoints/best.pt",
-                                    [f"mc_samples={k}", *study.extra, f"eval_dir={evals / f'mc{k}_seed0'}"])
-            add(f"MC dropout ({k})", 0, mc, seconds, evals / f"mc{k}_seed0", f"mc{k}_seed0")
-            add(f"MC dropout ({k}) + T (pooled)", 0, _scaled(mc), 0.0, None, None)
+        with marked(out, earlier, started):  # from here on the piece's folder is written
+            evaluate_piece(study, label, runs, add)
+    write_piece(study_name, config, out, rows, costs, earlier, {
+        "study": study_name, "configuration": config, "label": label,
+        "overrides": [*study.base, *arm], "seeds": list(study.seeds), "commit": commit(),
+        "started": started, "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "load_average": load.record(),
+        "parallel_trainings": parallel, "torch_threads_per_training": 1, "training_seconds": train_seconds})
+    log.info("%s/%s written to %s: commit it before the next piece", study_name, config, out)
+    return out
+
+
+@contextmanager
+def marked(out: Path, earlier: dict, started: str):
+    """``piece.json`` says ``status: running`` while the piece's folder is written, ``interrupted`` after a
+    Ctrl-C (and stays ``running`` after a kill): :func:`pieces` then never takes the folder, whose raw tables may
+    be half this run's and half an earlier one's, for a complete piece. The earlier record is kept beside it."""
     out.mkdir(parents=True, exist_ok=True)
-    earlier = json.loads((out / "piece.json").read_text()) if (out / "piece.json").is_file() else {}
+    record = {**earlier, "status": "running", "this_run": {"started": started, "pid": os.getpid()}}
+    (out / "piece.json").write_text(json.dumps(record, indent=2) + "\n")
+    try:
+        yield
+    except KeyboardInterrupt:
+        (out / "piece.json").write_text(json.dumps({**record, "status": "interrupted"}, indent=2) + "\n")
+        raise
+
+
+def evaluate_piece(study: Study, label: str, runs: Path, add) -> None:
+    """Every predictor of the piece evaluated (or read back), each passed to ``add``."""
+    seed_runs = [runs / f"seed{s}" for s in study.seeds]
+    evals = runs / "evals"
+    if study.shift is None:
+        for seed, run in zip(study.seeds, seed_runs):
+            summary = json.loads((run / "eval/test/summary.json").read_text())
+            add("single", seed, summary, 0.0, run / "eval/test", f"single_seed{seed}")
+            add("single + T", seed, _scaled(summary), 0.0, None, None)
+    if study.ensembles or study.shift:
+        members = [str(r) for r in seed_runs]
+        shift = [f"shift={study.shift}"] if study.shift else []
+        n = len(members)
+        ensemble, seconds = _evaluate("ensemble", members, ["posthoc.apply=[temperature]", *shift, *study.extra,
+                                                            f"eval_dir={evals / 'ensemble'}"])
+        add(f"ensemble of {n}", "all", ensemble, seconds, evals / "ensemble", "ensemble")
+        add(f"ensemble of {n} + T (pooled)", "all", _scaled(ensemble), 0.0, None, None)
+        if not study.shift:
+            after, seconds = _evaluate("ensemble", members, ["posthoc.apply=[temperature]", "posthoc.pool=after",
+                                                             *study.extra,
+                                                             f"eval_dir={evals / 'ensemble_pool_after'}"])
+            add(f"ensemble of {n} + T (each network's, then pooled)", "all", _scaled(after), seconds,
+                evals / "ensemble_pool_after", "ensemble_pool_after")
+    for seed, kind in ((s, k) for s in study.tta_seeds for k in study.tta):
+        slug = f"tta_{kind}_seed{seed}"
+        tta, seconds = _evaluate("single", runs / f"seed{seed}/checkpoints/best.pt",
+                                 [f"tta=[{kind}]", *study.extra, f"eval_dir={evals / slug}"])
+        add(f"TTA ({kind})", seed, tta, seconds, evals / slug, slug)
+        add(f"TTA ({kind}) + T (pooled)", seed, _scaled(tta), 0.0, None, None)
+    if study.dropout:
+        run = runs / "dropout_seed0"
+        alone = json.loads((run / "eval/test/summary.json").read_text())
+        add("dropout net, one pass", 0, alone, 0.0, run / "eval/test", "dropout_seed0")
+        add("dropout net, one pass + T", 0, _scaled(alone), 0.0, None, None)
+        k = study.mc_samples
+        mc, seconds = _evaluate("single", run / "checkpoints/best.pt",
+                                [f"mc_samples={k}", *study.extra, f"eval_dir={evals / f'mc{k}_seed0'}"])
+        add(f"MC dropout ({k})", 0, mc, seconds, evals / f"mc{k}_seed0", f"mc{k}_seed0")
+        add(f"MC dropout ({k}) + T (pooled)", 0, _scaled(mc), 0.0, None, None)
+
+
+def write_piece(study_name: str, config: str, out: Path, rows: list[dict], costs: dict[str, float], earlier: dict,
+                piece: dict) -> None:
+    """``per_evaluation.csv`` and the complete ``piece.json`` (``piece`` plus costs, the seed-0 check and the
+    earlier runs of the piece)."""
     costs = kept_costs(costs, earlier.get("evaluation_seconds"))
     for row in rows:  # an evaluation read back costs what it cost when it ran
         row["seconds"] = row["seconds"] or costs.get(row["evaluation"], 0.0)
     write_rows(out / "per_evaluation.csv", rows)
     seed0 = next((r for r in rows if r["predictor"] == "single" and r["seed"] == 0), None)
-    piece = {"study": study_name, "configuration": config, "label": label,
-             "overrides": [*study.base, *arm], "seeds": list(study.seeds), "commit": commit(),
-             "started": started, "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "load_average": load.record(),
-             "parallel_trainings": parallel, "torch_threads_per_training": 1,
-             "training_seconds": train_seconds, "evaluation_seconds": costs,
+    complete = bool(earlier.get("commit"))  # a run that completed (a marker keeps the one before it)
+    piece = {**piece, "status": "completed", "evaluation_seconds": costs,
              "seed0_against_published": published_seed0(study_name, config, seed0) if seed0 else None,
              "command": f"python scripts/study_pieces.py {study_name} --config {config}",
              "earlier_runs": earlier.get("earlier_runs", []) + ([{k: earlier.get(k) for k in (
-                 "commit", "started", "finished", "load_average", "note")}] if earlier else [])}
+                 "commit", "started", "finished", "load_average", "note")}] if complete else [])}
     (out / "piece.json").write_text(json.dumps(piece, indent=2) + "\n")
-    log.info("%s/%s written to %s: commit it before the next piece", study_name, config, out)
-    return out
 
 
 def kept_costs(now: dict[str, float], earlier: dict[str, float] | None) -> dict[str, float]:
@@ -352,7 +411,9 @@ def pieces(study_name: str) -> dict[str, dict]:
     for config in STUDIES[study_name].arms:
         piece = base / config / "piece.json"
         if piece.is_file() and (base / config / "per_evaluation.csv").is_file():
-            found[config] = json.loads(piece.read_text())
+            record = json.loads(piece.read_text())
+            if record.get("status", "completed") == "completed":  # not one cut short (marked)
+                found[config] = record
     return found
 
 
@@ -538,7 +599,14 @@ def main() -> int:
     elif args.table:
         print(assemble(args.study))
     else:
-        run_piece(args.study, args.config, args.runs.resolve(), args.jobs)
+        try:
+            run_piece(args.study, args.config, args.runs.resolve(), args.jobs)
+        except KeyboardInterrupt:
+            print(f"study_pieces: interrupted (Ctrl-C): the piece {args.study}/{args.config} is not complete (its "
+                  f"piece.json says so if it was being written; trainings cut short keep their last checkpoint): "
+                  f"run `python scripts/study_pieces.py {args.study} --config {args.config}` again to resume "
+                  f"(trained runs are not trained again, evaluations done are read back)", file=sys.stderr)
+            return 130
         print(assemble(args.study))
     return 0
 

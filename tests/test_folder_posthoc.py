@@ -74,8 +74,9 @@ def test_nnunet_fit_apply_and_write_back_as_nnunet_reads_it(nn, kind, tmp_path):
     folders = nn[kind]
     val, test = folders["members"]
     out = tmp_path / "calibrated"
+    # test holds every case (another member's predictions): fold 0's, the fit cases, are left out of its evaluation
     assert calibrate(["--fit", str(val), "--reference", str(folders["raw"]), "--apply", str(test), "-o", str(out),
-                      "--splits", str(folders["splits"]), "--fold", "0"]) == 0
+                      "--splits", str(folders["splits"]), "--fold", "0", "--allow-fit-cases"]) == 0
     record = json.loads((out / "calibration.json").read_text())
     (key, fit), = record["fits"].items()
     assert fit["val_cases"] == json.loads(folders["splits"].read_text())[0]["val"]
@@ -109,6 +110,8 @@ def test_nnunet_fit_apply_and_write_back_as_nnunet_reads_it(nn, kind, tmp_path):
     assert evaluate([str(test), str(folders["raw"]), "-o", str(before), *FAST, *test_cases]) == 0
     assert evaluate([str(out), str(folders["raw"]), "-o", str(after), *FAST, *test_cases]) == 0
     b, a = (json.loads((d / "summary.json").read_text()) for d in (before, after))
+    assert a["provenance"]["predictions"][0]["calibration"]["fit_cases_calibrated"] == ["tiny_000", "tiny_002"]
+    assert "scored_fit_cases" not in a["provenance"]  # fold 1's cases only
     assert a["mean_nll"] < b["mean_nll"] and a["mean_foreground_dice"] == pytest.approx(b["mean_foreground_dice"])
 
 
@@ -132,7 +135,8 @@ def test_folds_validation_folders_together_and_refusals(nn, tmp_path, capsys):
     fit, = json.loads((out / "calibration.json").read_text())["fits"].values()
     assert fit["val_cases"] == sorted(c for s in splits for c in s["val"])
     # the same case in two fit folders, local temperature scaling, writing into an input folder
-    assert calibrate(["--fit", str(val), fold_dirs[0], "--reference", str(folders["raw"]), "-o", str(out)]) == 2
+    assert calibrate(["--fit", str(val), fold_dirs[0], "--reference", str(folders["raw"]), "-o",
+                      str(tmp_path / "both")]) == 2
     assert "is in both" in capsys.readouterr().err
     assert calibrate(["--fit", str(val), "--reference", str(folders["raw"]), "-o", str(test), "--apply", str(test)]) == 2
     assert "not an input folder" in capsys.readouterr().err
@@ -143,7 +147,7 @@ def test_folds_validation_folders_together_and_refusals(nn, tmp_path, capsys):
         shutil.copy2(folders["trainer"] / name, broken / name)
     np.savez_compressed(broken / "tiny_002.npz", probabilities=np.load(test / "tiny_002.npz")["probabilities"] * 4 - 2)
     assert calibrate(["--fit", str(val), "--reference", str(folders["raw"]), "-o", str(tmp_path / "b"), "--apply",
-                      str(broken)]) == 2
+                      str(broken), "--allow-fit-cases"]) == 2
     assert "case tiny_002: tiny_002.npz holds values in [-2, 2], outside [0, 1] by 2" in capsys.readouterr().err
     from mcseg.evaluation.folder_posthoc import fit_folders
     from mcseg.evaluation.folders import FolderError, open_folder, read_reference
@@ -169,7 +173,8 @@ def test_monai_maps_are_calibrated_in_place_of_their_own_files(tmp_path):
     labels = _labels(tmp_path / "labels", (11, 9, 6))
     pred = make_monai(tmp_path / "pred", labels, noise=3.0)
     out = tmp_path / "out"
-    assert calibrate(["--fit", str(pred), "--reference", str(labels), "--apply", str(pred), "-o", str(out)]) == 0
+    assert calibrate(["--fit", str(pred), "--reference", str(labels), "--apply", str(pred), "-o", str(out),
+                      "--allow-fit-cases"]) == 0
     t = next(iter(json.loads((out / "calibration.json").read_text())["fits"].values()))["scalers"]["temperature"]
     old = nib.load(str(pred / "case_0" / "case_0_trans.nii.gz"))
     new = nib.load(str(out / "case_0" / "case_0_trans.nii.gz"))
@@ -196,7 +201,8 @@ def test_mcseg_probability_maps_and_their_label_maps_are_rewritten(tmp_path):
         nib.save(nib.Nifti1Image(np.moveaxis(probs.numpy(), 0, -1), AFFINE), str(pred / f"case_{i}_probs.nii.gz"))
         nib.save(nib.Nifti1Image(probs.argmax(0).numpy().astype(np.uint8), AFFINE), str(pred / f"case_{i}.nii.gz"))
     out = tmp_path / "out"
-    assert calibrate(["--fit", str(pred), "--reference", str(labels), "--apply", str(pred), "-o", str(out)]) == 0
+    assert calibrate(["--fit", str(pred), "--reference", str(labels), "--apply", str(pred), "-o", str(out),
+                      "--allow-fit-cases"]) == 0
     for i in range(3):
         new = np.moveaxis(nib.load(str(out / f"case_{i}_probs.nii.gz")).get_fdata(dtype=np.float32), -1, 0)
         seg = np.asarray(nib.load(str(out / f"case_{i}.nii.gz")).dataobj)
@@ -215,7 +221,7 @@ def test_calibrated_files_of_nnunets_reorienting_readers_keep_the_files_orientat
     folders = make_nnunet(tmp_path / "reo", dims=3, reader=reader, n_cases=2, noise=4.0)
     out = tmp_path / "out"
     assert calibrate(["--fit", str(folders["pred"]), "--reference", str(folders["raw"]), "--apply",
-                      str(folders["pred"]), "-o", str(out)]) == 0
+                      str(folders["pred"]), "-o", str(out), "--allow-fit-cases"]) == 0
     labels = PlansManager(json.loads((out / "plans.json").read_text())).get_label_manager(
         json.loads((out / "dataset.json").read_text()))
     for case in ("tiny_000", "tiny_001"):
@@ -223,3 +229,123 @@ def test_calibrated_files_of_nnunets_reorienting_readers_keep_the_files_orientat
         theirs = labels.convert_probabilities_to_segmentation(np.load(out / f"{case}.npz")["probabilities"])
         np.testing.assert_array_equal(seg[0], theirs)
     assert evaluate([str(out), str(folders["raw"]), "-o", str(tmp_path / "e"), *FAST]) == 0
+
+
+def _mcseg_predictions(root, cases: dict[str, list[int]], seed: int = 3):
+    """A labels folder of 4 cases and mcseg prediction folders (``<case>_probs`` and ``<case>``) holding the
+    cases ``cases`` names (folder name -> case numbers), over-confident."""
+    import nibabel as nib
+
+    from tests.test_monai_folders import AFFINE, _labels
+
+    labels = _labels(root / "labels", (11, 9, 6), n=4)
+    g = torch.Generator().manual_seed(seed)
+    folders = {}
+    for name, numbers in cases.items():
+        pred = folders[name] = root / name
+        pred.mkdir()
+        for i in numbers:
+            label = torch.from_numpy(np.asarray(nib.load(str(labels / f"case_{i}.nii.gz")).dataobj).astype(np.int64))
+            probs = torch.softmax(torch.nn.functional.one_hot(label, 3).movedim(-1, 0) * 4.0
+                                  + torch.randn(3, *label.shape, generator=g) * 3, 0)
+            nib.save(nib.Nifti1Image(np.moveaxis(probs.numpy(), 0, -1), AFFINE), str(pred / f"case_{i}_probs.nii.gz"))
+            nib.save(nib.Nifti1Image(probs.argmax(0).numpy().astype(np.uint8), AFFINE), str(pred / f"case_{i}.nii.gz"))
+    return labels, folders
+
+
+def _snapshot(folder):
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_calibrate_folder_never_replaces_a_result_unless_asked_nor_writes_into_another_tools_folder(tmp_path,
+                                                                                                      capsys):
+    """Issue #43 section 3: -o onto another tool's folder overwrote its files (exit 0); a rerun with another
+    scaler replaced the calibrated files while calibration.json kept both fits without saying which they carry."""
+    labels, f = _mcseg_predictions(tmp_path, {"val": [0, 1], "test": [2, 3], "other": [2, 3]})
+    common = ["--fit", str(f["val"]), "--reference", str(labels), "--apply", str(f["test"])]
+    # another tool's predictions (here mcseg's own <case>_probs of another model) and an evaluation's folder
+    assert evaluate([str(f["other"]), str(labels), "-o", str(tmp_path / "evaluation"), "--allow-missing", *FAST]) == 0
+    for target, held in ((f["other"], "predictions"), (tmp_path / "evaluation", "evaluation")):
+        before = _snapshot(target)
+        assert calibrate([*common, "-o", str(target)]) == 2
+        err = capsys.readouterr().err
+        assert f"-o {target}" in err and held in err and "a new folder" in err and len(err.splitlines()) == 1, err
+        assert _snapshot(target) == before
+    out = tmp_path / "calibrated"
+    assert calibrate([*common, "-o", str(out)]) == 0
+    first = _snapshot(out)
+    # a second calibration into the same folder: refused, untouched; replaced with --overwrite
+    again = [*common, "-o", str(out), "--scaler", "vector", "--voxels", "all"]
+    assert calibrate(again) == 2
+    err = capsys.readouterr().err
+    assert "--overwrite" in err and str(out) in err and len(err.splitlines()) == 1, err
+    assert _snapshot(out) == first
+    assert calibrate([*again, "--overwrite"]) == 0
+    stored = json.loads((out / "calibration.json").read_text())
+    (key, fit), = stored["fits"].items()  # the fit the files carry, alone
+    assert list(fit["scalers"]) == ["vector"]
+    assert stored["applied"]["fit"] == key and stored["applied"]["scaler"] == "vector"
+    assert stored["applied"]["to"] == str(f["test"].resolve())
+    replaced, = stored["replaced"]  # the earlier fit, said to be replaced
+    assert list(replaced["scalers"]) == ["temperature"] and replaced["applied"]["scaler"] == "temperature"
+    assert _snapshot(out)[__import__("pathlib").Path("case_2_probs.nii.gz")] != first[
+        __import__("pathlib").Path("case_2_probs.nii.gz")]
+
+
+def test_the_cases_a_temperature_is_fitted_on_are_not_calibrated_for_scoring_without_a_word(tmp_path, capsys):
+    """Issue #43 section 3: --fit and --apply given the same folder fitted the temperature on the cases it then
+    scored, silently. Refused; --allow-fit-cases calibrates them with a warning, recorded in calibration.json and
+    in the provenance of the calibrated folder's evaluation."""
+    labels, f = _mcseg_predictions(tmp_path, {"val": [0, 1], "test": [1, 2, 3]})
+    for apply, named in ((f["val"], "case_0, case_1"), (f["test"], "case_1")):
+        out = tmp_path / f"out_{apply.name}"
+        assert calibrate(["--fit", str(f["val"]), "--reference", str(labels), "--apply", str(apply), "-o",
+                          str(out)]) == 2
+        err = capsys.readouterr().err
+        assert named in err and "--allow-fit-cases" in err and len(err.splitlines()) == 1, err
+        assert not out.exists()
+    out = tmp_path / "out"
+    assert calibrate(["--fit", str(f["val"]), "--reference", str(labels), "--apply", str(f["test"]), "-o", str(out),
+                      "--allow-fit-cases"]) == 0
+    assert "warning" in capsys.readouterr().out.lower()
+    assert json.loads((out / "calibration.json").read_text())["applied"]["fit_cases_calibrated"] == ["case_1"]
+    assert evaluate([str(out), str(labels), "-o", str(tmp_path / "e"), "--allow-missing", *FAST]) == 0
+    assert "case_1" in capsys.readouterr().err
+    provenance = json.loads((tmp_path / "e" / "provenance.json").read_text())
+    assert provenance["scored_fit_cases"] == ["case_1"]
+    assert any("case_1" in w for w in provenance["warnings"])
+
+
+def test_ctrl_c_in_calibrate_folder_marks_the_folder_which_is_not_evaluated_until_redone(tmp_path, capsys,
+                                                                                         monkeypatch):
+    """Ctrl-C while calibrated files are written: one line, the folder marked interrupted; mcseg-evaluate-folder
+    refuses the half-calibrated folder; the same command again redoes it without --overwrite."""
+    from mcseg.evaluation import folder_posthoc
+
+    labels, f = _mcseg_predictions(tmp_path, {"val": [0, 1], "test": [2, 3]})
+    out = tmp_path / "out"
+    args = ["--fit", str(f["val"]), "--reference", str(labels), "--apply", str(f["test"]), "-o", str(out)]
+    written = []
+    real = folder_posthoc._write_channel_last
+
+    def ctrl_c_after_one_case(*a, **k):
+        if written:
+            raise KeyboardInterrupt
+        written.append(real(*a, **k))
+        return written[-1]
+
+    monkeypatch.setattr(folder_posthoc, "_write_channel_last", ctrl_c_after_one_case)
+    try:
+        code = calibrate(args)
+    except KeyboardInterrupt:
+        code = "KeyboardInterrupt escaped: a traceback"
+    assert code == 130
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "run the same command again" in err, err
+    assert json.loads((out / "status.json").read_text())["status"] == "interrupted"
+    assert evaluate([str(out), str(labels), "-o", str(tmp_path / "e"), "--allow-missing", *FAST]) == 2
+    err = capsys.readouterr().err
+    assert str(out) in err and "interrupted" in err, err
+    monkeypatch.undo()
+    assert calibrate(args) == 0
+    assert evaluate([str(out), str(labels), "-o", str(tmp_path / "e"), "--allow-missing", *FAST]) == 0

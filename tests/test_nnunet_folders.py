@@ -318,3 +318,34 @@ def test_nibabel_and_reorienting_readers_are_read_back_to_the_files_axes(tmp_pat
     expected = json.loads(json.dumps(ev.summary()))
     for key in ("mean_foreground_dice", "mean_foreground_hd95_mm", "mean_ece", "mean_nll", "mean_classwise_ece"):
         assert summary[key] == pytest.approx(expected[key], rel=1e-5), key
+
+
+@pytest.mark.parametrize("which", ["nn3d", "nn3d_regions"])
+def test_the_advice_for_a_labels_folder_without_classes_works_when_followed(which, request, tmp_path, capsys):
+    """Issue #43 section 3: against a labels folder without dataset.json the advice `--num-classes K` always led
+    to a second refusal for an nnU-Net folder (its class names are not class_1 ...). Each command the refusal
+    suggests (in backquotes) must succeed, for both folder tools."""
+    import re
+    import shlex
+
+    from mcseg.calibrate_folder import main as calibrate
+
+    folders = request.getfixturevalue(which)
+    labels = shutil.copytree(folders["labels"], tmp_path / "plain" / "labels")  # no dataset.json here or above
+    tools = {"evaluate": (main, [str(folders["pred"]), str(labels), *FAST, "--no-failure-detection"]),
+             "calibrate": (calibrate, ["--fit", str(folders["pred"]), "--reference", str(labels)])}
+    for name, (tool, args) in tools.items():
+        assert tool([*args, "-o", str(tmp_path / f"{name}_refused")]) == 2
+        err = capsys.readouterr().err
+        k = len(json.loads((folders["raw"] / "dataset.json").read_text())["labels"])
+        advice = re.findall(r"`(--[^`]+)`", err) or ([f"--num-classes {k}"] if "--num-classes K" in err else [])
+        assert advice and len(err.splitlines()) == 1, err
+        for i, option in enumerate(advice):
+            code = tool([*args, *shlex.split(option), "-o", str(tmp_path / f"{name}_{i}")])
+            assert code == 0, (option, capsys.readouterr().err)
+    if which == "nn3d":  # --num-classes alone: the names differ, and the second refusal's advice works too
+        args = [*tools["evaluate"][1], "--num-classes", "3"]
+        assert main([*args, "-o", str(tmp_path / "k")]) == 2
+        advice = re.findall(r"`(--[^`]+)`", capsys.readouterr().err)
+        assert len(advice) == 2 and all(main([*args, *shlex.split(option), "-o", str(tmp_path / f"k{i}")]) == 0
+                                        for i, option in enumerate(advice))

@@ -294,3 +294,74 @@ def test_a_two_job_sweep_is_one_parent_run_with_a_child_per_job(tmp_path):
         record = json.loads((job / "trackers.json").read_text())
         assert record["wandb"]["group"] == sweep_dir.name
         assert record["mlflow"]["run_id"] in {r.info.run_id for r in children}
+
+
+def _open_mlflow_only(settings: dict, run_dir: Path, limit_s: float = 30.0):
+    """``build_trackers`` with MLflow (``settings``) and CSV on, in a thread given ``limit_s`` seconds: the trackers
+    built (None: still retrying), the seconds taken and the warnings logged."""
+    import threading
+    import time
+
+    from mcseg.training.loggers import build_trackers
+
+    built: dict = {}
+    thread = threading.Thread(target=lambda: built.update(trackers=build_trackers(
+        {"mlflow": settings, "csv": {"dir": "csv"}}, run_dir)), daemon=True)
+    start = time.monotonic()
+    thread.start()
+    thread.join(limit_s)
+    return built.get("trackers"), time.monotonic() - start
+
+
+@pytest.mark.usefixtures("mlflow_installed")
+@pytest.mark.parametrize("server", ["refusing", "silent"])
+def test_an_unreachable_tracking_server_is_one_warning_at_start_not_minutes_of_retries(tmp_path, caplog, server):
+    """Issue #43 section 3: logger.mlflow.tracking_uri=http://127.0.0.1:9 stalled the run about 4 minutes in the
+    client's retries before its first step. One short probe: one warning, the run goes on without MLflow, and
+    status.json's tracker_failures names it. ``silent``: a loopback socket that accepts and never answers."""
+    import socket
+
+    from mcseg.training.loggers.base import failures, reset_failures
+
+    reset_failures()
+    listener = socket.socket()
+    try:
+        if server == "silent":
+            listener.bind(("127.0.0.1", 0))
+            listener.listen(8)
+            uri = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        else:
+            uri = "http://127.0.0.1:9"  # the discard port: nothing listens
+        with caplog.at_level(logging.WARNING):
+            trackers, took = _open_mlflow_only({"tracking_uri": uri}, tmp_path / "run")
+    finally:
+        listener.close()
+    assert trackers is not None, "still retrying after 30 s"
+    assert took < 15 and trackers.names == ["csv"]
+    [failure] = failures()
+    assert failure["tracker"] == "mlflow" and f"logger.mlflow.tracking_uri={uri}" in failure["error"]
+    assert sum("tracker mlflow failed" in r.getMessage() for r in caplog.records) == 1
+    reset_failures()
+
+
+@pytest.mark.usefixtures("mlflow_installed")
+def test_a_read_only_store_is_reported_with_its_path_not_sqlalchemys_autoflush_hint(tmp_path, monkeypatch):
+    """A read-only mlflow.db was reported as "(raised as a result of Query-invoked autoflush; consider using a
+    session.no_autoflush block ...)". Now the cause and the file. (The tests may run as root, whom the OS lets
+    write a read-only file: the file is made unwritable through os.access, which is what a user's process sees.)"""
+    from mcseg.training.loggers.base import failures, reset_failures
+
+    reset_failures()
+    db = tmp_path / "store" / "mlflow.db"
+    db.parent.mkdir()
+    db.write_bytes(b"")  # an empty SQLite database
+    db.chmod(0o444)
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, *a, **kw: False if Path(path) == db and mode & os.W_OK
+                        else real_access(path, mode, *a, **kw))
+    trackers, _ = _open_mlflow_only({"tracking_uri": f"sqlite:///{db}"}, tmp_path / "run")
+    assert trackers is not None and trackers.names == ["csv"]
+    [failure] = failures()
+    assert f"{db}" in failure["error"] and "not writable" in failure["error"]
+    assert "autoflush" not in failure["error"]
+    reset_failures()

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from mcseg.data.augment import augment_config
-from mcseg.data.fingerprint import DigestCache, files_fingerprint
+from mcseg.data.fingerprint import DigestCache, files_fingerprint, image_fingerprint
 from mcseg.data.cache import CaseCache
 from mcseg.data.cases import CaseData, CaseRef, load_case, to_regions
 from mcseg.data.normalize import check_normalization, normalize_image
@@ -163,6 +163,10 @@ class SegmentationDataset(ABC):
         """The case's identity by content (:mod:`mcseg.data.fingerprint`): its source files' bytes, every
         rater's label map included (by rater order, not file name)."""
         return files_fingerprint([*ref.image_paths, ref.label_path], cache, ref.raters)
+
+    def input_fingerprint(self, ref: CaseRef, cache: DigestCache) -> str:
+        """The case's images' identity by content, labels and raters aside (:func:`image_fingerprint`)."""
+        return image_fingerprint(ref.image_paths, cache)
 
     # ------------------------------------------------------------------ reading
     def read(self, ref: CaseRef) -> CaseData:

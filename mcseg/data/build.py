@@ -13,6 +13,7 @@ from omegaconf.errors import MissingMandatoryValue
 from mcseg.config import SamplingConfig, SplitConfig, typed
 from mcseg.data.base import SegmentationDataset
 from mcseg.data.cases import CaseRef
+from mcseg.data.raters import check_target_has_raters
 from mcseg.data.split import load_split, make_dataset_split, save_split
 from mcseg.data.validate import validate_cases
 from mcseg.errors import ConfigError
@@ -72,7 +73,8 @@ def resolve_split(dataset: SegmentationDataset, node: DictConfig, run_dir: Path)
 def check_run_inputs(cfg: DictConfig, dataset: SegmentationDataset, splits: Splits) -> None:
     """What a training run checks once its split is known, before loading or training anything:
     the headers of every case of every split (:func:`~mcseg.data.validate.validate_cases`) and
-    that post-hoc calibration has validation cases to be fitted on."""
+    that post-hoc calibration has validation cases to be fitted on, and that a rater target has raters to use."""
+    check_target_has_raters(dataset.raters["target"], splits["all"], dataset.name)
     fit = list((cfg.get("posthoc") or {}).get("fit") or [])
     if fit and not splits["val"]:
         split = cfg.dataset.get("split") or {}

@@ -3,8 +3,9 @@
 A case's fingerprint is a SHA-256 over the bytes of its source files in their roles (image channels in
 order, then the label), without their names or paths: the same scan under another name or root has the
 same fingerprint, another scan under the same name has another. Training records the fingerprint of
-every case of its split in each checkpoint; a resume on data of other content is refused, and an
-evaluation says which scored cases are, by content, cases the checkpoint was trained or validated on.
+every case of its split in each checkpoint, and that of its images alone (:func:`image_fingerprint`); a resume on
+data of other content is refused, and an evaluation says which scored cases are, by their images, cases the
+checkpoint was trained or validated on (also when their labels differ: a single-rater copy of rater data).
 
 Hashing reads every file once; the digests are cached by path, size and modification time under
 ``<cache dir>/content/`` (one JSON per dataset root), so later runs only ``stat`` the files, as the
@@ -93,25 +94,35 @@ def files_fingerprint(paths: Sequence[Path | None], cache: DigestCache, raters: 
     return combine(parts)
 
 
-def case_fingerprints(dataset, refs: Sequence, workers: int | None = None) -> dict[str, str]:
-    """``{case_id: fingerprint}`` of ``refs`` (threads: hashing releases the GIL)."""
+def image_fingerprint(paths: Sequence[Path | None], cache: DigestCache) -> str:
+    """The fingerprint of a case's images alone, the network's input: the same scan has the same one whatever its
+    label or raters (a single-rater copy of a case with several raters), which is how an evaluation finds the
+    cases a checkpoint saw in training (:func:`seen_in`)."""
+    return combine(["inputs", *(f"image{i}:{cache.digest(p)}" for i, p in enumerate(paths) if p is not None)])
+
+
+def case_fingerprints(dataset, refs: Sequence, workers: int | None = None, inputs: bool = False) -> dict[str, str]:
+    """``{case_id: fingerprint}`` of ``refs`` (threads: hashing releases the GIL); ``inputs``: of the images
+    alone (``dataset.input_fingerprint``), else of every source file (``dataset.content_fingerprint``)."""
     from mcseg.runtime import available_cpus
 
     cache = DigestCache(getattr(dataset, "root", None))
+    fingerprint = dataset.input_fingerprint if inputs else dataset.content_fingerprint
     workers = workers or min(8, available_cpus())
     if workers <= 1 or len(refs) <= 1:
-        values = [dataset.content_fingerprint(r, cache) for r in refs]
+        values = [fingerprint(r, cache) for r in refs]
     else:
         with ThreadPoolExecutor(workers) as pool:
-            values = list(pool.map(lambda r: dataset.content_fingerprint(r, cache), refs))
+            values = list(pool.map(lambda r: fingerprint(r, cache), refs))
     cache.save()
     return {r.case_id: v for r, v in zip(refs, values)}
 
 
-def split_fingerprints(dataset, refs_by_split: Mapping[str, Sequence]) -> dict[str, dict[str, str]]:
-    """``{split: {case_id: fingerprint}}``: each case hashed once, also when in several lists."""
+def split_fingerprints(dataset, refs_by_split: Mapping[str, Sequence], inputs: bool = False) -> dict[str, dict[str, str]]:
+    """``{split: {case_id: fingerprint}}``: each case hashed once, also when in several lists (``inputs``: of
+    the images alone, :func:`case_fingerprints`)."""
     unique = {r.case_id: r for refs in refs_by_split.values() for r in refs}
-    prints = case_fingerprints(dataset, list(unique.values()))
+    prints = case_fingerprints(dataset, list(unique.values()), inputs=inputs)
     return {name: {r.case_id: prints[r.case_id] for r in refs} for name, refs in refs_by_split.items()}
 
 

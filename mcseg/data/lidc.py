@@ -190,6 +190,10 @@ class LIDCPickleDataset(SegmentationDataset):
         parts += [_array_digest(f"rater{r}", m) for r, m in enumerate(case.raters)]
         return combine(parts)
 
+    def input_fingerprint(self, ref: CaseRef, cache=None) -> str:
+        """A slice's image alone (its raters aside): :func:`mcseg.data.fingerprint.image_fingerprint`'s role."""
+        return combine(["inputs", _array_digest("image", self.read(ref).image)])
+
     def read(self, ref: CaseRef) -> CaseData:
         path, value = self.slices[ref.case_id]
         where = f"{path} [slice {ref.case_id}]"

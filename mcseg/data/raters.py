@@ -24,6 +24,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from mcseg.errors import ConfigError
+
 RATER_KEYS = ("target",)
 TARGETS = ("majority", "staple", "random", "mean")  # or a rater's name
 
@@ -38,6 +40,21 @@ def rater_config(node: Mapping | None) -> dict:
     if not isinstance(target, str):
         raise ValueError(f"dataset.raters.target={target!r}: expected {', '.join(TARGETS)} or a rater's name")
     return {"target": target}
+
+
+def scored_reference(target: str) -> str:
+    """The hard label a run trained on ``dataset.raters.target=<target>`` is scored against in its single-label
+    figures: the majority vote for ``majority``, ``random`` and ``mean``; the STAPLE consensus; a rater's map."""
+    return "majority" if target in ("majority", "random", "mean") else target
+
+
+def check_target_has_raters(target: str, refs: Sequence, dataset_name: str) -> None:
+    """A rater target other than the default (``majority``, which is a single-rater case's own label) needs cases
+    with several raters: on a dataset without them it would train the plain run under another name."""
+    if target != "majority" and not any(getattr(r, "raters", None) for r in refs):
+        raise ConfigError(f"config key 'dataset.raters.target'={target}: dataset {dataset_name} has no case with "
+                          "several raters (one label per case), so there is no rater to choose or average; leave "
+                          "the key at its default, majority, which is each case's own label")
 
 
 def majority_vote(raters: np.ndarray, num_classes: int) -> np.ndarray:

@@ -104,6 +104,8 @@ class SyntheticDataset(SegmentationDataset):
         return combine(["phantom", *map(str, self.shape), str(self.seed), str(index), repr(float(self.noise)),
                         *map(repr, self.spacing)])
 
+    input_fingerprint = content_fingerprint  # a phantom's image and label come from the same generator
+
     def read(self, ref: CaseRef) -> CaseData:
         """The phantom as a scanner would give it (raw intensities); :meth:`load` normalises it, after a
         corruption when one is set (evaluation under shift)."""

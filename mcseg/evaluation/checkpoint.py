@@ -117,7 +117,8 @@ def checkpoint_split(ckpt: Path, state: dict, has_eval_dir: bool) -> tuple[dict 
 def scored_content(ckpt: Path, state: dict, dataset: SegmentationDataset, refs: list, own_split: str | None
                    ) -> tuple[dict[str, dict[str, str]], list[str], dict[str, str]]:
     """Which scored cases are, by content, cases the checkpoint was trained or validated on
-    (``{part: {scored case: the checkpoint's case}}``; on its own split the part scored itself is not
+    (``{part: {scored case: the checkpoint's case}}``; by their images alone where the checkpoint recorded
+    theirs, ``inputs``, so a copy labelled otherwise, a single-rater copy of cases with raters, is found; on its own split the part scored itself is not
     counted), and which cases of its own split now hold other content than it recorded; both warned of
     loudly; and the scored cases' fingerprints. A checkpoint that recorded no content (older versions, or
     stripped) is compared by case id with the split it stored, and the log says that content was not checked
@@ -136,7 +137,10 @@ def scored_content(ckpt: Path, state: dict, dataset: SegmentationDataset, refs: 
                     found + " (recorded in provenance.seen_in_training)" if found else "none is one of its training "
                     "or validation cases by name, but a copy under another name would not be found")
         return seen, [], scored
-    seen = {part: hits for part, hits in seen_in(recorded, scored).items() if own_split not in (part, "all")}
+    # by the images where the checkpoint recorded theirs: the same scans, whatever their labels or raters
+    by_images = state.get("inputs")
+    found = seen_in(by_images, case_fingerprints(dataset, refs, inputs=True)) if by_images else seen_in(recorded, scored)
+    seen = {part: hits for part, hits in found.items() if own_split not in (part, "all")}
     for part, hits in seen.items():
         pairs = ", ".join(f"{case} = {theirs}" for case, theirs in list(hits.items())[:5])
         log.warning("WARNING: %d of the %d scored cases are, by content, cases of %s's %s split (%s%s): their "

@@ -29,6 +29,7 @@ warnings as a trained run's) with :class:`SavedProbabilities` as the predictor, 
 from __future__ import annotations
 
 import hashlib
+import json
 import pickle
 import shutil
 from collections.abc import Iterator, Sequence
@@ -38,9 +39,11 @@ import numpy as np
 import torch
 
 from mcseg.calibration import PosthocConfig, fit_posthoc
+from mcseg.calibration.posthoc import CALIBRATION_FILE
 from mcseg.calibration.scalers import SCALER_TYPES, Scaler, load_scaler
 from mcseg.data.cases import CaseData
 from mcseg.config import EvalProtocol
+from mcseg.files import write_json
 from mcseg.evaluation.folders import (ChannelLastFolder, FolderError, McsegFolder, NnUNetFolder, PredictionFolder,
                                       Reference, read_case, segmentation_of)
 from mcseg.evaluation.provenance import file_sha256
@@ -176,7 +179,8 @@ def calibrate_folder(folder: PredictionFolder, scaler: Scaler, out_dir: Path, mu
     """Write ``folder``'s probabilities scaled by ``scaler`` to ``out_dir`` in the tool's own format: nnU-Net's
     ``<case>.npz`` (float32, same axis order), ``<case>.pkl`` copied, the label map re-derived as nnU-Net does
     (argmax; regions: p > 0.5 in ``regions_class_order``) on the original label map's grid, plans.json and
-    dataset.json copied; MONAI's and mcseg's maps with their NIfTI header. Returns the cases written."""
+    dataset.json copied; MONAI's and mcseg's maps with their NIfTI header. Returns the files written (relative
+    to ``out_dir``)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     link = _link(multilabel)
@@ -188,20 +192,22 @@ def calibrate_folder(folder: PredictionFolder, scaler: Scaler, out_dir: Path, mu
             p = link(scaler.apply(z)[None])[0]
         return np.ascontiguousarray(np.moveaxis(p.numpy().astype(np.float32), 0, channel_axis))
 
+    written = []
     for config in folder.config_files():
         if config.parent != out_dir:
             shutil.copy2(config, out_dir / config.name)
+            written.append(config.name)
     for case in folder.cases():
         if isinstance(folder, NnUNetFolder):
-            _write_nnunet(folder, case, scaled, out_dir)
+            written += _write_nnunet(folder, case, scaled, out_dir)
         elif isinstance(folder, ChannelLastFolder):
-            _write_channel_last(folder, case, scaled, out_dir)
+            written += _write_channel_last(folder, case, scaled, out_dir)
         else:  # pragma: no cover - every format is one of the two
             raise FolderError(f"{folder.path}: cannot write {folder.format} files")
-    return folder.cases()
+    return written
 
 
-def _write_nnunet(folder: NnUNetFolder, case: str, scaled, out_dir: Path) -> None:
+def _write_nnunet(folder: NnUNetFolder, case: str, scaled, out_dir: Path) -> list[str]:
     import SimpleITK as sitk
 
     from mcseg.files import atomic_write
@@ -219,6 +225,7 @@ def _write_nnunet(folder: NnUNetFolder, case: str, scaled, out_dir: Path) -> Non
     image = sitk.GetImageFromArray(np.ascontiguousarray(seg.T).astype(array.dtype))
     image.CopyInformation(template)
     atomic_write(out_dir / seg_path.name, lambda tmp: sitk.WriteImage(image, str(tmp), True))
+    return [f"{case}.npz", f"{case}.pkl", seg_path.name]
 
 
 def _savez(tmp: Path, probs: np.ndarray) -> None:
@@ -226,7 +233,7 @@ def _savez(tmp: Path, probs: np.ndarray) -> None:
         np.savez_compressed(f, probabilities=probs)
 
 
-def _write_channel_last(folder: ChannelLastFolder, case: str, scaled, out_dir: Path) -> None:
+def _write_channel_last(folder: ChannelLastFolder, case: str, scaled, out_dir: Path) -> list[str]:
     import nibabel as nib
 
     from mcseg.files import atomic_write
@@ -239,6 +246,7 @@ def _write_channel_last(folder: ChannelLastFolder, case: str, scaled, out_dir: P
     header = img.header.copy()
     header.set_data_dtype(np.float32)
     atomic_write(target, lambda tmp: nib.save(nib.Nifti1Image(probs, img.affine, header), str(tmp)))
+    written = [target.relative_to(out_dir).as_posix()]
     if isinstance(folder, McsegFolder) and case in folder.label_maps:  # mcseg's label map: the new arg-max
         maps = folder.label_maps[case]
         ref = nib.load(str(maps))
@@ -247,3 +255,44 @@ def _write_channel_last(folder: ChannelLastFolder, case: str, scaled, out_dir: P
         labels = np.moveaxis(labels, 0, -1) if folder.task.multilabel else labels
         out = nib.Nifti1Image(labels.reshape(ref.shape).astype(ref.get_data_dtype()), ref.affine, ref.header)
         atomic_write(out_dir / maps.name, lambda tmp: nib.save(out, str(tmp)))
+        written.append(maps.name)
+    return written
+
+
+def take_over(out_dir: Path) -> list[dict]:
+    """Remove an earlier calibration of ``out_dir`` (its calibration.json and the files it says it wrote) before
+    a new one is written there; return what it was (its fits and what they were applied to), plus what that one
+    had replaced, for the new calibration.json's ``replaced``."""
+    path = Path(out_dir) / CALIBRATION_FILE
+    try:
+        stored = json.loads(path.read_text()) if path.is_file() else {}
+    except json.JSONDecodeError:
+        stored = {}
+    applied = stored.get("applied") or {}
+    for name in applied.get("files") or []:
+        (Path(out_dir) / name).unlink(missing_ok=True)
+    path.unlink(missing_ok=True)
+    earlier = [{"fit": key, "scalers": {n: {k: v for k, v in r.items() if k in ("temperature", "weight", "bias")}
+                                        for n, r in (fit.get("scalers") or {}).items()},
+                "fitted_on": (fit.get("checkpoint") or {}).get("path"),
+                "applied": {k: v for k, v in applied.items() if k != "files"} if applied.get("fit") == key else None}
+               for key, fit in (stored.get("fits") or {}).items()]
+    return [*(stored.get("replaced") or []), *earlier]
+
+
+def record_applied(out_dir: Path, fit: dict, scaler: str, target: PredictionFolder | None, files: list[str],
+                   fit_cases: list[str], replaced: list[dict]) -> dict:
+    """Say in ``out_dir/calibration.json`` which fit and scaler the calibrated files carry (``applied``: the
+    fit's key, the folder they were made from, its cases, the files written, the fit cases among them) and which
+    earlier calibrations of the folder they replaced (``replaced``)."""
+    path = Path(out_dir) / CALIBRATION_FILE
+    stored = json.loads(path.read_text())
+    if target is not None:
+        stored["applied"] = {"fit": fit["checkpoint"]["sha256"], "scaler": scaler,
+                             "to": str(Path(target.path).resolve()), "format": target.format,
+                             "cases": target.cases(), "files": files,
+                             "fit_cases_calibrated": sorted(set(fit_cases) & set(target.cases()))}
+    if replaced:
+        stored["replaced"] = replaced
+    write_json(path, stored)
+    return stored

@@ -48,13 +48,15 @@ from mcseg.files import write_csv, write_json
 from mcseg.evaluation.cases import UNCERTAINTY_FILES
 from mcseg.evaluation.evaluator import Evaluator
 from mcseg.config import EvalProtocol
+from mcseg.evaluation.folder_outputs import EVALUATE_TOOL, EVALUATION_FILES, claim_output, folder_status, writing
 from mcseg.evaluation.provenance import file_sha256
 from mcseg.evaluation.split import FAILURE_FILE, PROVENANCE_FILE
 from mcseg.metrics.failure import FailureDetection
 from mcseg.metrics.uncertainty import MAPS, MemberAccumulator, normalise
+from mcseg.rundir import STATUS_FILE
 
-__all__ = ["FORMATS", "FolderError", "PredictionFolder", "Reference", "Task", "detect_format", "evaluate_folders",
-           "fold_cases", "open_folder", "read_reference"]
+__all__ = ["FORMATS", "FolderError", "PredictionFolder", "Reference", "Task", "declared_classes", "detect_format",
+           "evaluate_folders", "fold_cases", "open_folder", "prediction_files", "read_reference"]
 
 FORMATS = ("nnunet", "monai", "mcseg")
 TOOLS = {"nnunet": "nnU-Net v2", "monai": "MONAI SaveImage", "mcseg": "mcseg"}
@@ -187,10 +189,12 @@ class Reference:
 
 
 def read_reference(path: str | Path, class_names: Sequence[str] | None = None, num_classes: int | None = None,
-                   dataset_json: Path | None = None, channels_hint: int | None = None) -> Reference:
+                   dataset_json: Path | None = None, channels_hint: int | None = None,
+                   declared: Path | None = None) -> Reference:
     """An nnU-Net raw dataset, an MSD folder or a plain labels folder (module docstring). Classes from its
     ``dataset.json`` (or ``dataset_json``), else ``class_names`` / ``num_classes``, else ``channels_hint`` (the
-    probability maps' channels, a softmax); never from the labels present."""
+    probability maps' channels, a softmax); never from the labels present. ``declared``: the dataset.json the
+    predictions come with (:func:`declared_classes`), suggested when nothing says the classes."""
     root = Path(path)
     if not root.is_dir():
         raise FolderError(f"{root}: the reference is not a folder")
@@ -232,10 +236,45 @@ def read_reference(path: str | Path, class_names: Sequence[str] | None = None, n
         task = Task(names)
     else:
         raise FolderError(f"{root}: cannot tell the classes: no dataset.json beside the labels or one folder up; "
-                          f"pass --num-classes K or --class-names")
+                          f"{_classes_advice(declared)}")
     if not labels:
         raise FolderError(f"{root}: no reference label files")
     return Reference(labels, task, kind, root, files)
+
+
+def declared_classes(pred_dir: Path) -> Path | None:
+    """The dataset.json an nnU-Net prediction folder comes with (in it, or up to two folders above, as
+    :class:`NnUNetFolder` finds it); None for any other folder."""
+    try:
+        if detect_format(Path(pred_dir)) != "nnunet":
+            return None
+    except FolderError:
+        return None
+    here = Path(pred_dir)
+    return next((folder / "dataset.json" for folder in (here, here.parent, here.parent.parent)
+                 if (folder / "dataset.json").is_file()), None)
+
+
+def _classes_advice(declared: Path | None) -> str:
+    """What to pass when nothing says the classes: the predictions' own dataset.json where they have one (its
+    class names for a label-based task), else the number of classes or their names."""
+    if declared is not None:
+        try:
+            task = _task_of_json(declared)
+        except FolderError:
+            task = None
+        if task is not None:
+            return (f"the predictions declare {task.describe()} in {declared}: if the labels are these, pass "
+                    f"{_options(declared, task)}")
+    return "pass --num-classes K (background included) or --class-names NAME ... (background first)"
+
+
+def _options(declared: Path, task: Task) -> str:
+    """The options that give a reference ``declared``'s classes, each in backquotes, ready to paste."""
+    import shlex
+
+    names = "" if task.multilabel else f" or `{shlex.join(['--class-names', *task.class_names])}`"
+    return f"`--dataset-json {shlex.quote(str(declared))}`{names}"
 
 
 def fold_cases(splits_file: str | Path, fold: int | str, part: str = "val") -> list[str]:
@@ -286,6 +325,17 @@ def _signals(folder: Path, monai_postfix: str) -> dict[str, int]:
             "mcseg": len(_case_files(folder, "_probs"))}
 
 
+def prediction_files(folder: Path, monai_postfix: str = "trans") -> str | None:
+    """What prediction files ``folder`` holds, e.g. ``4 <case>.npz (nnU-Net v2)``; None when it holds none."""
+    what = {"nnunet": "<case>.npz", "monai": f"<name>_{monai_postfix} maps", "mcseg": "<case>_probs"}
+    try:
+        found = [f"{n} {what[fmt]} ({TOOLS[fmt]})" for fmt, n in _signals(Path(folder), monai_postfix).items() if n]
+        maps = len(_case_files(Path(folder), derived_ok=True))
+    except FolderError as exc:
+        return f"files of a prediction folder ({exc})"
+    return ", ".join(found) or (f"{maps} label map(s)" if maps else None)
+
+
 def detect_format(folder: Path, stated: str = "auto", monai_postfix: str = "trans") -> str:
     """The folder's format; a stated one the folder contradicts is an error naming what it holds."""
     folder = Path(folder)
@@ -309,6 +359,22 @@ def detect_format(folder: Path, stated: str = "auto", monai_postfix: str = "tran
         raise FolderError(f"{folder}: cannot tell the format ({listed}); pass --format "
                           f"{'|'.join(FORMATS)}")
     return next(iter(held))
+
+
+def calibration_of(folder: Path) -> dict | None:
+    """What ``mcseg-calibrate-folder`` wrote into ``folder/calibration.json`` about the files it calibrated (the
+    fit and scaler they carry, the fit cases among them; its sha256), or None for a folder it did not write."""
+    path = Path(folder) / "calibration.json"
+    if not path.is_file():
+        return None
+    try:
+        applied = json.loads(path.read_text()).get("applied")
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return None
+    if not isinstance(applied, dict):
+        return None
+    return {"file": str(path.resolve()), "sha256": file_sha256(path),
+            **{k: applied.get(k) for k in ("fit", "scaler", "to", "fit_cases_calibrated")}}
 
 
 class PredictionFolder:
@@ -342,8 +408,10 @@ class PredictionFolder:
         raise NotImplementedError
 
     def identity(self) -> dict:
+        calibration = calibration_of(self.path)
         return {"path": str(self.path.resolve()), "format": self.format, "tool": self.tool, "version": None,
-                "version_note": "the tool does not write its version into these files"}
+                "version_note": "the tool does not write its version into these files",
+                **({"calibration": calibration} if calibration else {})}
 
     def check_probabilities(self, case: str, path: Path, probs: np.ndarray) -> np.ndarray:
         """``probs`` (``C x *S``) as float32 after the checks every format shares: the task's channel count, finite
@@ -407,7 +475,10 @@ class NnUNetFolder(PredictionFolder):
         self.transpose_backward = [int(i) for i in plans.get("transpose_backward", [])]
         own = task_from_labels(dataset.get("labels") or {}, self.dataset_path, dataset.get("regions_class_order"))
         if own != self.task:
-            raise FolderError(f"{self.dataset_path} declares {own.describe()}, the reference {self.task.describe()}")
+            named = own.channels == self.task.channels and own.regions == self.task.regions  # names differ only
+            raise FolderError(f"{self.dataset_path} declares {own.describe()}, the reference {self.task.describe()}"
+                              + (f"; if the reference's labels are these, pass {_options(self.dataset_path, own)}"
+                                 if named else ""))
         self.file_ending = str(dataset.get("file_ending", ".nii.gz"))
         files = {p.name[:-4]: p for p in sorted(self.path.glob("*.npz"))}
         for case in files:
@@ -698,18 +769,65 @@ def read_case(folders: Sequence[PredictionFolder], reference: Reference, case: s
     return label_vol, label, probs, prediction, files
 
 
+def distinct_members(folders: Sequence[PredictionFolder], cases: Sequence[str]) -> None:
+    """An ensemble's members must differ: a folder listed twice, or two folders whose files of ``cases`` are
+    byte-identical (sha256 over each case's files), would count one prediction as several members (as
+    evaluate.py refuses checkpoints with identical weights)."""
+    import hashlib
+
+    paths: dict[Path, PredictionFolder] = {}
+    digests: dict[str, PredictionFolder] = {}
+    for folder in folders:
+        path = Path(folder.path).resolve()
+        if path in paths:
+            raise FolderError(f"--ensemble: {folder.path} is listed twice (also as {paths[path].path}): a folder with "
+                              f"itself is the folder alone; list each member once")
+        paths[path] = folder
+        digest = hashlib.sha256()
+        for case in cases:
+            for file in folder.case_files(case):
+                digest.update(f"{case}\n{file_sha256(file)}\n".encode())
+        key = digest.hexdigest()
+        if key in digests:
+            raise FolderError(f"--ensemble: {digests[key].path} and {folder.path} hold identical files for the "
+                              f"{len(cases)} case(s) (sha256 {key[:8]}): an ensemble of copies is the one prediction "
+                              f"folder; evaluate it alone")
+        digests[key] = folder
+
+
 def evaluate_folders(folders: Sequence[PredictionFolder], reference: Reference, protocol: EvalProtocol,
                      output_dir: Path, cases: Sequence[str] | None = None, allow_missing: bool = False,
-                     uncertainty_dir: Path | None = None, selection: dict | None = None) -> dict:
+                     uncertainty_dir: Path | None = None, selection: dict | None = None,
+                     overwrite: bool = False) -> dict:
     """Evaluate one prediction folder, or the ensemble of several (probabilities averaged, the members' PE / EE /
     MI maps), against ``reference`` with ``protocol``: the evaluator's files plus ``provenance.json`` (tool,
-    version where the files say it, the sha256 of every file read) and failure detection; returns the summary."""
+    version where the files say it, the sha256 of every file read) and failure detection; returns the summary.
+    ``output_dir`` follows :mod:`mcseg.evaluation.folder_outputs` (an earlier evaluation replaced only with
+    ``overwrite``; marked in status.json while written)."""
+    for folder in folders:
+        unfinished = folder_status(folder.path)
+        if unfinished is not None and unfinished["status"] != "completed":
+            raise FolderError(f"{folder.path}: {unfinished['tool']} did not complete this folder ({STATUS_FILE}: "
+                              f"{unfinished['status']}): run its command again before evaluating it")
     chosen = select_cases(folders, reference, cases, allow_missing)
-    task = reference.task
-    evaluator = Evaluator(task.channels, task.class_names, protocol, task.multilabel)
+    if len(folders) > 1:
+        distinct_members(folders, chosen)
     with_probs = not isinstance(folders[0], McsegFolder) or folders[0].has_probs
     if uncertainty_dir is not None and not with_probs:
         raise FolderError("uncertainty maps (--save-uncertainty) need the probability maps (--probs)")
+    out = Path(output_dir)
+    postfix = getattr(folders[0], "postfix", "trans")
+    earlier = claim_output(out, EVALUATE_TOOL, overwrite, lambda folder: prediction_files(folder, postfix))
+    record = {"predictions": [str(Path(f.path).resolve()) for f in folders], "reference": str(reference.root.resolve())}
+    with writing(out, EVALUATE_TOOL, record, EVALUATION_FILES if earlier is not None else ()):
+        return _evaluate(folders, reference, protocol, out, chosen, uncertainty_dir, selection, with_probs)
+
+
+def _evaluate(folders: Sequence[PredictionFolder], reference: Reference, protocol: EvalProtocol, out: Path,
+              chosen: list[str], uncertainty_dir: Path | None, selection: dict | None, with_probs: bool) -> dict:
+    """:func:`evaluate_folders` once its output folder is owned: read, score and write."""
+    task = reference.task
+    evaluator = Evaluator(task.channels, task.class_names, protocol, task.multilabel)
     failure = FailureDetection(MAPS) if protocol.failure_detection and with_probs else None
     inputs: list[Path] = [*reference.files, *(f for folder in folders for f in folder.config_files())]
     for case in chosen:
@@ -734,12 +852,20 @@ def evaluate_folders(folders: Sequence[PredictionFolder], reference: Reference, 
                 if len(folders) > 1 or name == "predictive_entropy":
                     write_nifti(Path(uncertainty_dir) / f"{case}_{suffix}.nii.gz", maps[name].numpy(),
                                 label_vol.affine, reference.labels[case])
+    identities = [folder.identity() for folder in folders]
     provenance = {
-        "predictions": [folder.identity() for folder in folders],
+        "predictions": identities,
         "reference": {"path": str(reference.root.resolve()), "kind": reference.kind},
         "cases": chosen, **({"selection": selection} if selection else {}),
         "input_files_sha256": {str(p.resolve()): file_sha256(p) for p in dict.fromkeys(inputs)},
     }
+    scored_fit = sorted({c for i in identities for c in (i.get("calibration") or {}).get("fit_cases_calibrated") or []
+                         if c in chosen})
+    if scored_fit:
+        provenance["scored_fit_cases"] = scored_fit
+        provenance["warnings"] = [f"{len(scored_fit)} scored case(s) ({', '.join(scored_fit[:10])}) are cases the "
+                                  f"calibration of the predictions was fitted on (their calibration.json 'applied'): "
+                                  f"their calibration figures measure the fit, not unseen cases"]
     extra = {"provenance": provenance}
     if len(folders) > 1:
         extra["predictor"] = {"members": len(folders), "pooled": "probabilities",
@@ -747,7 +873,6 @@ def evaluate_folders(folders: Sequence[PredictionFolder], reference: Reference, 
                                       "averages logits inside one predictor)"}
     if failure is not None:
         extra["failure_detection"] = failure.summary()
-    out = Path(output_dir)
     summary = evaluator.write(out, extra=extra)
     if failure is not None and failure.rows:
         write_csv(out / FAILURE_FILE, failure.rows)

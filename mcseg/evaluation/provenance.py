@@ -40,6 +40,8 @@ def dataset_identity(dataset: SegmentationDataset, case_ids: list[str], content:
         "n_cases": len(ids), "cases_sha256": hashlib.sha256("\n".join(ids).encode()).hexdigest(),
         "num_classes": dataset.num_classes, "class_names": list(dataset.class_names),
         "in_channels": dataset.in_channels, "multilabel": bool(dataset.multilabel),
+        # cases with several raters: which hard label the single-label figures score (mcseg.data.raters)
+        "raters_target": dataset.raters["target"],
     }
     if content is not None:
         identity["content_sha256"] = split_content_sha256(content)

@@ -10,6 +10,7 @@ Run directories are found by :func:`mcseg.rundir.find_run_dirs`. Its identity (c
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import logging
 import math
@@ -18,6 +19,8 @@ from pathlib import Path
 
 import yaml
 
+from mcseg.data.raters import scored_reference
+from mcseg.evaluation.provenance import file_sha256
 from mcseg.evaluation.raters import CASE_FIGURES, FOREGROUND_FIGURES
 from mcseg.evaluation.shift import SUMMARY_FILE as SHIFT_SUMMARY
 from mcseg.metrics.statistics import nanmean
@@ -149,6 +152,7 @@ def read_run(run_dir: Path, split: str = "test") -> RunRecord | None:
         log.warning("%s: evaluates %s, not the run's selected checkpoint; not reported", eval_dir,
                     summary["provenance"]["checkpoint"].get("path"))
         summary = None
+    keep_apart(record, _scored_reference(identity, summary))
     if summary is not None:
         record.summaries[""] = summary
         record.per_case[""] = read_per_case(eval_dir / "per_case.csv")
@@ -167,6 +171,24 @@ def read_run(run_dir: Path, split: str = "test") -> RunRecord | None:
             if (shift := _read_json(folder.parent / SHIFT_SUMMARY)) is not None:
                 record.shift[tag] = shift
     return record
+
+
+def _scored_reference(identity: dict, summary: dict | None) -> str:
+    """The hard label a run's single-label figures are scored against (:func:`mcseg.data.raters.scored_reference`
+    of its ``dataset.raters.target``): as its evaluation records it, else (evaluations of older versions) as its
+    overrides set it; ``majority`` (also a single-rater case's own label) by default."""
+    recorded = (((summary or {}).get("provenance") or {}).get("dataset") or {}).get("raters_target")
+    given = [o.split("=", 1)[1] for o in identity.get("overrides") or []
+             if o.lstrip("+~").startswith("dataset.raters.target=")]
+    return scored_reference(str(recorded or (given[-1] if given else "majority")))
+
+
+def keep_apart(record: RunRecord, reference: str) -> None:
+    """A run scored against another label than the majority (trained on one rater, or STAPLE) is of a dataset of
+    its own in the report: its rows are never selected or tested beside rows scored against another label."""
+    if reference != "majority":
+        record.dataset = f"{record.dataset} [against {reference}]"
+        record.dataset_key = f"{record.dataset_key} [against {reference}]"
 
 
 @dataclass
@@ -200,11 +222,31 @@ def collect_runs(roots: list[Path], split: str = "test") -> list[RunRecord]:
     return [r for r in records if r is not None]
 
 
+def _unfinished_folder_evaluation(eval_dir: Path) -> RunRecord | None:
+    """An evaluation by ``mcseg-evaluate-folder`` whose ``status.json`` says it did not complete (interrupted,
+    failed, or running with its process gone): a record without results, which the report lists as left out."""
+    from mcseg.evaluation.folder_outputs import EVALUATE_TOOL, folder_status
+
+    status = folder_status(eval_dir)
+    if status is None or status.get("tool") != EVALUATE_TOOL or status["status"] == "completed":
+        return None
+    folders = "+".join("/".join(Path(str(p)).parts[-2:]) for p in status.get("predictions") or [])
+    reference = str(status.get("reference") or "?")
+    return RunRecord(eval_dir, f"predictions={folders.replace(' ', '_')}", EVALUATE_TOOL, {}, 0,
+                     str(status["status"]), error=f"{status.get('error') or 'not completed'}: its files are "
+                     f"incomplete; run its mcseg-evaluate-folder command again", dataset=Path(reference).name,
+                     dataset_key=reference)
+
+
 def read_folder_evaluation(eval_dir: Path) -> RunRecord | None:
     """An evaluation of another tool's prediction folder (``mcseg-evaluate-folder``: a summary.json whose
     provenance names the ``predictions``) as a report row of its own: the tool in the loss column, the
-    configuration ``predictions=<folder>[+<folder>...]``, the reference folder's name as the dataset (its path
-    as the dataset key), one evaluation (seed 0). None for any other summary.json."""
+    configuration ``predictions=<folder>[+<folder>...]`` (the folders' whole paths as its key), the reference
+    (:func:`folder_reference`) as the dataset, one evaluation (seed 0). None for any other summary.json. One that
+    did not complete (its status.json) is a record without results (:func:`_unfinished_folder_evaluation`)."""
+    unfinished = _unfinished_folder_evaluation(eval_dir)
+    if unfinished is not None:
+        return unfinished
     summary = _read_json(eval_dir / "summary.json")
     provenance = (summary or {}).get("provenance") or {}
     predictions = provenance.get("predictions")
@@ -212,16 +254,69 @@ def read_folder_evaluation(eval_dir: Path) -> RunRecord | None:
         return None
     tool = " + ".join(dict.fromkeys(str(p.get("tool")) for p in predictions))
     folders = "+".join("/".join(Path(str(p.get("path"))).parts[-2:]) for p in predictions)
-    reference = (provenance.get("reference") or {}).get("path") or "?"
+    name, key = folder_reference(provenance)
     record = RunRecord(eval_dir, f"predictions={folders.replace(' ', '_')}", tool, {}, 0, "completed",
-                       dataset=Path(reference).name, dataset_key=str(reference))
+                       dataset=name, dataset_key=key,
+                       configuration_key=_sha256("\n".join(str(p.get("path")) for p in predictions)))
     record.summaries[""] = summary
     record.per_case[""] = read_per_case(eval_dir / "per_case.csv")
     return record
 
 
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _under(path: str | Path, folder: Path) -> bool:
+    return Path(path).is_relative_to(folder)
+
+
+def folder_reference(provenance: dict) -> tuple[str, str]:
+    """A folder evaluation's reference as (readable name, identity): the folder's last two path parts, and a hash
+    of the reference files it read (their names within the folder and sha256, from ``input_files_sha256``), or of
+    the folder's whole path where none was recorded: two references of one name are two datasets, a moved copy of
+    one is the same."""
+    path = Path(str((provenance.get("reference") or {}).get("path") or "?"))
+    read = sorted(f"{Path(p).relative_to(path)}:{digest}"
+                  for p, digest in (provenance.get("input_files_sha256") or {}).items() if _under(p, path))
+    return "/".join(path.parts[-2:]), _sha256("\n".join(read) if read else str(path))
+
+
+def changed_predictions(provenance: dict) -> list[str]:
+    """The prediction files an evaluation read that no longer hold what it read (another sha256, or gone)."""
+    folders = [Path(str(p.get("path"))) for p in provenance.get("predictions") or []]
+    return [path for path, digest in (provenance.get("input_files_sha256") or {}).items()
+            if any(_under(path, f) for f in folders) and (not Path(path).is_file() or file_sha256(path) != digest)]
+
+
+def current_evaluations(records: list[RunRecord]) -> list[RunRecord]:
+    """Of several evaluations of the same prediction folders against the same reference, those of the folders'
+    current files (the others are warned of and left out); when none is current, the newest."""
+    changed = {r.path: changed_predictions(r.summaries[""]["provenance"]) for r in records}
+    current = [r for r in records if not changed[r.path]] or \
+        [max(records, key=lambda r: (r.path / "summary.json").stat().st_mtime_ns)]
+    for record in records:
+        if record not in current:
+            files = changed[record.path]
+            log.warning("%s: the prediction files it scored no longer hold what it read (%d changed: %s%s); not "
+                        "reported, %s is", record.path, len(files), files[0], " ..." if len(files) > 1 else "",
+                        ", ".join(str(r.path) for r in current))
+        elif changed[record.path]:
+            log.warning("%s: its prediction files changed since it was made, and no evaluation of their current "
+                        "files exists; reported as the newest (re-evaluate the folder)", record.path)
+    return current
+
+
 def collect_folder_evaluations(roots: list[Path]) -> list[RunRecord]:
-    """Every evaluation of a prediction folder under ``roots`` (:func:`read_folder_evaluation`)."""
-    found = {path.parent.resolve() for root in roots for path in Path(root).glob("**/summary.json")}
-    records = [read_folder_evaluation(path) for path in sorted(found)]
-    return [r for r in records if r is not None]
+    """Every evaluation of a prediction folder under ``roots`` (:func:`read_folder_evaluation`); of several
+    complete ones of the same folders against the same reference, the current ones (:func:`current_evaluations`);
+    unfinished ones (no results) are kept to be listed as left out."""
+    found = {path.parent.resolve() for root in roots for name in ("summary.json", STATUS_FILE)
+             for path in Path(root).glob(f"**/{name}")}
+    records = [r for r in (read_folder_evaluation(path) for path in sorted(found)) if r is not None]
+    groups: dict[tuple[str, str], list[RunRecord]] = {}
+    for record in records:
+        if record.summaries:
+            groups.setdefault((record.dataset_key, record.configuration_key), []).append(record)
+    kept = {r.path for group in groups.values() for r in (group if len(group) == 1 else current_evaluations(group))}
+    return [r for r in records if r.path in kept or not r.summaries]

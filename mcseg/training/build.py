@@ -145,7 +145,8 @@ def build_run(cfg: DictConfig) -> Run:
         config_container=container, images=lcfg.images, dist=dist,
     )
     unseen = classes_unseen_in_training(loader.dataset.fg_points, dataset.class_names, dataset.multilabel)
-    trainer.provenance = {"split": split_ids, "dataset": trained_on, "content": content,
+    inputs = split_fingerprints(dataset, {name: splits[name] for name in SPLITS}, inputs=True)  # images alone
+    trainer.provenance = {"split": split_ids, "dataset": trained_on, "content": content, "inputs": inputs,
                           "classes_unseen_in_training": unseen}
     device_info = describe_device(device, tcfg.precision, trainer.channels_last, tcfg.compile)
     log.info("device: %s", ", ".join(f"{k} {v}" for k, v in device_info.items()))

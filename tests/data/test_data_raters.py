@@ -258,3 +258,69 @@ def test_mean_target_gives_soft_samples_and_hard_label_losses_refuse_it(make_cfg
                                           "dataset.raters.target=mean .*=majority, staple, random or a rater's name$"):
         train(cfg)
     assert not (tmp_path / "run" / "split.json").exists()  # refused before anything is written
+
+
+def _single_rater_copy(rater_root, dest):
+    """The nnU-Net rater dataset as a single-rater one: the same images, rater 1's maps as labelsTr/."""
+    import shutil
+
+    shutil.copytree(rater_root / "imagesTr", dest / "imagesTr")
+    shutil.copytree(rater_root / "labelsTr_rater1", dest / "labelsTr")
+    shutil.copy(rater_root / "dataset.json", dest / "dataset.json")
+    return dest
+
+
+@pytest.mark.slow
+def test_a_rater_trained_checkpoint_scored_on_a_single_rater_copy_of_its_cases_warns(make_cfg, tmp_path, caplog,
+                                                                                     monkeypatch):
+    """Issue #43 section 3: a checkpoint trained with raters, evaluated on a single-rater copy of its own data
+    (its training cases among the scored ones), said nothing: seen_in_training {} (a case's fingerprint covered
+    its raters' files, the copy's its one label). Cases are now found by their images, whatever their labels."""
+    import json
+    import logging
+
+    from mcseg.evaluate import evaluate
+    from mcseg.train import train
+    from tests.conftest import compose_config
+
+    from .data_helpers import TINY_RUN
+
+    monkeypatch.setenv("MCSEG_CACHE_DIR", str(tmp_path / "cache"))
+    raters = fd.write_nnunet_raters(tmp_path / "raters")
+    train(make_cfg(["dataset=nnunet", f"dataset.root={raters}", "+dataset.rater_folders=auto",
+                    "dataset.raters.target=mean", "loss=ce", "dataset.preprocess.workers=1",
+                    "dataset.sampling.patch_size=[16,16,8]", "posthoc.fit=[]", "posthoc.apply=[]",
+                    "evaluation.bootstrap_samples=0", *TINY_RUN]))
+    run = tmp_path / "run"
+    trained = json.loads((run / "split.json").read_text())["train"]
+    copy = _single_rater_copy(raters, tmp_path / "single")
+    with caplog.at_level(logging.WARNING):
+        summary = evaluate(compose_config("evaluate", [f"ckpt={run}", "dataset=nnunet", f"dataset.root={copy}",
+                                                      "split=all", "save_predictions=false", "posthoc.apply=[]",
+                                                      "evaluation.bootstrap_samples=0", "debug=fast"],
+                                          tmp_path / "job"))
+    seen = summary["provenance"]["seen_in_training"]
+    assert seen.get("train") == {case: case for case in trained}
+    assert any("are, by content, cases of" in r.getMessage() for r in caplog.records)
+
+
+def test_a_case_with_raters_and_its_single_rater_copy_share_their_images_fingerprint(make_cfg, downloads, tmp_path,
+                                                                                     monkeypatch):
+    """What the evaluation compares (the slow test above runs the whole chain): a checkpoint's recorded ``inputs``
+    against the scored cases' images; the content fingerprints, which cover every rater, stay apart."""
+    from pathlib import Path
+
+    from mcseg.evaluation.checkpoint import scored_content
+
+    monkeypatch.setenv("MCSEG_CACHE_DIR", str(tmp_path / "cache"))
+    raters = _dataset(make_cfg, "nnunet", downloads["nnunet"])
+    single = build(make_cfg, ["dataset=nnunet", f"dataset.root={_single_rater_copy(downloads['nnunet'], tmp_path / 's')}"])[0]
+    rater_refs, single_refs = raters.case_refs(), single.case_refs()
+    assert all(r.raters for r in rater_refs) and not any(r.raters for r in single_refs)
+    split = {"train": rater_refs[:2], "val": rater_refs[2:3], "test": rater_refs[3:]}
+    state = {"content": split_fingerprints(raters, split), "inputs": split_fingerprints(raters, split, inputs=True)}
+    assert split_fingerprints(single, {"all": single_refs})["all"] != \
+        {c: fp for part in state["content"].values() for c, fp in part.items()}
+    seen, _, _ = scored_content(Path("best.pt"), state, single, single_refs, None)
+    assert seen == {"train": {r.case_id: r.case_id for r in rater_refs[:2]}, "val": {rater_refs[2].case_id:
+                                                                                     rater_refs[2].case_id}}

@@ -58,7 +58,8 @@ def test_cli_matches_the_evaluator(folders, tmp_path, capsys):
     assert "foreground mean" in capsys.readouterr().out
     assert {p.name for p in out.iterdir()} == {"per_case.csv", "summary.json", "reliability.csv", "reliability.png",
                                                "reliability_histogram.csv", "reliability_histogram.png",
-                                               "provenance.json", "failure_per_case.csv"}
+                                               "provenance.json", "failure_per_case.csv", "status.json"}
+    assert json.loads((out / "status.json").read_text())["status"] == "completed"  # as a run's is
     assert provenance["predictions"][0]["format"] == "mcseg" and len(provenance["input_files_sha256"]) == 6
     assert 0.5 < detection["predictive_entropy"]["voxel_auroc"] <= 1
 
@@ -157,3 +158,117 @@ def test_real_hippocampus_cases(hippocampus_root, tmp_path):
     with open(preds / "eval/per_case.csv") as f:
         for row in csv.DictReader(f):
             assert float(row["hd95_mm"]) == pytest.approx(expected[row["case"]][int(row["class_index"]) - 1], rel=1e-6)
+
+
+def _snapshot(folder):
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_an_evaluation_is_never_replaced_unless_asked_nor_written_into_a_prediction_folder(folders, tmp_path,
+                                                                                           capsys):
+    """Issue #43 section 3: -o into an existing evaluation silently replaced all its files."""
+    dirs, _ = folders
+    args = [str(dirs["preds"]), str(dirs["labels"]), "--probs", str(dirs["probs"]), "--num-classes", "3",
+            "--bootstrap-samples", "0", "--no-figures"]
+    out = tmp_path / "out"
+    assert main([*args, "-o", str(out)]) == 0
+    capsys.readouterr()
+    first = _snapshot(out)
+    assert main([*args, "-o", str(out), "--region", "all"]) == 2
+    err = capsys.readouterr().err
+    assert f"-o {out}" in err and "evaluation" in err and "--overwrite" in err and len(err.splitlines()) == 1, err
+    assert _snapshot(out) == first
+    assert main([*args, "-o", str(out), "--region", "all", "--overwrite"]) == 0
+    assert json.loads((out / "summary.json").read_text())["protocol"]["region"] == "all"
+    # a folder of predictions (the probability maps) is never an evaluation's folder, even with --overwrite
+    before = _snapshot(dirs["probs"])
+    assert main([*args, "-o", str(dirs["probs"]), "--overwrite"]) == 2
+    err = capsys.readouterr().err
+    assert f"-o {dirs['probs']}" in err and "predictions" in err and "a new folder" in err, err
+    assert _snapshot(dirs["probs"]) == before
+
+
+def test_an_ensemble_of_a_folder_with_itself_or_a_copy_is_refused(folders, tmp_path, capsys):
+    """Issue #43 section 3: --ensemble of a folder with itself or a byte-identical copy counted as two members
+    (evaluate.py refuses checkpoints with identical weights)."""
+    import shutil
+
+    dirs, _ = folders
+    copy = shutil.copytree(dirs["probs"], tmp_path / "copy")
+    args = [str(dirs["probs"]), str(dirs["labels"]), "--num-classes", "3", "--bootstrap-samples", "0", "--no-figures"]
+    for member, said in ((dirs["probs"], "twice"), (copy, "identical")):
+        out = tmp_path / f"out_{member.name}"
+        assert main([*args, "--ensemble", str(member), "-o", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert said in err and str(member) in err and len(err.splitlines()) == 1, err
+        assert not out.exists()
+    # a member that differs in one file is a member
+    _save(copy / "case_02_probs.nii.gz", np.full((18, 16, 10, 3), 1 / 3, np.float32))
+    assert main([*args, "--ensemble", str(copy), "-o", str(tmp_path / "two")]) == 0
+    assert json.loads((tmp_path / "two" / "summary.json").read_text())["predictor"]["members"] == 2
+
+
+def test_ctrl_c_ends_in_one_line_and_marks_the_evaluation_interrupted_which_the_report_leaves_out(
+        folders, tmp_path, capsys, monkeypatch):
+    """Issue #43 section 3: Ctrl-C in mcseg-evaluate-folder ended in a traceback and left a half-written folder
+    (summary.json without its failure table and provenance.json) that mcseg-report listed as complete."""
+    from mcseg.evaluation import folders as folder_module
+    from mcseg.report.cli import failure_lines
+    from mcseg.report.collect import collect_folder_evaluations
+
+    dirs, _ = folders
+    out = tmp_path / "evals" / "out"
+    args = [str(dirs["preds"]), str(dirs["labels"]), "--probs", str(dirs["probs"]), "--num-classes", "3",
+            "--bootstrap-samples", "0", "--no-figures", "-o", str(out)]
+
+    def ctrl_c(*args, **kwargs):  # Ctrl-C once summary.json is written, before the failure table
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(folder_module, "write_csv", ctrl_c)
+    try:
+        code = main(args)
+    except KeyboardInterrupt:
+        code = "KeyboardInterrupt escaped: a traceback"
+    assert code == 130
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "interrupted" in err and str(out) in err, err
+    assert "run the same command again" in err
+    assert (out / "summary.json").is_file() and not (out / "provenance.json").exists()  # half a folder
+    assert json.loads((out / "status.json").read_text())["status"] == "interrupted"
+    record, = collect_folder_evaluations([tmp_path / "evals"])
+    assert record.status == "interrupted" and not record.evaluated  # not a row of the report's tables
+    assert any(str(out) in line and "interrupted" in line for line in failure_lines([record]))
+    # the advice works: the same command again, without --overwrite
+    monkeypatch.undo()
+    assert main(args) == 0
+    record, = collect_folder_evaluations([tmp_path / "evals"])
+    assert record.status == "completed" and record.evaluated and (out / "provenance.json").is_file()
+
+
+def test_a_real_sigint_ends_the_command_in_one_line_without_a_traceback(folders, tmp_path):
+    """The same through a real SIGINT (what Ctrl-C sends) in a process of its own, while the first case is scored."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    dirs, _ = folders
+    out = tmp_path / "out"
+    code = ("import os, signal, sys\n"
+            "from mcseg.evaluation.evaluator import Evaluator\n"
+            "scored = Evaluator.add_case\n"
+            "def add_case(self, *args, **kwargs):\n"
+            "    os.kill(os.getpid(), signal.SIGINT)\n"
+            "    return scored(self, *args, **kwargs)\n"
+            "Evaluator.add_case = add_case\n"
+            "from mcseg.evaluate_folder import main\n"
+            "sys.exit(main(sys.argv[1:]))\n")
+    args = [str(dirs["preds"]), str(dirs["labels"]), "--probs", str(dirs["probs"]), "--num-classes", "3",
+            "--bootstrap-samples", "0", "--no-figures", "-o", str(out)]
+    done = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 130, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "run the same command again" in done.stderr, done.stderr
+    assert json.loads((out / "status.json").read_text())["status"] == "interrupted"
+    assert not (out / "run.lock").exists()

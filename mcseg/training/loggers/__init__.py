@@ -17,7 +17,10 @@ Which run a tracker wrote to is kept in the run folder, ``trackers.json``: a res
 
 A tracker that fails (a locked database, a server that does not answer, a full disk) never loses the run:
 one warning names the tracker and the error, the tracker is off for the rest of the process's run, and the
-failure is recorded (:func:`failures`, which :func:`mcseg.sweep.run_job` puts into ``status.json``). A tracker
+failure is recorded (:func:`failures`, which :func:`mcseg.sweep.run_job` puts into ``status.json``). A tracking
+server is probed once at start with a short timeout and a SQLite store checked to be writable
+(:func:`mcseg.training.loggers.mlflow_tracker.client_for`): minutes of a client's retries, or SQLAlchemy's
+message in place of the cause, are one warning naming the cause. A tracker
 whose library is not installed is refused at start, naming the extra to install.
 """
 from __future__ import annotations

@@ -11,6 +11,7 @@ a run killed after a checkpoint loses what it logged since, and its resume logs 
 """
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -38,9 +39,47 @@ def artifact_root(uri: str) -> str | None:
     return None  # a server decides
 
 
+PROBE_TIMEOUT_S = 5.0  # one try to reach a tracking server at start (its client retries for minutes otherwise)
+
+
+def check_reachable(uri: str) -> None:
+    """A tracking server (``http(s)://``) is asked once, with a short timeout, before its client's retries can stall
+    the run for minutes; raises ``ConnectionError`` naming the key and the cause when it does not answer. Any HTTP
+    answer (an error status too: a proxy, a login) counts as reachable; other stores are not probed."""
+    import urllib.error
+    import urllib.request
+
+    if not uri.startswith(("http://", "https://")):
+        return
+    try:
+        urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=PROBE_TIMEOUT_S).close()
+    except urllib.error.HTTPError:
+        return
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise ConnectionError(f"logger.mlflow.tracking_uri={uri}: no answer within {PROBE_TIMEOUT_S:g} s "
+                              f"({reason})") from None
+
+
+def check_writable(uri: str) -> None:
+    """A SQLite store must be writable, the file and its folder (SQLite writes its journal beside it); raises
+    ``PermissionError`` naming the file (else SQLAlchemy reports it with a hint about autoflush)."""
+    if not uri.startswith("sqlite:///"):
+        return
+    path = Path(uri.removeprefix("sqlite:///"))
+    if path.exists() and not os.access(path, os.W_OK):
+        raise PermissionError(f"MLflow store {path} is not writable (a read-only file): make it writable or set "
+                              "logger.mlflow.tracking_uri to another store")
+    if not os.access(path.parent, os.W_OK):
+        raise PermissionError(f"MLflow store {path}: its folder is not writable (SQLite writes its journal there)")
+
+
 def client_for(uri: str):
+    """A client of the store ``uri``, checked first (:func:`check_reachable`, :func:`check_writable`)."""
     from mlflow.tracking import MlflowClient
 
+    check_reachable(uri)
+    check_writable(uri)
     return MlflowClient(tracking_uri=uri)
 
 
