@@ -6,8 +6,9 @@ Layers, imports pointing only down and no two modules importing each other: entr
 evaluator, a split, a checkpoint, an ensemble, a suite under shift, provenance) -> ``inference/``
 (whole-volume prediction and its members, predictors built from a config or a checkpoint) ->
 ``calibration/``, ``data/``, ``metrics/``, ``models/``, ``losses/`` and ``rundir.py`` (run
-directories: ownership, finding them) -> config and runtime (``config.py``, ``errors.py``,
-``targets.py``, ``runtime.py``, ``environment.py``, ``text.py``). Two entry points that need the
-same construction share a builder below them (``inference/build.py``, ``evaluation/checkpoint.py``)
-instead of importing each other. ``tests/test_layers.py`` checks both rules.
+directories: ownership, finding them) -> config, runtime and shared services (``config.py``,
+``errors.py``, ``targets.py``, ``runtime.py``, ``environment.py``, ``text.py``, ``files.py``: writing files,
+``identity.py``: what a run is). Two entry points that need the same construction share a builder below them
+(``inference/build.py``, ``evaluation/checkpoint.py``; ``training/build.py`` builds what ``train()`` fits, which
+``scripts/benchmark.py`` times) instead of importing each other. ``tests/test_layers.py`` checks both rules.
 """

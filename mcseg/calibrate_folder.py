@@ -17,7 +17,7 @@ from pathlib import Path
 from mcseg.calibration import PosthocConfig
 from mcseg.calibration.posthoc import OBJECTIVES, VOXEL_SAMPLES
 from mcseg.data.io import VolumeError
-from mcseg.evaluation.evaluator import EvalProtocol
+from mcseg.config import EvalProtocol
 from mcseg.evaluation.folder_outputs import CALIBRATE_TOOL, EXIT_INTERRUPTED, FolderInterrupted, claim_output, writing
 from mcseg.evaluation.folder_posthoc import REFUSED, calibrate_folder, fit_folders, record_applied, take_over
 from mcseg.evaluation.folders import (FORMATS, FolderError, PredictionFolder, declared_classes, fold_cases, open_folder,

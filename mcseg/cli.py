@@ -8,8 +8,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from mcseg.config import CONFIG_DIR  # noqa: F401  (importable from here too)
-from mcseg.sweep import job_name
+from mcseg.config import CONFIG_DIR
+from mcseg.identity import job_name
 
 # ${mcseg_job:...} names sweep job directories (configs/hydra/default.yaml); registered on import,
 # which also happens in the worker processes of the joblib and submitit launchers.

@@ -11,10 +11,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig, ListConfig, open_dict
 
-from mcseg.data.io import write_json
+from mcseg.files import write_json
 from mcseg.evaluation.checkpoint import evaluate_checkpoint
 from mcseg.evaluation.ensemble import evaluate_ensemble
-from mcseg.evaluation.split import evaluate_split, format_summary  # noqa: F401  (re-exported for scripts)
 from mcseg.errors import ConfigError
 from mcseg.evaluation.provenance import hydra_overrides
 from mcseg.rundir import find_run_dirs

@@ -16,7 +16,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from mcseg.data.io import VolumeError
-from mcseg.evaluation.evaluator import EvalProtocol
+from mcseg.config import EvalProtocol
 from mcseg.evaluation.folder_outputs import EXIT_INTERRUPTED, FolderInterrupted
 from mcseg.runtime import keep_freed_memory
 from mcseg.evaluation.folders import (FORMATS, FolderError, declared_classes, evaluate_folders, fold_cases,

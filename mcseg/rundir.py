@@ -35,7 +35,7 @@ STALE_S = 600.0  # a lock not refreshed for this long belongs to a dead process 
 EMPTY_LOCK_S = 10.0  # a lock still empty this long after its creation was left by a killed writer
 RECORD_DIR = ".hydra"
 RESUMES_FILE = "resumes.yaml"
-# Temporary files of atomic writes (mcseg.data.io.atomic_write: ".<stem>.<random><suffix>") left by a killed writer.
+# Temporary files of atomic writes (mcseg.files.atomic_write: ".<stem>.<random><suffix>") left by a killed writer.
 _ORPHAN_GLOB = ".*.*"
 
 
@@ -201,7 +201,7 @@ class RunDir:
         remove_orphans(self.path)
         records = self.path / RECORD_DIR
         if self.record:
-            from mcseg.data.io import atomic_write
+            from mcseg.files import atomic_write
 
             if resumed and (records / "config.yaml").is_file():
                 import yaml

@@ -28,9 +28,10 @@ from typing import Any, Callable
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from mcseg.data.io import atomic_write, write_json
+from mcseg.files import atomic_write, json_text, write_json
 from mcseg.errors import as_disk_full
-from mcseg.rundir import RUN_MARKERS, STATUS_FILE, find_run_dirs, state_of  # noqa: F401  (importable here too)
+from mcseg.identity import hydra_job
+from mcseg.rundir import STATUS_FILE, find_run_dirs, state_of
 
 log = logging.getLogger("mcseg")
 
@@ -44,96 +45,10 @@ USER_ERRORS = (ValueError, OSError, FloatingPointError)
 STATUS_BLOCK, STATUS_SPARE = 4096, 2048
 
 
-def _hydra_job() -> tuple[bool, list[str], int | None]:
-    """(inside a multirun?, this job's overrides, job number) from Hydra's runtime config."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    if not HydraConfig.initialized():
-        return False, [], None
-    hc = HydraConfig.get()
-    num = hc.job.get("num") if hc.mode == RunMode.MULTIRUN else None
-    return hc.mode == RunMode.MULTIRUN, list(hc.overrides.task), num
-
-
-# Overrides that do not change what a run computes: runs differing only in these are the same configuration.
-NOT_CONFIGURATION = ("seed", "trainer.device", "trainer.resume", "trainer.auto_resume", "trainer.progress_bar",
-                     "task_name", "paths.", "hydra.", "hydra/", "logger", "tags")
-
-
-# Left out of job directory names. The resume overrides say how to launch a job, not what it is: the
-# same sweep run again with trainer.auto_resume=true must find each job's directory. So do the trackers
-# (logger=[tensorboard,mlflow], logger.images=0): where a job is logged, not what it computes.
-JOB_NAME_EXCLUDE = ("experiment", "hparams_search", "debug", "trainer.device", "trainer.resume=",
-                    "trainer.auto_resume=", "hydra.", "hydra/", "paths.", "logger")
-JOB_NAME_MAX = 120
-
-
-def job_name(overrides) -> str:
-    """A short, readable name for a sweep job's directory from its overrides (resolver ``mcseg_job``).
-
-    The loss and its hyperparameters first (``loss.margin=5`` shown as ``margin=5``), then the
-    seed, then other overrides; longer than JOB_NAME_MAX characters, it is cut and ends with a hash of the whole, so
-    names stay unique and within file-system limits (255 bytes).
-    """
-    import hashlib
-
-    items = [str(o).lstrip("+~") for o in overrides if not str(o).lstrip("+~").startswith(JOB_NAME_EXCLUDE)]
-
-    def rank(item: str) -> tuple[int, str]:
-        key = item.split("=", 1)[0]
-        return (0 if key == "loss" else 1 if key.startswith("loss.") else 2 if key == "seed" else 3, key)
-
-    parts = [item.removeprefix("loss.") if item.startswith("loss.") else item for item in sorted(items, key=rank)]
-    name = ",".join(parts).replace("/", "-") or "defaults"
-    if len(name) > JOB_NAME_MAX:
-        digest = hashlib.sha1(name.encode()).hexdigest()[:8]
-        name = f"{name[:JOB_NAME_MAX - 9]}~{digest}"
-    return name
-
-
-def describe_run(overrides: list[str], choices: dict, loss: dict, dataset: str, seed: int) -> dict:
-    """What a run is, for reports: its configuration key (its overrides minus seed and the like), loss, seed."""
-    configuration = sorted(o.lstrip("+~") for o in overrides
-                           if not o.lstrip("+~").split("=")[0].startswith(NOT_CONFIGURATION))
-    return {
-        "configuration": " ".join(configuration) or "(defaults)",
-        "overrides": list(overrides),
-        "loss_name": choices.get("loss") or str(loss.get("_target_", "?")).rsplit(".", 1)[-1],
-        "loss": loss,
-        "dataset": dataset,
-        "seed": int(seed),
-    }
-
-
-def sweep_dir_of_job() -> Path | None:
-    """The folder of the sweep this job belongs to (its ``trackers.json`` names the trackers' parent run); None
-    outside a multirun."""
-    from hydra.core.hydra_config import HydraConfig
-
-    multirun, _, _ = _hydra_job()
-    return Path(str(HydraConfig.get().sweep.dir)) if multirun else None
-
-
-def run_identity(cfg: DictConfig) -> dict:
-    """:func:`describe_run` of the running job (Hydra's overrides and group choices, the resolved loss)."""
-    from hydra.core.hydra_config import HydraConfig
-    from omegaconf import OmegaConf
-
-    _, overrides, _ = _hydra_job()
-    choices = dict(HydraConfig.get().runtime.choices) if HydraConfig.initialized() else {}
-    return describe_run(overrides, choices, OmegaConf.to_container(cfg.loss, resolve=True),
-                        str(cfg.dataset.get("name")), cfg.seed)
-
-
-def _status_json(record: dict) -> str:
-    return json.dumps(record, indent=2, default=str) + "\n"
-
-
 def write_status(path: Path, record: dict) -> None:
     """Write ``status.json`` atomically, padded to keep its space reserved (``STATUS_BLOCK``); when that fails
     (a full disk), write ``record`` over the file in place, within its size. Raises when neither works."""
-    text = _status_json(record)
+    text = json_text(record)
     size = -(-(len(text) + STATUS_SPARE) // STATUS_BLOCK) * STATUS_BLOCK
     try:
         atomic_write(path, lambda tmp: tmp.write_text(text + " " * (size - len(text))))
@@ -147,10 +62,10 @@ def _overwrite_in_place(path: Path, record: dict) -> bool:
     try:
         with open(path, "r+b") as f:
             size = os.fstat(f.fileno()).st_size
-            text = _status_json(record)
+            text = json_text(record)
             if len(text) > size and record.get("error"):
                 error = record["error"]
-                text = _status_json({**record, "error": error[: max(0, len(error) - (len(text) - size) - 3)] + "..."})
+                text = json_text({**record, "error": error[: max(0, len(error) - (len(text) - size) - 3)] + "..."})
             if len(text) > size:
                 return False
             f.write((text + " " * (size - len(text))).encode())
@@ -178,12 +93,12 @@ def run_job(fn: Callable[[DictConfig], Any], cfg: DictConfig, checks_itself: boo
     ``status.json`` keeps reserved (:func:`write_status`).
     """
     from mcseg import rundir
-    from mcseg.training import loggers
+    from mcseg.training.loggers.base import failures, reset_failures
     from mcseg.training.distributed import env_context
     from mcseg.training.relaunch import RunFinished
     from mcseg.errors import TrainingInterrupted
 
-    multirun, overrides, num = _hydra_job()
+    multirun, overrides, num = hydra_job()
     if not env_context().is_main:  # torchrun or a submitit task > 0: rank 0 owns the run directory's files
         try:
             return fn(cfg)
@@ -196,7 +111,7 @@ def run_job(fn: Callable[[DictConfig], Any], cfg: DictConfig, checks_itself: boo
     out_dir = Path(cfg.paths.output_dir)
     record = {"status": "running", "overrides": overrides, "job_num": num, "pid": os.getpid(),
               "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    loggers.reset_failures()  # the trackers that fail in this job are recorded in its status
+    reset_failures()  # the trackers that fail in this job are recorded in its status
     start = time.perf_counter()
     unrecorded = []  # why status.json could not be updated (e.g. the full disk that ended the run)
 
@@ -204,8 +119,8 @@ def run_job(fn: Callable[[DictConfig], Any], cfg: DictConfig, checks_itself: boo
         if not owner.started:  # refused before it began: the directory stays as it was
             return
         record.update(status=status, error=error, wall_time_s=round(time.perf_counter() - start, 1))
-        if loggers.failures():  # the run went on without them; its folder is the record
-            record["tracker_failures"] = loggers.failures()
+        if failures():  # the run went on without them; its folder is the record
+            record["tracker_failures"] = failures()
         try:
             write_status(out_dir / STATUS_FILE, record)
         except OSError as exc:

@@ -32,7 +32,7 @@ def one(mode: str, k: int, cases: int, shape: list[int]) -> dict:
     from mcseg.config import EvalProtocol
     from mcseg.data.cases import CaseData
     from mcseg.evaluation.evaluator import Evaluator
-    from mcseg.inference.volume import InferenceConfig
+    from mcseg.config import InferenceConfig
     from mcseg.evaluation.cases import evaluate_cases
     from mcseg.inference.predict import EnsemblePredictor, SegmentationPredictor
     from mcseg.metrics.failure import FailureDetection

@@ -40,7 +40,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from competitor import competitors  # noqa: E402
 
-from mcseg.evaluation.evaluator import EvalProtocol, Evaluator  # noqa: E402
+from mcseg.evaluation.evaluator import Evaluator  # noqa: E402
+from mcseg.config import EvalProtocol  # noqa: E402
 from mcseg.runtime import share_cpu  # noqa: E402
 
 N_BINS = 15

@@ -15,7 +15,8 @@ import torch
 from monai.inferers import sliding_window_inference
 from monai.networks.nets import UNet
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from mcseg.inference.volume import predict_logits, InferenceConfig
+from mcseg.inference.volume import predict_logits
+from mcseg.config import InferenceConfig
 
 shape = [int(v) for v in (sys.argv[1:4] or [256, 256, 160])]
 dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -6,7 +6,7 @@ One run measures, on the device it runs on (CUDA when present, else the CPU):
     tensors of the training batch's shape already on the device (plain PyTorch: zero_grad,
     forward under the configured autocast, loss, backward, optimiser step);
 (b) mcseg's end-to-end training throughput on real data: the Trainer that ``mcseg.train.train``
-    builds from the same config (taken just before it would start fitting) runs
+    builds from the same config (``mcseg.training.build.build_run``, the construction before fitting) runs
     ``Trainer.train_epoch``, i.e. the full data path (cases in memory or memory-mapped, sampling
     and augmentation in loader workers, pinned non-blocking copies) and the full step (gradient
     clipping, non-finite tracking, loss read once per logging interval);
@@ -51,10 +51,11 @@ from bench_metrics import machine, write_section  # noqa: E402
 from competitor import competitors  # noqa: E402
 
 from mcseg.data.cases import CaseData  # noqa: E402
-from mcseg.evaluation.evaluator import EvalProtocol, Evaluator  # noqa: E402
-from mcseg.inference.volume import InferenceConfig  # noqa: E402
+from mcseg.evaluation.evaluator import Evaluator  # noqa: E402
+from mcseg.config import EvalProtocol, InferenceConfig  # noqa: E402
 from mcseg.evaluation.cases import evaluate_cases  # noqa: E402
 from mcseg.inference.predict import SegmentationPredictor  # noqa: E402
+from mcseg.training.build import build_run  # noqa: E402
 from mcseg.training.trainer import Trainer  # noqa: E402
 from mcseg.losses.base import target_checks  # noqa: E402
 
@@ -143,29 +144,6 @@ def compose(overrides: list[str]):
         return hydra_compose(config_name="train", overrides=overrides)
 
 
-class _Built(Exception):
-    def __init__(self, trainer: Trainer) -> None:
-        super().__init__("trainer built")
-        self.trainer = trainer
-
-
-def build_trainer(cfg) -> Trainer:
-    """The Trainer that ``train(cfg)`` builds (model, loss, optimiser, loader), taken just before fitting."""
-    from mcseg.train import train
-
-    def capture(self):
-        raise _Built(self)
-
-    original, Trainer.fit = Trainer.fit, capture
-    try:
-        train(cfg)
-    except _Built as built:
-        return built.trainer
-    finally:
-        Trainer.fit = original
-    raise RuntimeError("train() returned without fitting")
-
-
 # ---------------------------------------------------------------- (a), (b), (d)
 def ceiling_rate(trainer: Trainer, steps: int, warmup: int) -> float:
     """(a): samples/s of the trainer's network, loss and optimiser on device-resident random tensors."""
@@ -233,7 +211,7 @@ def loader_alone(record: dict) -> str:
 def evaluation_rate(cfg, trainer: Trainer, n_cases: int, out_dir: Path) -> dict:
     """(d): test volumes/s through ``evaluate_split`` (after one untimed volume)."""
     from mcseg.config import typed
-    from mcseg.training.loader import build_dataset, resolve_split
+    from mcseg.data.build import build_dataset, resolve_split
     from mcseg.evaluation.split import evaluate_split
 
     dataset = build_dataset(cfg.dataset)
@@ -269,7 +247,8 @@ def bench_training_case(name: str, args, device: torch.device, compile_model: bo
 
         with open_dict(cfg):
             cfg.dataset.sampling.samples_per_epoch = args.steps * int(cfg.dataset.sampling.batch_size)
-        trainer = build_trainer(cfg)
+        run = build_run(cfg)  # what train(cfg) builds before it fits: model, loss, optimiser, loader
+        trainer = run.trainer
         workers = trainer.loader.num_workers
         record = {"case": name, "description": description, "overrides": overrides + args.set, "compile": compile_model,
                   "batch_size": trainer.loader.batch_size, "steps": args.steps, "loader_workers": workers}
@@ -290,7 +269,8 @@ def bench_training_case(name: str, args, device: torch.device, compile_model: bo
         if not compile_model:
             record["evaluation"] = evaluation_rate(cfg, trainer, args.eval_cases, Path(tmp) / "eval")
         print(json.dumps(record), flush=True)
-        del trainer
+        run.trackers.close()
+        del trainer, run
         return record
 
 

@@ -45,17 +45,14 @@ sys.path.insert(0, str(ROOT))
 from omegaconf import OmegaConf  # noqa: E402
 
 from mcseg.calibration import PosthocConfig, fit_posthoc, scalers_to_apply  # noqa: E402
-from mcseg.config import typed  # noqa: E402
-from mcseg.inference.build import build_predictor, restore_model  # noqa: E402
-from mcseg.training.checkpoint import load_checkpoint  # noqa: E402
+from mcseg.config import EvalProtocol, InferenceConfig, typed  # noqa: E402
+from mcseg.inference.build import build_predictor, load_checkpoint, restore_model  # noqa: E402
 from mcseg.evaluation.checkpoint import SELECTED, own_splits  # noqa: E402
-from mcseg.training.loader import build_dataset  # noqa: E402
+from mcseg.data.build import build_dataset  # noqa: E402
 from mcseg.evaluation.split import evaluate_split  # noqa: E402
-from mcseg.evaluation.evaluator import EvalProtocol  # noqa: E402
-from mcseg.inference.volume import InferenceConfig  # noqa: E402
 from mcseg.evaluation.provenance import checkpoint_identity  # noqa: E402
 from mcseg.runtime import resolve_device  # noqa: E402
-from mcseg.sweep import find_run_dirs  # noqa: E402
+from mcseg.rundir import find_run_dirs  # noqa: E402
 
 log = logging.getLogger("posthoc_study")
 

@@ -32,7 +32,7 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 from mcseg.config import CONFIG_DIR  # noqa: E402
 from mcseg.evaluation.checkpoint import evaluate_checkpoint  # noqa: E402
 from mcseg.evaluation.ensemble import evaluate_ensemble  # noqa: E402
-from mcseg.sweep import find_run_dirs  # noqa: E402
+from mcseg.rundir import find_run_dirs  # noqa: E402
 
 log = logging.getLogger("uncertainty_study")
 

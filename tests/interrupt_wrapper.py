@@ -50,7 +50,7 @@ original_save = torch.save
 def planted_save(obj, f, *args, **kwargs):
     counts["save"] += 1
     if counts["save"] == kill_save:
-        original_save(obj, f, *args, **kwargs)  # f: the open temporary file (mcseg.data.io.torch_save)
+        original_save(obj, f, *args, **kwargs)  # f: the open temporary file (mcseg.files.torch_save)
         f.flush()
         f.truncate(f.tell() // 2)  # leave a truncated file, as a kill mid-write would
         os.kill(os.getpid(), signal.SIGKILL)

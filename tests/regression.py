@@ -17,7 +17,7 @@ import math
 import os
 from pathlib import Path
 
-from mcseg.training.checkpoint import load_checkpoint
+from mcseg.inference.build import load_checkpoint
 
 ANSWERS_DIR = Path(__file__).resolve().parent / "answers"
 UPDATE = os.environ.get("MCSEG_UPDATE_ANSWERS") == "1"

@@ -10,10 +10,9 @@ import pytest
 import torch
 
 from mcseg.inference import volume as inference
-from mcseg.training.checkpoint import load_checkpoint
+from mcseg.inference.build import build_predictor, load_checkpoint
 from mcseg.losses.deep_supervision import deep_supervision_loss
-from mcseg.inference.build import build_predictor
-from mcseg.inference.volume import InferenceConfig
+from mcseg.config import InferenceConfig
 from mcseg.models import MbLSUNet2D, final_output, size_divisor, supervision_outputs
 from mcseg.train import train
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from mcseg import runtime
-from mcseg.training.checkpoint import load_checkpoint
+from mcseg.inference.build import load_checkpoint
 from mcseg.runtime import AdaptiveThreads
 from mcseg.train import train
 

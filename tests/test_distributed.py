@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mcseg.data.sampling import EpochSampler
-from mcseg.training.checkpoint import load_checkpoint
+from mcseg.inference.build import load_checkpoint
 from mcseg.training.distributed import DistContext, env_context
 from mcseg.train import train
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from mcseg.evaluation import figures
-from mcseg.evaluation.evaluator import EvalProtocol, Evaluator
+from mcseg.evaluation.evaluator import Evaluator
+from mcseg.config import EvalProtocol
 from mcseg.evaluation.figure import Figure, shows
 from mcseg.evaluation.scorers import Scorer
 from mcseg.evaluation.figures import case_keys, class_keys, summary_value, table

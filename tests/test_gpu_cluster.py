@@ -186,8 +186,10 @@ def test_a_multi_case_evaluation_where_one_case_falls_back_matches_one_without(m
     every case's logits reach the loss hook and the evaluator on the predictor's device. (On the CPU
     the retry is allowed here by declaring the CPU an accelerator.)"""
     from mcseg.inference import volume as inference
-    from mcseg.training.loader import build_dataset, load_cases
-    from mcseg.evaluation.evaluator import EvalProtocol, Evaluator
+    from mcseg.training.loader import load_cases
+    from mcseg.data.build import build_dataset
+    from mcseg.evaluation.evaluator import Evaluator
+    from mcseg.config import EvalProtocol
     from mcseg.evaluation.cases import evaluate_cases
     from mcseg.inference.predict import SegmentationPredictor
 

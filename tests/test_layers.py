@@ -1,7 +1,7 @@
 """Imports point down the layers, with no circle (docs/reliability.md, README "Layout"):
 
     entry points -> training -> evaluation -> inference -> calibration, data, metrics, models, losses
-    (and rundir) -> config and runtime
+    (and rundir) -> config, runtime, files (writing) and the other bottom modules
 
 Read from the source, so a lazy import inside a function counts; every module of ``mcseg`` must also import."""
 from __future__ import annotations
@@ -26,7 +26,7 @@ LAYERS = {
     "mcseg.calibration": 1, "mcseg.data": 1, "mcseg.metrics": 1, "mcseg.models": 1, "mcseg.losses": 1,
     "mcseg.rundir": 1,
     "mcseg.config": 0, "mcseg.runtime": 0, "mcseg.errors": 0, "mcseg.targets": 0, "mcseg.environment": 0,
-    "mcseg.text": 0,
+    "mcseg.text": 0, "mcseg.files": 0, "mcseg.identity": 0,
 }
 # Within the middle layer: data and metrics never import post-hoc calibration, which builds on both.
 NEVER = {"mcseg.data": ("mcseg.calibration",), "mcseg.metrics": ("mcseg.calibration",)}

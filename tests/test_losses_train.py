@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mcseg.training.checkpoint import load_checkpoint
+from mcseg.inference.build import load_checkpoint
 from mcseg.train import train
 
 from .conftest import CONFIG_DIR, TINY_2D, TINY_3D

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from mcseg.inference import volume as inference
-from mcseg.inference.volume import InferenceConfig, mirror_combinations, predict_logits
+from mcseg.inference.volume import mirror_combinations, predict_logits
+from mcseg.config import InferenceConfig
 from mcseg.inference.predict import SegmentationPredictor
 from mcseg.errors import ConfigError
 from mcseg.evaluate import evaluate

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from mcseg.evaluate_folder import main
-from mcseg.evaluation.evaluator import EvalProtocol, Evaluator
+from mcseg.evaluation.evaluator import Evaluator
+from mcseg.config import EvalProtocol
 from tests.tool_outputs import blob_label, make_monai
 
 AFFINE = np.array([[0.0, -0.9, 0.0, 10.0], [1.1, 0.0, 0.0, -4.0], [0.0, 0.0, 2.0, 3.0], [0, 0, 0, 1]])

@@ -23,7 +23,8 @@ require("nnunetv2", "nnU-Net's export code makes the real nnU-Net files these te
 
 from mcseg.data.cases import to_regions  # noqa: E402
 from mcseg.evaluate_folder import main  # noqa: E402
-from mcseg.evaluation.evaluator import EvalProtocol, Evaluator  # noqa: E402
+from mcseg.evaluation.evaluator import Evaluator  # noqa: E402
+from mcseg.config import EvalProtocol  # noqa: E402
 from tests.tool_outputs import make_nnunet  # noqa: E402
 
 FAST = ["--bootstrap-samples", "0", "--no-figures"]

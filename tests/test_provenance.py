@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from mcseg.training.checkpoint import load_checkpoint, save_checkpoint
+from mcseg.training.checkpoint import save_checkpoint
+from mcseg.inference.build import load_checkpoint
 from mcseg.evaluation.provenance import file_sha256
 from mcseg.errors import ConfigError
 from mcseg.evaluate import evaluate

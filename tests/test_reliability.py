@@ -18,7 +18,8 @@ from omegaconf import open_dict
 from mcseg.config import validate_train_config
 from mcseg.data.sampling import PatchDataset
 from mcseg.training import checkpoint
-from mcseg.training.checkpoint import load_checkpoint, save_checkpoint
+from mcseg.training.checkpoint import save_checkpoint
+from mcseg.inference.build import load_checkpoint
 from mcseg.errors import ConfigError, NonFiniteLossError
 from mcseg.train import train
 

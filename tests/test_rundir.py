@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from mcseg import rundir
-from mcseg.training.relaunch import resume_mismatch
+from mcseg.config import resume_mismatch
 
 from .conftest import TINY_2D, run_cli
 

@@ -174,7 +174,7 @@ def test_report_evaluates_runs_missing_an_evaluation(margin_sweep, tmp_path):
 
 def test_job_directory_names_leave_out_resume_overrides():
     """A sweep run again with trainer.auto_resume=true (or trainer.resume) must find its jobs' directories."""
-    from mcseg.sweep import job_name
+    from mcseg.identity import job_name
 
     job = ["loss=margin", "loss.margin=2", "seed=0", "optim.lr=0.01"]
     assert job_name(job + ["trainer.auto_resume=true"]) == job_name(job) == "loss=margin,margin=2,seed=0,optim.lr=0.01"
@@ -190,7 +190,7 @@ def test_a_finished_job_is_skipped_when_its_sweep_runs_again(margin_sweep, make_
     job = next(j for j in _job_dirs(margin_sweep) if (j / "result.json").is_file())
     overrides = json.loads((job / "status.json").read_text())["overrides"] + ["trainer.auto_resume=true"]
     before = snapshot(job)
-    monkeypatch.setattr(sweep, "_hydra_job", lambda: (True, overrides, 2))  # job 2 of a multirun
+    monkeypatch.setattr(sweep, "hydra_job", lambda: (True, overrides, 2))  # job 2 of a multirun
     with caplog.at_level("INFO", logger="mcseg"):
         result = sweep.run_job(train, make_cfg(overrides, output_dir=job), checks_itself=True)
     assert result["score"] == json.loads((job / "result.json").read_text())["score"]  # what Optuna would read

@@ -17,7 +17,7 @@ import torch
 from omegaconf import OmegaConf
 
 import mcseg
-from mcseg.training.checkpoint import load_checkpoint
+from mcseg.inference.build import load_checkpoint
 from mcseg.training.trainer import Trainer
 from mcseg.errors import ConfigError, NonFiniteLossError
 from mcseg.losses import CEDiceLoss
@@ -236,7 +236,8 @@ def test_compiled_training_checkpoints_the_plain_model(make_cfg, tmp_path, one_t
 
 
 def test_build_train_loader_takes_workers_from_the_config(make_cfg):
-    from mcseg.training.loader import PREFETCH_BATCHES, build_dataset, build_train_loader, default_workers, load_cases
+    from mcseg.training.loader import PREFETCH_BATCHES, build_train_loader, default_workers, load_cases
+    from mcseg.data.build import build_dataset
 
     cfg = make_cfg(TINY_2D + ["dataset.sampling.num_workers=2"])
     dataset = build_dataset(cfg.dataset)
@@ -255,7 +256,8 @@ def test_build_train_loader_takes_workers_from_the_config(make_cfg):
 def test_loader_workers_survive_sigterm_and_stop_when_asked(make_cfg):
     """SLURM and torchrun signal every process of the job: a worker that died of it would fail the run before
     the main process checkpoints. Since they ignore SIGTERM, the trainer ends them itself (stop_workers)."""
-    from mcseg.training.loader import build_dataset, build_train_loader, load_cases, stop_workers
+    from mcseg.training.loader import build_train_loader, load_cases, stop_workers
+    from mcseg.data.build import build_dataset
 
     cfg = make_cfg(TINY_2D + ["dataset.sampling.num_workers=1", "dataset.sampling.samples_per_epoch=16"])
     dataset = build_dataset(cfg.dataset)

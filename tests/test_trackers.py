@@ -197,7 +197,8 @@ def test_a_sweep_job_is_a_child_of_the_sweeps_parent_run(tmp_path, store):
 def test_a_tracker_that_fails_warns_once_and_the_run_goes_on(tmp_path, caplog):
     """A tracker raising (a locked database, a server that does not answer) is one warning naming it and the
     error; the others go on and the failure is recorded for the run's status."""
-    from mcseg.training.loggers import Tracker, Trackers, failures, reset_failures
+    from mcseg.training.loggers import Trackers
+    from mcseg.training.loggers.base import Tracker, failures, reset_failures
 
     class Locked(Tracker):
         name = "mlflow"
@@ -320,7 +321,7 @@ def test_an_unreachable_tracking_server_is_one_warning_at_start_not_minutes_of_r
     status.json's tracker_failures names it. ``silent``: a loopback socket that accepts and never answers."""
     import socket
 
-    from mcseg.training.loggers import failures, reset_failures
+    from mcseg.training.loggers.base import failures, reset_failures
 
     reset_failures()
     listener = socket.socket()
@@ -348,7 +349,7 @@ def test_a_read_only_store_is_reported_with_its_path_not_sqlalchemys_autoflush_h
     """A read-only mlflow.db was reported as "(raised as a result of Query-invoked autoflush; consider using a
     session.no_autoflush block ...)". Now the cause and the file. (The tests may run as root, whom the OS lets
     write a read-only file: the file is made unwritable through os.access, which is what a user's process sees.)"""
-    from mcseg.training.loggers import failures, reset_failures
+    from mcseg.training.loggers.base import failures, reset_failures
 
     reset_failures()
     db = tmp_path / "store" / "mlflow.db"

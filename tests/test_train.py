@@ -13,7 +13,8 @@ import pytest
 import torch
 from omegaconf import open_dict
 
-from mcseg.training.checkpoint import load_checkpoint
+from mcseg.inference.build import load_checkpoint
+from mcseg.training.build import build_run
 from mcseg.training.trainer import Trainer
 from mcseg.evaluate import evaluate
 from mcseg.rundir import LaunchRefused
@@ -54,6 +55,23 @@ def _what_keep_freed_memory_does_here() -> str:
     if threshold:
         return "glibc mallopt: mmap and trim thresholds 1 GiB"
     return "glibc mallopt: mmap off, trim threshold 1 GiB"
+
+
+def test_build_run_gives_the_trainer_train_would_fit_and_it_trains_an_epoch(make_cfg, tmp_path):
+    """scripts/benchmark.py times the trainer of train(cfg) through build_run: built, resumed if asked, not fitted
+    (no checkpoint, no result), the run directory begun (split.json), and its epochs run."""
+    run = build_run(make_cfg(TINY_2D))
+    try:
+        trainer = run.trainer
+        assert (trainer.epoch, trainer.global_step, trainer.history) == (0, 0, [])
+        assert (tmp_path / "run/split.json").is_file()
+        assert not (tmp_path / "run/checkpoints").exists() and not (tmp_path / "run/result.json").exists()
+        assert trainer.provenance["split"]["test"] == [r.case_id for r in run.splits["test"]]
+        assert run.identity["dataset"] == run.dataset.name and run.device_info["device"] == "cpu"
+        metrics = trainer.train_epoch(0)
+        assert math.isfinite(metrics["train/loss"]) and trainer.global_step == len(trainer.loader)
+    finally:
+        run.trackers.close()
 
 
 def test_synthetic_2d_run_produces_the_run_directory(make_cfg, tmp_path, caplog):

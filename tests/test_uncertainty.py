@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from mcseg.data.cases import CaseData
-from mcseg.training.checkpoint import load_checkpoint, save_checkpoint
-from mcseg.inference.volume import InferenceConfig
+from mcseg.training.checkpoint import save_checkpoint
+from mcseg.inference.build import load_checkpoint
+from mcseg.config import InferenceConfig
 from mcseg.inference.members import case_seed, flip_views
 from mcseg.inference.predict import EnsemblePredictor, SegmentationPredictor
 from mcseg.errors import ConfigError
@@ -88,7 +89,8 @@ def test_tta_flips_pool_the_flipped_back_probabilities_of_every_view():
 
 @pytest.mark.parametrize("region, risk", [(None, "macro"), ("all", "micro")])
 def test_failure_detection_scores_its_own_region_with_its_own_risk(region, risk):
-    from mcseg.evaluation.evaluator import EvalProtocol, Evaluator
+    from mcseg.evaluation.evaluator import Evaluator
+    from mcseg.config import EvalProtocol
     from mcseg.evaluation.cases import evaluate_cases
     from mcseg.metrics.failure import FailureDetection, micro_foreground_dice
     from mcseg.metrics.uncertainty import MAPS

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mcseg.data.cases import CaseData
-from mcseg.data.io import atomic_write, torch_save
+from mcseg.files import atomic_write, torch_save
 from mcseg.data.sampling import PatchDataset
 from mcseg.runtime import share_cpu
 

@@ -42,7 +42,7 @@ from mcseg.calibration.lts import CaseLogits, LTSConfig
 from mcseg.calibration.scalers import SCALER_TYPES, FitData, FitOptions, Scaler, build_scaler, load_scaler
 from mcseg.config import EvalProtocol
 from mcseg.data.cases import CaseData
-from mcseg.data.io import write_json
+from mcseg.files import write_json
 from mcseg.errors import ConfigError
 from mcseg.metrics.regions import region_mask
 

@@ -8,7 +8,7 @@ a new folder, an unchanged one is reused. Each case's JSON also records the size
 modification time of its source files, so an edited file is preprocessed again.
 
 Writes are lock-free: every file is written to a temporary name and renamed into place
-(:func:`mcseg.data.io.atomic_write`), arrays first and the JSON last, so a case is visible
+(:func:`mcseg.files.atomic_write`), arrays first and the JSON last, so a case is visible
 only once complete. Concurrent writers of the same case write identical content; the last
 rename wins. The cache never lives under a dataset root (roots may be read-only).
 """
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mcseg.data.io import atomic_write
+from mcseg.files import atomic_write
 
 CACHE_VERSION = 1  # bump when preprocessing code changes what it writes
 

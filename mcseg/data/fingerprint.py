@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from mcseg.data.cache import default_cache_dir
-from mcseg.data.io import atomic_write
+from mcseg.files import atomic_write
 
 CHUNK = 1 << 20  # hash files in 1 MiB reads: a checkpoint never has to fit in memory twice
 DIGITS = 32  # 128 bits of the SHA-256: ample against chance collisions, half the size in every checkpoint

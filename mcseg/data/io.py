@@ -7,16 +7,14 @@ exactly where the input was. NIfTI goes through nibabel; other formats SimpleITK
 """
 from __future__ import annotations
 
-import json
 import os
-import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from mcseg.errors import as_disk_full
+from mcseg.files import atomic_write
 
 
 class VolumeError(ValueError):
@@ -185,43 +183,6 @@ def _nifti_size_plausible(path: Path, img) -> bool:
     return isize == needed % 2**32  # a truncated file ends in compressed data, not in this size
 
 
-_UMASK = os.umask(0)
-os.umask(_UMASK)
-
-
-def atomic_write(path: Path, write_fn) -> None:
-    """Call ``write_fn(tmp_path)`` then rename onto ``path`` so readers never see a partial file.
-
-    A full disk is a :class:`~mcseg.errors.DiskFullError` naming ``path`` and the space left."""
-    path = Path(path)
-    tmp = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        suffix = "".join(path.suffixes)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=suffix)
-        os.close(fd)
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600 files: results must stay readable like any other file
-        write_fn(Path(tmp))
-        os.replace(tmp, path)
-    except BaseException as exc:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
-        full = as_disk_full(exc, path)  # a full disk names the file meant, not the temporary one, and the free space
-        if full is None or full is exc:
-            raise
-        raise full from exc
-
-
-def torch_save(obj, path: Path) -> None:
-    """``torch.save`` through a Python file: a full disk is then an OSError (ENOSPC) that :func:`atomic_write`
-    names in one line, where torch's own C++ writer given a path raises a RuntimeError that says nothing
-    of space ("unexpected pos 23040 vs 22960")."""
-    import torch
-
-    with open(path, "wb") as f:
-        torch.save(obj, f)
-
-
 def write_nifti(path: str | os.PathLike, array: np.ndarray, affine: np.ndarray,
                 reference: str | os.PathLike | None = None) -> None:
     """Write ``array`` (voxel order as read) with ``affine`` to a NIfTI file, atomically.
@@ -246,8 +207,3 @@ def write_nifti(path: str | os.PathLike, array: np.ndarray, affine: np.ndarray,
         header.set_sform(affine, code=1)
         header.set_xyzt_units("mm", "sec")
     atomic_write(Path(path), lambda tmp: nib.save(img, str(tmp)))
-
-
-def write_json(path: Path, payload) -> None:
-    """Write ``payload`` as indented JSON through :func:`atomic_write`."""
-    atomic_write(Path(path), lambda tmp: tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n"))

@@ -7,8 +7,6 @@ from pathlib import Path
 from mcseg.data.base import SegmentationDataset, inside_root, resolve_root
 from mcseg.data.cases import CaseRef
 
-__all__ = ["MSDDataset", "inside_root"]  # inside_root moved to base; kept importable here
-
 
 def _case_id(path: str) -> str:
     name = Path(path).name

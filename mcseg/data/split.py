@@ -51,7 +51,7 @@ def load_split(path: str | Path, case_ids: list[str]) -> dict[str, list[str]]:
 
 
 def save_split(split: dict[str, list[str]], path: str | Path) -> None:
-    from mcseg.data.io import atomic_write
+    from mcseg.files import atomic_write
 
     text = json.dumps(split, indent=1)
     atomic_write(Path(path), lambda tmp: tmp.write_text(text))

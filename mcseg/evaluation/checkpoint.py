@@ -27,16 +27,13 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from mcseg.calibration import CALIBRATION_FILE, PosthocConfig, Scaler, fit_posthoc, load_calibration, scalers_to_apply
-from mcseg.config import resume_mismatch, typed
+from mcseg.config import EvalProtocol, InferenceConfig, resume_mismatch, typed
 from mcseg.data.base import SegmentationDataset
 from mcseg.data.fingerprint import case_fingerprints, seen_in, split_content_sha256
 from mcseg.data.split import SPLITS
-from mcseg.inference.build import build_predictor, restore_model
-from mcseg.inference.build import load_checkpoint
+from mcseg.inference.build import build_predictor, load_checkpoint, restore_model
 from mcseg.data.build import Splits, build_dataset, record_dataset_facts, resolve_split
 from mcseg.evaluation.split import PROVENANCE_FILE, clear_evaluation, evaluate_split, format_summary
-from mcseg.evaluation.evaluator import EvalProtocol
-from mcseg.inference.volume import InferenceConfig
 from mcseg.evaluation.shift import SUMMARY_FILE as SHIFT_SUMMARY, clean_to_reuse, evaluate_shift, format_shift, \
     inference_record
 from mcseg.data.shift import check_modality, shift_config

@@ -30,7 +30,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from mcseg.calibration import PosthocConfig
-from mcseg.config import typed
+from mcseg.config import EvalProtocol, InferenceConfig, typed
 from mcseg.data.fingerprint import split_content_sha256
 from mcseg.inference.build import build_predictor, load_checkpoint, restore_model
 from mcseg.evaluation.checkpoint import (SELECTED, check_compatible, checkpoint_split, clear_evaluation,
@@ -42,8 +42,6 @@ from mcseg.data.build import build_dataset, record_dataset_facts
 from mcseg.evaluation.split import PROVENANCE_FILE, evaluate_split, format_summary
 from mcseg.evaluation.shift import clean_to_reuse, evaluate_shift, format_shift, inference_record
 from mcseg.data.shift import check_modality, shift_config
-from mcseg.evaluation.evaluator import EvalProtocol
-from mcseg.inference.volume import InferenceConfig
 from mcseg.inference.predict import EnsemblePredictor
 from mcseg.evaluation.provenance import checkpoint_identity, dataset_identity, file_sha256
 from mcseg.environment import environment_record

@@ -9,8 +9,6 @@ number of voxels evaluated, only with the number of cases (one row of numbers ea
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 from collections.abc import Sequence
@@ -23,11 +21,11 @@ import torch
 from mcseg.metrics.uncertainty import entropy
 from matplotlib.figure import Figure
 
-from mcseg.config import EvalProtocol  # the schema of the ``evaluation`` node; importable here too
+from mcseg.config import EvalProtocol
 from mcseg.evaluation.raters import (
     CASE_FIGURES, CLASS_FIGURES, RATER_COLUMNS, RELIABILITY_COLUMNS, RELIABILITY_FILE, RaterFigures,
 )
-from mcseg.data.io import atomic_write
+from mcseg.files import atomic_write, write_csv
 from mcseg.evaluation import figures
 from mcseg.evaluation.scorers import CalibrationScorer, CaseView
 from mcseg.metrics.binning import BinSums
@@ -385,12 +383,8 @@ class Evaluator:
 
 
 def _write_csv(path: Path, rows: list[dict], columns: Sequence[str]) -> None:
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=list(columns), lineterminator="\n")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({key: _fmt(row[key]) for key in columns})
-    atomic_write(path, lambda tmp: tmp.write_text(buffer.getvalue()))
+    """The evaluator's tables: every column of every row (floats as their repr, ``None`` as ``None``), ``\\n``."""
+    write_csv(path, ({key: _fmt(row[key]) for key in columns} for row in rows), columns, lineterminator="\n")
 
 
 def reliability_figure(source: Evaluator | BinSums, names: Sequence[str] | None = None, title: str = "") -> Figure:

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from mcseg.data.io import write_json
+from mcseg.files import write_json
 from mcseg.rundir import LOCK_FILE, RUN_MARKERS, STATUS_FILE, held, state_of
 
 __all__ = ["CALIBRATE_TOOL", "EVALUATE_TOOL", "EXIT_INTERRUPTED", "FolderInterrupted", "Held", "OutputRefused",

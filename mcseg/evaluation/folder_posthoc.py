@@ -42,8 +42,8 @@ from mcseg.calibration import PosthocConfig, fit_posthoc
 from mcseg.calibration.posthoc import CALIBRATION_FILE
 from mcseg.calibration.scalers import SCALER_TYPES, Scaler, load_scaler
 from mcseg.data.cases import CaseData
-from mcseg.data.io import write_json
-from mcseg.evaluation.evaluator import EvalProtocol
+from mcseg.config import EvalProtocol
+from mcseg.files import write_json
 from mcseg.evaluation.folders import (ChannelLastFolder, FolderError, McsegFolder, NnUNetFolder, PredictionFolder,
                                       Reference, read_case, segmentation_of)
 from mcseg.evaluation.provenance import file_sha256
@@ -210,7 +210,7 @@ def calibrate_folder(folder: PredictionFolder, scaler: Scaler, out_dir: Path, mu
 def _write_nnunet(folder: NnUNetFolder, case: str, scaled, out_dir: Path) -> list[str]:
     import SimpleITK as sitk
 
-    from mcseg.data.io import atomic_write
+    from mcseg.files import atomic_write
 
     with np.load(folder.path / f"{case}.npz") as stored:
         probs = scaled(case, folder.path / f"{case}.npz", stored["probabilities"], 0)
@@ -236,7 +236,7 @@ def _savez(tmp: Path, probs: np.ndarray) -> None:
 def _write_channel_last(folder: ChannelLastFolder, case: str, scaled, out_dir: Path) -> list[str]:
     import nibabel as nib
 
-    from mcseg.data.io import atomic_write
+    from mcseg.files import atomic_write
 
     path = folder.files[case]
     img = nib.load(str(path))

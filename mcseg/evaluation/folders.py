@@ -43,12 +43,14 @@ import numpy as np
 import torch
 
 from mcseg.data.cases import to_regions
-from mcseg.data.io import Volume, read_volume, write_json, write_nifti
+from mcseg.data.io import Volume, read_volume, write_nifti
+from mcseg.files import write_csv, write_json
 from mcseg.evaluation.cases import UNCERTAINTY_FILES
-from mcseg.evaluation.evaluator import EvalProtocol, Evaluator
+from mcseg.evaluation.evaluator import Evaluator
+from mcseg.config import EvalProtocol
 from mcseg.evaluation.folder_outputs import EVALUATE_TOOL, EVALUATION_FILES, claim_output, folder_status, writing
 from mcseg.evaluation.provenance import file_sha256
-from mcseg.evaluation.split import FAILURE_FILE, PROVENANCE_FILE, write_rows
+from mcseg.evaluation.split import FAILURE_FILE, PROVENANCE_FILE
 from mcseg.metrics.failure import FailureDetection
 from mcseg.metrics.uncertainty import MAPS, MemberAccumulator, normalise
 from mcseg.rundir import STATUS_FILE
@@ -873,6 +875,6 @@ def _evaluate(folders: Sequence[PredictionFolder], reference: Reference, protoco
         extra["failure_detection"] = failure.summary()
     summary = evaluator.write(out, extra=extra)
     if failure is not None and failure.rows:
-        write_rows(out / FAILURE_FILE, failure.rows)
+        write_csv(out / FAILURE_FILE, failure.rows)
     write_json(out / PROVENANCE_FILE, provenance)
     return summary

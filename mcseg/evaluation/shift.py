@@ -27,10 +27,11 @@ from pathlib import Path
 
 from mcseg.data.base import SegmentationDataset
 from mcseg.data.cases import CaseData, CaseRef
-from mcseg.data.io import atomic_write, write_json
+from mcseg.files import atomic_write, write_json
 from mcseg.data.shift import Corruption, ShiftConfig, case_seed, corruption
 from mcseg.evaluation.split import clear_evaluation, evaluate_split
-from mcseg.evaluation.evaluator import EvalProtocol, Evaluator
+from mcseg.evaluation.evaluator import Evaluator
+from mcseg.config import EvalProtocol
 from mcseg.evaluation.figures import shown_in
 from mcseg.errors import ConfigError
 from mcseg.metrics.robustness import level_weights, suite_robustness

@@ -14,11 +14,11 @@ import torch
 from tqdm import tqdm
 
 from mcseg.calibration import CALIBRATION_FILE, SCALER_TYPES, Scaler
-from mcseg.data.cases import CaseData
+from mcseg.data.cases import CaseData, CaseRef
 from mcseg.data.base import SegmentationDataset
-from mcseg.data.cases import CaseRef
-from mcseg.data.io import atomic_write, write_json
-from mcseg.evaluation.evaluator import EvalProtocol, Evaluator
+from mcseg.files import write_csv, write_json
+from mcseg.evaluation.evaluator import Evaluator
+from mcseg.config import EvalProtocol
 from mcseg.evaluation.cases import PerNetwork, evaluate_cases
 from mcseg.evaluation.raters import RELIABILITY_FILE as RATER_RELIABILITY
 from mcseg.inference.predict import SegmentationPredictor
@@ -31,18 +31,6 @@ from mcseg.text import plural
 log = logging.getLogger(__name__)
 PROVENANCE_FILE = "provenance.json"
 FAILURE_FILE = "failure_per_case.csv"
-
-
-def write_rows(path: Path, rows: list[dict]) -> None:
-    """Rows of dicts as CSV (columns of the first row), written atomically."""
-    import csv
-    import io
-
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]))
-    writer.writeheader()
-    writer.writerows(rows)
-    atomic_write(path, lambda tmp: tmp.write_text(buffer.getvalue()))
 
 
 def evaluate_split(
@@ -109,7 +97,7 @@ def evaluate_split(
     summary = evaluator.write(out_dir, extra={**({"posthoc": after} if after else {}), **origin, **detection,
                                               **({"predictor": members} if members else {})})
     if failure is not None and failure.rows:  # the cases behind the risk-coverage curves (mcseg-report draws them)
-        write_rows(out_dir / FAILURE_FILE, failure.rows)
+        write_csv(out_dir / FAILURE_FILE, failure.rows)
     if provenance is not None:
         write_json(out_dir / PROVENANCE_FILE, provenance)
     log.info("evaluation of %s written to %s", plural(len(refs), "case"), out_dir)

@@ -11,7 +11,7 @@ from omegaconf import DictConfig
 
 from mcseg.data.build import sampling_config
 from mcseg.inference.members import untrained_flips
-from mcseg.inference.volume import InferenceConfig
+from mcseg.config import InferenceConfig
 from mcseg.inference.predict import SegmentationPredictor
 from mcseg.models import TWO_D_ONLY, fixed_input_size, size_divisor
 from mcseg.targets import instantiate_checked

@@ -10,7 +10,8 @@ from contextlib import nullcontext
 import torch
 
 from mcseg.data.cases import CaseData
-from mcseg.inference.volume import InferenceConfig, predict_logits
+from mcseg.inference.volume import predict_logits
+from mcseg.config import InferenceConfig
 from mcseg.inference.members import case_seed, check_members, flip_views, mc_dropout, noisy_inputs, seeded
 from mcseg.metrics.uncertainty import MemberAccumulator
 

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from monai.inferers import sliding_window_inference
 
-from mcseg.config import InferenceConfig  # the schema of the ``inference`` node; importable here too
+from mcseg.config import InferenceConfig
 from mcseg.models import final_output
 
 log = logging.getLogger(__name__)

@@ -17,12 +17,12 @@ import logging
 import sys
 from pathlib import Path
 
-from mcseg.data.io import atomic_write
+from mcseg.files import atomic_write
 from mcseg.report.collect import RunRecord, collect_ensembles, collect_folder_evaluations, collect_runs, read_run
 from mcseg.report.figures import margin_heatmap, reliability_histograms, reliability_overlay, reliability_raters, \
     risk_coverage_overlay, shift_severity
-from mcseg.report.render import ENVIRONMENT_MARK, RATER_FIGURE, SEEN_MARK, SHIFT_FIGURE, latex, markdown, write_csv, \
-    write_shift_csv
+from mcseg.report.render import ENVIRONMENT_MARK, RATER_FIGURE, SEEN_MARK, SHIFT_FIGURE, latex, markdown, \
+    write_report_csv, write_shift_csv
 from mcseg.report.shift import add_shift
 from mcseg.report.table import add_predictors, build_rows, common_overrides, mark_environments, mark_seen_in_training
 
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     notes += [f"**Warning{SEEN_MARK}**: {w}: not figures of unseen data (rows marked{SEEN_MARK})." for w in seen]
     text = markdown(rows, title, protocol_lines(runs, args) + notes) + "\n".join(failure_lines(runs))
     atomic_write(out / "report.md", lambda tmp: tmp.write_text(text))
-    write_csv(rows, out / "report.csv")
+    write_report_csv(rows, out / "report.csv")
     atomic_write(out / "report.tex", lambda tmp: tmp.write_text(latex(rows, title)))
     write_shift_csv(rows, out / "shift.csv")
     datasets = sorted({r.dataset for r in rows})

@@ -24,8 +24,8 @@ from mcseg.evaluation.provenance import file_sha256
 from mcseg.evaluation.raters import CASE_FIGURES, FOREGROUND_FIGURES
 from mcseg.evaluation.shift import SUMMARY_FILE as SHIFT_SUMMARY
 from mcseg.metrics.statistics import nanmean
-from mcseg.rundir import find_run_dirs, state_of
-from mcseg.sweep import STATUS_FILE, describe_run
+from mcseg.identity import describe_run
+from mcseg.rundir import STATUS_FILE, find_run_dirs, state_of
 
 log = logging.getLogger(__name__)
 

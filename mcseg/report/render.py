@@ -1,12 +1,10 @@
 """The comparison table as Markdown, CSV and LaTeX (all three from the same rows)."""
 from __future__ import annotations
 
-import csv
-import io
 import math
 from pathlib import Path
 
-from mcseg.data.io import atomic_write
+from mcseg.files import write_csv
 from mcseg.evaluation import figures
 from mcseg.evaluation.shift import shift_metrics
 from mcseg.report.table import RATER_METRICS, RATER_PATHS, ConfigRow, MetricCell, metrics, posthoc_metrics
@@ -234,16 +232,13 @@ def write_shift_csv(rows: list[ConfigRow], path: Path) -> bool:
     columns = ["dataset", "loss", "hyperparameters", "configuration", "suite", "predictor", "metric",
                "higher_is_better", "level", "mean", "std", "n", "corruptions", "alpha", "overall_mean", "overall_std",
                "degradation_mean", "degradation_std"]
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=columns)
-    writer.writeheader()
-    lines = 0
+    lines = []
     for suite in dict.fromkeys(suite for row in rows for suite in row.shift):
         for row, name, cells in _shift_rows(rows, suite):
             for metric, by_level in cells.by_level.items():
                 overall, degradation = cells.scores[metric]["overall"], cells.scores[metric]["degradation"]
                 for level, cell in by_level.items():
-                    writer.writerow({
+                    lines.append({
                         "dataset": row.dataset, "loss": row.loss_name, "hyperparameters": row.hyperparameters,
                         "configuration": row.configuration, "suite": suite, "predictor": name, "metric": metric,
                         "higher_is_better": cells.higher_is_better[metric], "level": level,
@@ -252,22 +247,20 @@ def write_shift_csv(rows: list[ConfigRow], path: Path) -> bool:
                         "overall_mean": overall and overall[0], "overall_std": overall and overall[1],
                         "degradation_mean": degradation and degradation[0],
                         "degradation_std": degradation and degradation[1]})
-                    lines += 1
     if lines:
-        atomic_write(path, lambda tmp: tmp.write_text(buffer.getvalue()))
+        write_csv(path, lines, columns)
     return bool(lines)
 
 
-def write_csv(rows: list[ConfigRow], path: Path) -> None:
+def write_report_csv(rows: list[ConfigRow], path: Path) -> None:
+    """``report.csv``: one line per configuration, each figure's mean, std, 95% interval, cases and p-value."""
     header = ["dataset", "loss", "hyperparameters", "configuration", "seeds", "selection_value", "selected", "baseline",
                "temperature", "environment_differs", "scores_seen_cases"]
     names = metric_columns(rows)
     for name in names:
         header += [f"{name}_mean", f"{name}_std", f"{name}_ci95_lo", f"{name}_ci95_hi", f"{name}_n_cases",
                     f"{name}_p_vs_baseline"]
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=header)
-    writer.writeheader()
+    records = []
     for row in rows:
         record = {"dataset": row.dataset, "loss": row.loss_name, "hyperparameters": row.hyperparameters, "configuration": row.configuration,
                   "seeds": " ".join(map(str, row.seeds)), "selection_value": row.selection_value,
@@ -280,8 +273,8 @@ def write_csv(rows: list[ConfigRow], path: Path) -> None:
                 record.update({f"{name}_mean": cell.mean, f"{name}_std": cell.std, f"{name}_ci95_lo": cell.ci95[0],
                                f"{name}_ci95_hi": cell.ci95[1], f"{name}_n_cases": cell.n_cases,
                                f"{name}_p_vs_baseline": cell.p_vs_baseline})
-        writer.writerow(record)
-    atomic_write(path, lambda tmp: tmp.write_text(buffer.getvalue()))
+        records.append(record)
+    write_csv(path, records, header)
 
 
 def _tex_escape(text: str) -> str:

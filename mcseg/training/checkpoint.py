@@ -11,9 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mcseg.data.io import atomic_write, torch_save
-# reading a checkpoint is below training, with the builder of a predictor; importable here too
-from mcseg.inference.build import REQUIRED_KEYS, load_checkpoint, load_model_weights  # noqa: F401
+from mcseg.files import atomic_write, torch_save
 
 
 def rng_states() -> dict:

@@ -1,5 +1,5 @@
 """Loaded cases and the training loader; building a dataset and its split live below, in
-:mod:`mcseg.data.build` (importable from here too)."""
+:mod:`mcseg.data.build`."""
 from __future__ import annotations
 
 import atexit
@@ -18,7 +18,6 @@ from torch.utils.data import DataLoader
 from mcseg.config import SamplingConfig, typed
 from mcseg.errors import ConfigError
 from mcseg.data.base import SegmentationDataset
-from mcseg.data.build import Splits, build_dataset, record_dataset_facts, resolve_split, sampling_config  # noqa: F401  (re-exported)
 from mcseg.data.cases import CaseData, CaseRef
 from mcseg.data.sampling import EpochSampler, PatchDataset
 from mcseg.training.distributed import DistContext

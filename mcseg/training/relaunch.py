@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from mcseg.config import DATASET_MAY_CHANGE, RESUME_MUST_MATCH, resume_mismatch  # noqa: F401  (importable here too)
+from mcseg.config import resume_mismatch
 from mcseg.data.fingerprint import content_differences
-from mcseg.training.checkpoint import load_checkpoint
+from mcseg.inference.build import load_checkpoint
 from mcseg.rundir import STATUS_FILE, LaunchRefused
 
 class RunFinished(LaunchRefused):

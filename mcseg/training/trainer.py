@@ -39,16 +39,16 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from mcseg.config import TrainerConfig
-from mcseg.training.checkpoint import load_checkpoint, load_model_weights, restore_rng_states, rng_states, save_checkpoint
+from mcseg.config import EvalProtocol, TrainerConfig, resume_mismatch
+from mcseg.training.checkpoint import restore_rng_states, rng_states, save_checkpoint
+from mcseg.inference.build import load_checkpoint, load_model_weights
 from mcseg.training.loader import stop_workers, to_device
 from mcseg.training.distributed import DistContext, StopVote, wrap_model
-from mcseg.evaluation.evaluator import EvalProtocol, Evaluator, reliability_figure
+from mcseg.evaluation.evaluator import Evaluator, reliability_figure
 from mcseg.evaluation.figures import summary_keys
 from mcseg.inference.volume import autocast_context
 from mcseg.evaluation.cases import evaluate_cases
 from mcseg.inference.predict import SegmentationPredictor
-from mcseg.training.relaunch import resume_mismatch
 from mcseg.training.loggers import Trackers
 from mcseg.training.window import FINITE, WHAT, BadStep, TrainingWindow, nonfinite_code
 from mcseg.errors import NonFiniteLossError, TrainingInterrupted
@@ -72,8 +72,8 @@ def call_hook(obj, name: str, *args) -> None:
 class Trainer:
     """Runs epochs; owns model, loss, optimiser, scheduler and the run's checkpoints."""
 
-    def __init__(
-        self, cfg: TrainerConfig, run_dir: Path, model, loss_fn, optimizer, scheduler, loader, sampler,
+    def __init__(  # keyword-only: eighteen arguments are read by name (mcseg.training.build builds it)
+        self, *, cfg: TrainerConfig, run_dir: Path, model, loss_fn, optimizer, scheduler, loader, sampler,
         predictor: SegmentationPredictor, val_cases: list, restore, num_classes: int, class_names: list[str],
         protocol: EvalProtocol, trackers: Trackers, config_container: dict, images: int = 2,
         dist: DistContext | None = None,

@@ -80,7 +80,7 @@ ALL_DOWNLOADS = ["acdc", "flare", "brats", "brats_regions", "brats2019", "prosta
 
 def build(make_cfg, overrides):
     """The dataset of the composed training config (as train() builds it)."""
-    from mcseg.training.loader import build_dataset
+    from mcseg.data.build import build_dataset
 
     cfg = make_cfg(overrides)
     return build_dataset(cfg.dataset), cfg

@@ -113,10 +113,10 @@ def test_atomic_writes_leave_files_readable_like_any_other(tmp_path):
     """mkstemp creates 0600 files; results written through atomic_write follow the umask instead."""
     from pathlib import Path
 
-    from mcseg.data import io
+    from mcseg import files
 
     target = Path(tmp_path) / "summary.json"
-    io.atomic_write(target, lambda tmp: tmp.write_text("{}"))
-    assert target.stat().st_mode & 0o777 == 0o666 & ~io._UMASK
-    assert target.stat().st_mode & 0o044 or io._UMASK & 0o044  # readable by others unless the umask forbids it
+    files.atomic_write(target, lambda tmp: tmp.write_text("{}"))
+    assert target.stat().st_mode & 0o777 == 0o666 & ~files._UMASK
+    assert target.stat().st_mode & 0o044 or files._UMASK & 0o044  # readable by others unless the umask forbids it
     assert not [p for p in Path(tmp_path).iterdir() if p.name.startswith(".summary")]

@@ -33,7 +33,7 @@ def test_one_epoch_run_writes_predictions_in_the_original_geometry(make_cfg, tmp
 
 def _perfect_predictor(dataset, cfg):
     """A predictor whose logits are the case's own (network-space) label."""
-    from mcseg.inference.volume import InferenceConfig
+    from mcseg.config import InferenceConfig
     from mcseg.inference.predict import SegmentationPredictor
 
     link = torch.sigmoid if dataset.multilabel else (lambda x: torch.softmax(x, 1))
@@ -55,8 +55,8 @@ def _perfect_predictor(dataset, cfg):
 def test_evaluation_of_a_perfect_prediction_gives_dice_1_and_hd95_0(make_cfg, tmp_path, name):
     """Through the evaluator: restore() maps probabilities and labels back to each file's grid exactly."""
     from mcseg.config import typed
-    from mcseg.evaluation.evaluator import EvalProtocol
-    from mcseg.evaluate import evaluate_split
+    from mcseg.config import EvalProtocol
+    from mcseg.evaluation.split import evaluate_split
 
     root, overrides = fake_download(name, tmp_path)
     dataset, cfg = build(make_cfg, overrides + ["dataset.preprocess.target_spacing=null"])
@@ -89,7 +89,7 @@ def test_a_second_run_reuses_the_cache(make_cfg, tmp_path, monkeypatch):
 
 
 def test_acdc_run_tests_on_the_testing_patients_and_validates_by_patient(make_cfg, tmp_path):
-    from mcseg.training.loader import resolve_split
+    from mcseg.data.build import resolve_split
 
     root, overrides = fake_download("acdc", tmp_path)
     dataset, cfg = build(make_cfg, overrides)

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from mcseg.evaluation.evaluator import EvalProtocol, Evaluator
+from mcseg.evaluation.evaluator import Evaluator
+from mcseg.config import EvalProtocol
 from mcseg.evaluate_folder import main
 
 from .reference import blobs
@@ -223,7 +224,7 @@ def test_ctrl_c_ends_in_one_line_and_marks_the_evaluation_interrupted_which_the_
     def ctrl_c(*args, **kwargs):  # Ctrl-C once summary.json is written, before the failure table
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(folder_module, "write_rows", ctrl_c)
+    monkeypatch.setattr(folder_module, "write_csv", ctrl_c)
     try:
         code = main(args)
     except KeyboardInterrupt:

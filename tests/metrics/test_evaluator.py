@@ -10,7 +10,8 @@ import pytest
 import torch
 from matplotlib.figure import Figure
 
-from mcseg.evaluation.evaluator import EvalProtocol, Evaluator, entropy_map, reliability_figure
+from mcseg.evaluation.evaluator import Evaluator, entropy_map, reliability_figure
+from mcseg.config import EvalProtocol
 from mcseg.errors import ConfigError
 from mcseg.metrics.calibration import case_calibration
 

@@ -31,9 +31,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from mcseg.data.io import write_json
+from mcseg.files import write_json
 from mcseg.errors import ConfigError
-from mcseg.training.loggers.base import Tracker, failures, note_failure, reset_failures  # noqa: F401
+from mcseg.training.loggers.base import Tracker, note_failure
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,80 @@
+"""Writing result files: atomically (readers never see a partial file), as JSON or as CSV.
+
+Every file mcseg writes goes through :func:`atomic_write`: the content goes to a temporary file beside the
+target (``.<stem>.<random><suffix>``, which :func:`mcseg.rundir.remove_orphans` cleans up after a kill) and is
+renamed onto it. A full disk is one :class:`~mcseg.errors.DiskFullError` naming the file meant.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from mcseg.errors import as_disk_full
+
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
+
+def atomic_write(path: Path, write_fn) -> None:
+    """Call ``write_fn(tmp_path)`` then rename onto ``path`` so readers never see a partial file.
+
+    A full disk is a :class:`~mcseg.errors.DiskFullError` naming ``path`` and the space left."""
+    path = Path(path)
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        suffix = "".join(path.suffixes)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=suffix)
+        os.close(fd)
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600 files: results must stay readable like any other file
+        write_fn(Path(tmp))
+        os.replace(tmp, path)
+    except BaseException as exc:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        full = as_disk_full(exc, path)  # a full disk names the file meant, not the temporary one, and the free space
+        if full is None or full is exc:
+            raise
+        raise full from exc
+
+
+def torch_save(obj, path: Path) -> None:
+    """``torch.save`` through a Python file: a full disk is then an OSError (ENOSPC) that :func:`atomic_write`
+    names in one line, where torch's own C++ writer given a path raises a RuntimeError that says nothing
+    of space ("unexpected pos 23040 vs 22960")."""
+    import torch
+
+    with open(path, "wb") as f:
+        torch.save(obj, f)
+
+
+def json_text(payload) -> str:
+    """``payload`` as indented JSON text ending in a newline (what :func:`write_json` writes)."""
+    return json.dumps(payload, indent=2, default=str) + "\n"
+
+
+def write_json(path: Path, payload) -> None:
+    """Write ``payload`` as indented JSON through :func:`atomic_write`."""
+    text = json_text(payload)
+    atomic_write(Path(path), lambda tmp: tmp.write_text(text))
+
+
+def write_csv(path: Path, rows: Iterable[dict], columns: Sequence[str] | None = None,
+              lineterminator: str = "\r\n") -> None:
+    """Rows of dicts as CSV with a header of ``columns`` (default: the first row's keys), written through
+    :func:`atomic_write`.
+
+    The csv module formats the cells (``None`` and a missing key as an empty cell, floats as their repr); a
+    key not in ``columns`` is an error. ``lineterminator``: the csv module's default, or ``"\\n"``."""
+    rows = list(rows)
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(rows[0] if columns is None else columns),
+                            lineterminator=lineterminator)
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write(Path(path), lambda tmp: tmp.write_text(buffer.getvalue()))
