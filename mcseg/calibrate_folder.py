@@ -20,8 +20,9 @@ from mcseg.data.io import VolumeError
 from mcseg.evaluation.evaluator import EvalProtocol
 from mcseg.evaluation.folder_outputs import CALIBRATE_TOOL, EXIT_INTERRUPTED, FolderInterrupted, claim_output, writing
 from mcseg.evaluation.folder_posthoc import REFUSED, calibrate_folder, fit_folders, record_applied, take_over
-from mcseg.evaluation.folders import (FORMATS, FolderError, PredictionFolder, declared_classes, fold_cases, open_folder,
-                                      prediction_files, read_reference)
+from mcseg.data.reference import FolderError, fold_cases, read_reference
+from mcseg.evaluation.formats import (PredictionFormat, declared_classes, format_names, open_folder,
+                                      prediction_files)
 from mcseg.metrics.regions import REGIONS
 from mcseg.rundir import RunDirBusy
 
@@ -58,7 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--n-bins", type=int, default=defaults.n_bins, help="ECE bins of --objective ece")
     p.add_argument("--splits", type=Path, help="nnU-Net's splits_final.json: fit on the validation cases of --fold")
     p.add_argument("--fold", help="a fold of --splits, or 'all'")
-    p.add_argument("--format", dest="fmt", default="auto", choices=("auto", *FORMATS))
+    p.add_argument("--format", dest="fmt", default="auto", choices=("auto", *format_names()))
     p.add_argument("--monai-postfix", default="trans")
     p.add_argument("--dataset-json", type=Path, help="the dataset.json that gives the classes (default: the "
                    "reference's, or beside/above its labels)")
@@ -74,7 +75,7 @@ def calibrate(args: argparse.Namespace) -> tuple[dict, list[str]]:
     if out in inputs:
         raise FolderError(f"-o {args.output_dir}: write the calibrated files to a new folder, not an input folder")
     earlier = claim_output(args.output_dir, CALIBRATE_TOOL, args.overwrite,
-                           lambda folder: prediction_files(folder, args.monai_postfix))
+                           lambda folder: prediction_files(folder, monai_postfix=args.monai_postfix))
     reference = read_reference(args.reference, args.class_names, args.num_classes, args.dataset_json,
                                declared=declared_classes(args.fit[0]))
     fit = [open_folder(d, reference.task, args.fmt, args.monai_postfix) for d in args.fit]
@@ -104,7 +105,7 @@ def calibrate(args: argparse.Namespace) -> tuple[dict, list[str]]:
     return record, target.cases() if target else []
 
 
-def fit_cases_applied(args: argparse.Namespace, fit: list[PredictionFolder], target: PredictionFolder | None,
+def fit_cases_applied(args: argparse.Namespace, fit: list[PredictionFormat], target: PredictionFormat | None,
                       cases: list[str] | None) -> str | None:
     """What the --apply folder holds of the fit cases (``cases``, else every case of the ``fit`` folders), said
     in a phrase; refused unless --allow-fit-cases (an evaluation of the calibrated files would score the cases
