@@ -95,7 +95,7 @@ def _npy_format():
             return "<case>.npy"
 
         @classmethod
-        def count(cls, folder: Path, **options) -> int:
+        def detect(cls, folder: Path, **options) -> int:
             return len(list(Path(folder).glob("*.npy")))
 
         def _scan(self) -> dict[str, Path]:

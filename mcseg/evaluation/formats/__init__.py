@@ -4,7 +4,7 @@ Saved probabilities enter mcseg at the "probabilities" arrow (docs/protocol.md, 
 another tool"): every case becomes ``C x *S`` probabilities in the reference label's file voxel order (x, y[, z]),
 and from there they take the evaluator's path unchanged.
 
-Formats (each a :class:`~mcseg.evaluation.formats.base.PredictionFormat`: ``count`` for detection, ``read``,
+Formats (each a :class:`~mcseg.evaluation.formats.base.PredictionFormat`: ``detect``, ``read``,
 ``write``): nnU-Net v2's npz + pkl + label map (:mod:`.nnunet`), MONAI ``SaveImage``'s and mcseg's channel-last
 NIfTI maps (:mod:`.channel_last`). Detection, ``--format`` and ``mcseg-calibrate-folder`` go through
 :data:`FORMATS`: a new format is one class and one entry there.
@@ -39,7 +39,7 @@ def _held(folder: Path, **options) -> dict[type[PredictionFormat], int]:
     """The formats whose case files ``folder`` holds, with how many."""
     if not folder.is_dir():
         raise FolderError(f"{folder}: the prediction folder is not a folder")
-    counts = {fmt: fmt.count(folder, **options) for fmt in FORMATS}
+    counts = {fmt: fmt.detect(folder, **options) for fmt in FORMATS}
     return {fmt: n for fmt, n in counts.items() if n}
 
 

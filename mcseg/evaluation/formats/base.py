@@ -1,7 +1,7 @@
 """The face every prediction format shows (:class:`PredictionFormat`) and the checks they share.
 
-A format is a class: :meth:`~PredictionFormat.count` tells how many of its case files a folder holds (detection),
-an instance is one folder (``read`` a case as ``C x *S`` probabilities in the reference label's file voxel order,
+A format is a class: :meth:`~PredictionFormat.detect` tells how many of its case files a folder holds (0: not
+this format), an instance is one folder (``read`` a case as ``C x *S`` probabilities in the reference label's file voxel order,
 checked against the label's grid; ``write`` a case's probabilities back in the tool's own files), and
 :data:`mcseg.evaluation.formats.FORMATS` lists the classes detection and ``mcseg-calibrate-folder`` go through.
 """
@@ -58,7 +58,7 @@ class PredictionFormat:
     """A folder of one tool's saved probabilities (:func:`mcseg.evaluation.formats.open_folder`).
 
     A new format subclasses this with ``format`` (its ``--format`` name), ``tool``, :meth:`pattern`,
-    :meth:`count`, :meth:`_scan` (``{case: file}``), :meth:`read` and :meth:`write`, and is one entry of
+    :meth:`detect`, :meth:`_scan` (``{case: file}``), :meth:`read` and :meth:`write`, and is one entry of
     ``FORMATS``. ``options`` are the command line's (``monai_postfix``, ``probs_dir``); each format takes what
     it needs."""
 
@@ -76,7 +76,7 @@ class PredictionFormat:
         raise NotImplementedError
 
     @classmethod
-    def count(cls, folder: Path, **options) -> int:
+    def detect(cls, folder: Path, **options) -> int:
         """How many case files of this format ``folder`` holds (0: not this format)."""
         raise NotImplementedError
 

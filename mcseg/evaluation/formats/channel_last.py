@@ -89,7 +89,7 @@ class MonaiFormat(ChannelLastFormat):
         return f"<name>/<name>_{monai_postfix}.nii.gz"
 
     @classmethod
-    def count(cls, folder: Path, monai_postfix: str = "trans", **options) -> int:
+    def detect(cls, folder: Path, monai_postfix: str = "trans", **options) -> int:
         return len(_monai_files(Path(folder), monai_postfix))
 
     def _scan(self) -> dict[str, Path]:
@@ -114,7 +114,7 @@ class McsegFormat(ChannelLastFormat):
         return "<case>_probs.nii.gz"
 
     @classmethod
-    def count(cls, folder: Path, **options) -> int:
+    def detect(cls, folder: Path, **options) -> int:
         return len(case_volumes(Path(folder), "_probs"))
 
     def _scan(self) -> dict[str, Path]:

@@ -43,7 +43,7 @@ class NnUNetFormat(PredictionFormat):
         return "<case>.npz"
 
     @classmethod
-    def count(cls, folder: Path, **options) -> int:
+    def detect(cls, folder: Path, **options) -> int:
         return len(list(Path(folder).glob("*.npz")))
 
     @classmethod
