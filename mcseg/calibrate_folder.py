@@ -16,12 +16,14 @@ from pathlib import Path
 
 from mcseg.calibration import PosthocConfig
 from mcseg.calibration.posthoc import OBJECTIVES, VOXEL_SAMPLES
+from mcseg.calibration.scalers import SCALER_TYPES
 from mcseg.data.io import VolumeError
 from mcseg.config import EvalProtocol
 from mcseg.evaluation.folder_outputs import CALIBRATE_TOOL, EXIT_INTERRUPTED, FolderInterrupted, claim_output, writing
 from mcseg.evaluation.folder_posthoc import REFUSED, calibrate_folder, fit_folders, record_applied, take_over
-from mcseg.evaluation.folders import (FORMATS, FolderError, PredictionFolder, declared_classes, fold_cases, open_folder,
-                                      prediction_files, read_reference)
+from mcseg.data.reference import FolderError, fold_cases, read_reference
+from mcseg.evaluation.formats import (PredictionFormat, declared_classes, format_names, open_folder,
+                                      prediction_files)
 from mcseg.metrics.regions import REGIONS
 from mcseg.rundir import RunDirBusy
 
@@ -48,7 +50,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-fit-cases", action="store_true", help="calibrate an --apply folder holding fit cases "
                    "(refused otherwise: their evaluation would score the cases the temperature was fitted on); "
                    "recorded in calibration.json and in the provenance of the calibrated folder's evaluation")
-    p.add_argument("--scaler", default="temperature", choices=[s for s in ("temperature", "vector")])
+    p.add_argument("--scaler", default="temperature", choices=[s for s in SCALER_TYPES if s not in REFUSED],
+                   help="the post-hoc scaler (mcseg.calibration.scalers.SCALER_TYPES, less those refused)")
     p.add_argument("--voxels", default=posthoc.voxels, choices=VOXEL_SAMPLES,
                    help="fit voxels: the calibration region of --region (default), balanced or all")
     p.add_argument("--objective", default=posthoc.objective, choices=OBJECTIVES)
@@ -58,7 +61,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--n-bins", type=int, default=defaults.n_bins, help="ECE bins of --objective ece")
     p.add_argument("--splits", type=Path, help="nnU-Net's splits_final.json: fit on the validation cases of --fold")
     p.add_argument("--fold", help="a fold of --splits, or 'all'")
-    p.add_argument("--format", dest="fmt", default="auto", choices=("auto", *FORMATS))
+    p.add_argument("--format", dest="fmt", default="auto", choices=("auto", *format_names()))
     p.add_argument("--monai-postfix", default="trans")
     p.add_argument("--dataset-json", type=Path, help="the dataset.json that gives the classes (default: the "
                    "reference's, or beside/above its labels)")
@@ -74,18 +77,21 @@ def calibrate(args: argparse.Namespace) -> tuple[dict, list[str]]:
     if out in inputs:
         raise FolderError(f"-o {args.output_dir}: write the calibrated files to a new folder, not an input folder")
     earlier = claim_output(args.output_dir, CALIBRATE_TOOL, args.overwrite,
-                           lambda folder: prediction_files(folder, args.monai_postfix))
+                           lambda folder: prediction_files(folder, monai_postfix=args.monai_postfix))
     reference = read_reference(args.reference, args.class_names, args.num_classes, args.dataset_json,
                                declared=declared_classes(args.fit[0]))
     fit = [open_folder(d, reference.task, args.fmt, args.monai_postfix) for d in args.fit]
     if (args.splits is None) != (args.fold is None):
         raise FolderError("--splits and --fold go together")
     cases = fold_cases(args.splits, args.fold) if args.splits else None
-    if args.scaler == "vector" and args.voxels == "region":
-        raise FolderError("--voxels region: vector scaling can change the arg-max, so the region it would be fitted on "
-                          "is not where it is scored; pass --voxels balanced or all")
-    if args.scaler == "vector" and args.objective == "ece":
-        raise FolderError("--objective ece fits a temperature only; vector scaling is fitted by the NLL")
+    kind = SCALER_TYPES[args.scaler]
+    if not kind.preserves_argmax and args.voxels == "region":
+        raise FolderError(f"--voxels region: {args.scaler} scaling can change the arg-max, so the region it would be "
+                          f"fitted on is not where it is scored; pass --voxels balanced or all")
+    if args.objective not in kind.objectives:
+        able = [name for name, other in SCALER_TYPES.items() if args.objective in other.objectives]
+        raise FolderError(f"--objective {args.objective} fits {' or '.join(able)} only; {args.scaler} scaling is "
+                          f"fitted by {' or '.join(o.upper() if o == 'nll' else o for o in kind.objectives)}")
     posthoc = PosthocConfig(fit=[args.scaler], apply=[args.scaler], max_voxels=args.max_voxels, seed=args.seed,
                             voxels=args.voxels, objective=args.objective)
     protocol = EvalProtocol(region=args.region, n_bins=args.n_bins)
@@ -104,7 +110,7 @@ def calibrate(args: argparse.Namespace) -> tuple[dict, list[str]]:
     return record, target.cases() if target else []
 
 
-def fit_cases_applied(args: argparse.Namespace, fit: list[PredictionFolder], target: PredictionFolder | None,
+def fit_cases_applied(args: argparse.Namespace, fit: list[PredictionFormat], target: PredictionFormat | None,
                       cases: list[str] | None) -> str | None:
     """What the --apply folder holds of the fit cases (``cases``, else every case of the ``fit`` folders), said
     in a phrase; refused unless --allow-fit-cases (an evaluation of the calibrated files would score the cases
@@ -124,6 +130,15 @@ def fit_cases_applied(args: argparse.Namespace, fit: list[PredictionFolder], tar
     return overlap
 
 
+def _parameters(fitted: dict) -> str:
+    """A fitted scaler's parameters in a phrase: T, or w and b, else where they are recorded."""
+    if "temperature" in fitted:
+        return f"T={fitted['temperature']:.4g}"
+    if "weight" in fitted and "bias" in fitted:
+        return f"w={[round(w, 4) for w in fitted['weight']]} b={[round(b, 4) for b in fitted['bias']]}"
+    return "(parameters in calibration.json)"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
@@ -136,9 +151,7 @@ def main(argv: list[str] | None = None) -> int:
               "mcseg-calibrate-folder: interrupted (Ctrl-C) before anything was written", file=sys.stderr)
         return EXIT_INTERRUPTED
     fitted = record["scalers"][args.scaler]
-    values = (f"T={fitted['temperature']:.4g}" if "temperature" in fitted else
-              f"w={[round(w, 4) for w in fitted['weight']]} b={[round(b, 4) for b in fitted['bias']]}")
-    print(f"{args.scaler} {values} fitted on {record['n_cases']} case(s), {record['n_voxels']} voxels "
+    print(f"{args.scaler} {_parameters(fitted)} fitted on {record['n_cases']} case(s), {record['n_voxels']} voxels "
           f"({fitted.get('voxels')}); NLL {fitted['nll_before']:.5g} -> {fitted['nll_after']:.5g}; "
           f"recorded in {args.output_dir / 'calibration.json'}")
     for warning in record.get("warnings", []):

@@ -5,7 +5,7 @@ Evaluates a folder of predictions made by any tool against reference labels with
 ``--npz`` folders (npz + pkl + label map), MONAI ``SaveImage`` probability maps, mcseg's own ``<case>_probs``
 (with ``--probs`` in another folder than the label maps ``<case>.nii.gz``), or label maps alone. The reference
 is an nnU-Net raw dataset, an MSD folder or a folder of label maps; ``--splits splits_final.json --fold K``
-evaluates the validation cases of fold K. Reading and checking: :mod:`mcseg.evaluation.folders`.
+evaluates the validation cases of fold K. Reading and checking: :mod:`mcseg.evaluation.formats`.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from mcseg.data.io import VolumeError
 from mcseg.config import EvalProtocol
 from mcseg.evaluation.folder_outputs import EXIT_INTERRUPTED, FolderInterrupted
 from mcseg.runtime import keep_freed_memory
-from mcseg.evaluation.folders import (FORMATS, FolderError, declared_classes, evaluate_folders, fold_cases,
-                                      open_folder, read_reference)
+from mcseg.data.reference import FolderError, fold_cases, read_reference
+from mcseg.evaluation.folders import evaluate_folders
+from mcseg.evaluation.formats import declared_classes, format_names, open_folder
 from mcseg.metrics.regions import REGIONS
 from mcseg.metrics.surface import HD_DEFINITIONS
 from mcseg.rundir import RunDirBusy
@@ -78,7 +79,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("pred_dir", type=Path, help="the prediction folder")
     p.add_argument("label_dir", type=Path, help="the reference: a folder of <case>.nii.gz labels, an nnU-Net raw "
                    "dataset (dataset.json, labelsTr) or an MSD folder")
-    p.add_argument("--format", dest="fmt", default="auto", choices=("auto", *FORMATS),
+    p.add_argument("--format", dest="fmt", default="auto", choices=("auto", *format_names()),
                    help="the prediction folder's format (default: detected; a stated one is checked)")
     p.add_argument("--ensemble", nargs="+", type=Path, default=[], metavar="DIR",
                    help="more prediction folders: their probabilities are averaged with PRED_DIR's (PE/EE/MI maps)")

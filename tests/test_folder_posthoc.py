@@ -150,7 +150,8 @@ def test_folds_validation_folders_together_and_refusals(nn, tmp_path, capsys):
                       str(broken), "--allow-fit-cases"]) == 2
     assert "case tiny_002: tiny_002.npz holds values in [-2, 2], outside [0, 1] by 2" in capsys.readouterr().err
     from mcseg.evaluation.folder_posthoc import fit_folders
-    from mcseg.evaluation.folders import FolderError, open_folder, read_reference
+    from mcseg.data.reference import FolderError, read_reference
+    from mcseg.evaluation.formats import open_folder
 
     reference = read_reference(folders["raw"])
     with pytest.raises(FolderError, match="local temperature scaling is a network on the image and the logits"):
@@ -320,13 +321,13 @@ def test_ctrl_c_in_calibrate_folder_marks_the_folder_which_is_not_evaluated_unti
                                                                                          monkeypatch):
     """Ctrl-C while calibrated files are written: one line, the folder marked interrupted; mcseg-evaluate-folder
     refuses the half-calibrated folder; the same command again redoes it without --overwrite."""
-    from mcseg.evaluation import folder_posthoc
+    from mcseg.evaluation.formats import McsegFormat
 
     labels, f = _mcseg_predictions(tmp_path, {"val": [0, 1], "test": [2, 3]})
     out = tmp_path / "out"
     args = ["--fit", str(f["val"]), "--reference", str(labels), "--apply", str(f["test"]), "-o", str(out)]
     written = []
-    real = folder_posthoc._write_channel_last
+    real = McsegFormat.write
 
     def ctrl_c_after_one_case(*a, **k):
         if written:
@@ -334,7 +335,7 @@ def test_ctrl_c_in_calibrate_folder_marks_the_folder_which_is_not_evaluated_unti
         written.append(real(*a, **k))
         return written[-1]
 
-    monkeypatch.setattr(folder_posthoc, "_write_channel_last", ctrl_c_after_one_case)
+    monkeypatch.setattr(McsegFormat, "write", ctrl_c_after_one_case)
     try:
         code = calibrate(args)
     except KeyboardInterrupt:

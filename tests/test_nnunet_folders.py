@@ -123,7 +123,9 @@ def test_splits_final_selects_the_validation_cases_of_a_fold(nn3d, tmp_path):
 def test_an_ensemble_of_folders_averages_the_probabilities_as_nnunet_ensemble_does(nn3d, tmp_path):
     from nnunetv2.ensembling.ensemble import average_probabilities
 
-    from mcseg.evaluation.folders import open_folder, read_case, read_reference
+    from mcseg.data.reference import read_reference
+    from mcseg.evaluation.folders import read_case
+    from mcseg.evaluation.formats import open_folder
     from mcseg.metrics.uncertainty import MemberAccumulator
 
     a, b = nn3d["members"]

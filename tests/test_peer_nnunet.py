@@ -11,7 +11,7 @@ import nibabel as nib
 import numpy as np
 import pytest
 
-from mcseg.evaluation.folders import read_reference, task_from_labels
+from mcseg.data.reference import read_reference, task_from_labels
 from tests import fake_datasets as fd
 
 ROOT = Path(__file__).resolve().parent.parent

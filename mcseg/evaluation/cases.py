@@ -10,10 +10,11 @@ import torch
 
 from mcseg.data.cases import CaseData
 from mcseg.data.io import write_nifti
+from mcseg.config import EvalProtocol
 from mcseg.evaluation.evaluator import Evaluator
 from mcseg.inference.predict import SegmentationPredictor
 from mcseg.metrics.failure import FailureDetection, micro_foreground_dice
-from mcseg.metrics.uncertainty import MemberAccumulator, entropy, normalise
+from mcseg.metrics.uncertainty import MAPS, MemberAccumulator, entropy, normalise
 from mcseg.runtime import share_cpu
 
 
@@ -81,11 +82,7 @@ def evaluate_cases(
         if failure is not None or (pred_dir is not None and save_uncertainty):
             maps = uncertainty_maps(case, probs, members, restore_maps, predictor.multilabel)
         if failure is not None:
-            errors = (pred != label).any(0) if predictor.multilabel else pred != label
-            dice = (row["mean_foreground_dice"] if failure.risk == "macro" else
-                    micro_foreground_dice(pred, label, predictor.multilabel))
-            failure.add_case(case.case_id, normalise(maps, probs.shape[0], predictor.multilabel), errors,
-                             evaluator.region_of(label, pred, spacing, failure.region), 1.0 - dice)
+            detect_failure(failure, evaluator, case.case_id, row, maps, probs.shape[0], pred, label, spacing)
         ref = ref_of(case)
         source = ref.image_paths[0] if ref is not None and ref.image_paths else None  # its header is copied
         if pred_dir is not None and save_predictions:
@@ -95,11 +92,8 @@ def evaluate_cases(
         if pred_dir is not None and save_probabilities:
             write_nifti(pred_dir / f"{case.case_id}_probs.nii.gz", _channel_last(probs.float().cpu().numpy()), affine,
                         source)
-        if pred_dir is not None and save_uncertainty:  # the predictive entropy; EE and MI too with members
-            for name, suffix in UNCERTAINTY_FILES.items():
-                if members is not None or name == "predictive_entropy":
-                    write_nifti(pred_dir / f"{case.case_id}_{suffix}.nii.gz", maps[name].float().cpu().numpy(),
-                                affine, source)
+        if pred_dir is not None and save_uncertainty:
+            write_uncertainty(pred_dir, case.case_id, maps, members is not None, affine, source)
         del probs, maps
         for name, (transform, extra_evaluator, keeps_argmax) in (posthoc or {}).items():
             z = pooled_after[name] if name in pooled_after else transform(logits, case)
@@ -110,6 +104,37 @@ def evaluate_cases(
             del scaled
         del pred
     return kept
+
+
+def failure_detection(protocol: EvalProtocol) -> FailureDetection | None:
+    """The protocol's failure detection (its voxel region, risk, bootstrap resamples and seed); None when off."""
+    if not protocol.failure_detection:
+        return None
+    return FailureDetection(MAPS, region=protocol.failure_region or protocol.region, risk=protocol.failure_risk,
+                            bootstrap_samples=protocol.bootstrap_samples, seed=protocol.seed)
+
+
+def detect_failure(failure: FailureDetection, evaluator: Evaluator, case_id: str, row: dict,
+                   maps: dict[str, torch.Tensor], channels: int, pred: torch.Tensor, label: torch.Tensor,
+                   spacing) -> None:
+    """Add one scored case to ``failure``: its uncertainty ``maps`` (nats, on the label's grid, of ``channels``
+    probability channels; normalised here),
+    the error voxels of the prediction ``pred`` inside ``failure.region``, and its risk (``failure.risk``: 1 - the
+    macro foreground Dice of the evaluator's ``row``, or the micro one)."""
+    multilabel = evaluator.multilabel
+    errors = (pred != label).any(0) if multilabel else pred != label
+    dice = row["mean_foreground_dice"] if failure.risk == "macro" else micro_foreground_dice(pred, label, multilabel)
+    failure.add_case(case_id, normalise(maps, channels, multilabel), errors,
+                     evaluator.region_of(label, pred, spacing, failure.region), 1.0 - dice)
+
+
+def write_uncertainty(folder: Path, case_id: str, maps: dict[str, torch.Tensor], members: bool, affine,
+                      source: Path | None) -> None:
+    """The case's uncertainty maps (nats) as ``<case>_<suffix>.nii.gz``: the predictive entropy, and with several
+    ``members`` the expected entropy and mutual information too (:data:`UNCERTAINTY_FILES`)."""
+    for name, suffix in UNCERTAINTY_FILES.items():
+        if members or name == "predictive_entropy":
+            write_nifti(Path(folder) / f"{case_id}_{suffix}.nii.gz", maps[name].float().cpu().numpy(), affine, source)
 
 
 def ref_of(case: CaseData):

@@ -38,7 +38,7 @@ from mcseg.metrics.reliability import reliability_figure as _figure
 from mcseg.metrics.statistics import describe, nanmean
 from mcseg.text import plural
 
-__all__ = ["EvalProtocol", "Evaluator", "entropy_map", "reliability_figure"]
+__all__ = ["Evaluator", "entropy_map", "reliability_figure"]
 
 
 

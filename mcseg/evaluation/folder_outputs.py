@@ -86,7 +86,7 @@ def _calibrated_here(folder: Path) -> bool:
 def held_by(folder: Path, predictions: Callable[[Path], str | None] | None = None) -> Held | None:
     """What ``folder`` holds that a folder tool must not silently replace (None: absent, empty or unrelated);
     ``predictions(folder)`` describes the prediction files it holds (None: none), e.g.
-    :func:`mcseg.evaluation.folders.prediction_files`."""
+    :func:`mcseg.evaluation.formats.prediction_files`."""
     folder = Path(folder)
     if not folder.exists():
         return None

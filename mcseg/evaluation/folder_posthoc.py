@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import pickle
 import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -42,10 +41,11 @@ from mcseg.calibration import PosthocConfig, fit_posthoc
 from mcseg.calibration.posthoc import CALIBRATION_FILE
 from mcseg.calibration.scalers import SCALER_TYPES, Scaler, load_scaler
 from mcseg.data.cases import CaseData
-from mcseg.config import EvalProtocol
 from mcseg.files import write_json
-from mcseg.evaluation.folders import (ChannelLastFolder, FolderError, McsegFolder, NnUNetFolder, PredictionFolder,
-                                      Reference, read_case, segmentation_of)
+from mcseg.config import EvalProtocol
+from mcseg.data.reference import FolderError, Reference
+from mcseg.evaluation.folders import read_case
+from mcseg.evaluation.formats import PredictionFormat
 from mcseg.evaluation.provenance import file_sha256
 
 __all__ = ["FLOOR", "CEIL", "REFUSED", "SavedProbabilities", "calibrate_folder", "fit_folders", "log_probabilities"]
@@ -94,10 +94,10 @@ class SavedProbabilities:
         return (probs > 0.5).to(torch.uint8) if self.multilabel else probs.argmax(0).to(torch.uint8)
 
 
-def _fit_owners(folders: Sequence[PredictionFolder], cases: Sequence[str] | None) -> dict[str, PredictionFolder]:
+def _fit_owners(folders: Sequence[PredictionFormat], cases: Sequence[str] | None) -> dict[str, PredictionFormat]:
     """Which folder holds each fit case: folds' validation folders hold disjoint cases (together, every training
     case once, out of fold)."""
-    owners: dict[str, PredictionFolder] = {}
+    owners: dict[str, PredictionFormat] = {}
     for folder in folders:
         for case in folder.cases():
             if case in owners:
@@ -112,7 +112,7 @@ def _fit_owners(folders: Sequence[PredictionFolder], cases: Sequence[str] | None
     return dict(sorted(owners.items()))
 
 
-def fit_folders(folders: Sequence[PredictionFolder], reference: Reference, out_dir: Path,
+def fit_folders(folders: Sequence[PredictionFormat], reference: Reference, out_dir: Path,
                 scalers: Sequence[str] = ("temperature",), cases: Sequence[str] | None = None,
                 posthoc: PosthocConfig | None = None, protocol: EvalProtocol | None = None) -> tuple[dict, dict[str, Scaler]]:
     """Fit ``scalers`` on the saved probabilities of the fit cases (every case of ``folders``, or ``cases``)
@@ -175,12 +175,11 @@ def fit_folders(folders: Sequence[PredictionFolder], reference: Reference, out_d
     return record, fitted
 
 
-def calibrate_folder(folder: PredictionFolder, scaler: Scaler, out_dir: Path, multilabel: bool) -> list[str]:
-    """Write ``folder``'s probabilities scaled by ``scaler`` to ``out_dir`` in the tool's own format: nnU-Net's
-    ``<case>.npz`` (float32, same axis order), ``<case>.pkl`` copied, the label map re-derived as nnU-Net does
-    (argmax; regions: p > 0.5 in ``regions_class_order``) on the original label map's grid, plans.json and
-    dataset.json copied; MONAI's and mcseg's maps with their NIfTI header. Returns the files written (relative
-    to ``out_dir``)."""
+def calibrate_folder(folder: PredictionFormat, scaler: Scaler, out_dir: Path, multilabel: bool) -> list[str]:
+    """Write ``folder``'s probabilities scaled by ``scaler`` to ``out_dir`` in the tool's own format (its
+    :meth:`~mcseg.evaluation.formats.base.PredictionFormat.write`: nnU-Net's npz, pkl and label map re-derived,
+    MONAI's and mcseg's maps with their NIfTI header), its config files (plans.json, dataset.json) copied.
+    Returns the files written (relative to ``out_dir``)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     link = _link(multilabel)
@@ -198,64 +197,7 @@ def calibrate_folder(folder: PredictionFolder, scaler: Scaler, out_dir: Path, mu
             shutil.copy2(config, out_dir / config.name)
             written.append(config.name)
     for case in folder.cases():
-        if isinstance(folder, NnUNetFolder):
-            written += _write_nnunet(folder, case, scaled, out_dir)
-        elif isinstance(folder, ChannelLastFolder):
-            written += _write_channel_last(folder, case, scaled, out_dir)
-        else:  # pragma: no cover - every format is one of the two
-            raise FolderError(f"{folder.path}: cannot write {folder.format} files")
-    return written
-
-
-def _write_nnunet(folder: NnUNetFolder, case: str, scaled, out_dir: Path) -> list[str]:
-    import SimpleITK as sitk
-
-    from mcseg.files import atomic_write
-
-    with np.load(folder.path / f"{case}.npz") as stored:
-        probs = scaled(case, folder.path / f"{case}.npz", stored["probabilities"], 0)
-    atomic_write(out_dir / f"{case}.npz", lambda tmp: _savez(tmp, probs))
-    shutil.copy2(folder.path / f"{case}.pkl", out_dir / f"{case}.pkl")
-    props = pickle.loads((folder.path / f"{case}.pkl").read_bytes())  # nnU-Net's own file, of the folder given
-    seg_path = folder.path / f"{case}{folder.file_ending}"
-    template = sitk.ReadImage(str(seg_path))
-    seg = segmentation_of(probs, folder.task)  # in nnU-Net's array order, then the file's (x, y[, z])
-    seg = folder.file_order(case, seg.reshape(-1, *seg.shape[-template.GetDimension():]), props)[0][0]
-    array = sitk.GetArrayViewFromImage(template)  # SimpleITK's (z, y, x): the file's axes reversed
-    image = sitk.GetImageFromArray(np.ascontiguousarray(seg.T).astype(array.dtype))
-    image.CopyInformation(template)
-    atomic_write(out_dir / seg_path.name, lambda tmp: sitk.WriteImage(image, str(tmp), True))
-    return [f"{case}.npz", f"{case}.pkl", seg_path.name]
-
-
-def _savez(tmp: Path, probs: np.ndarray) -> None:
-    with open(tmp, "wb") as f:  # a file object: np.savez would append .npz to a temporary name
-        np.savez_compressed(f, probabilities=probs)
-
-
-def _write_channel_last(folder: ChannelLastFolder, case: str, scaled, out_dir: Path) -> list[str]:
-    import nibabel as nib
-
-    from mcseg.files import atomic_write
-
-    path = folder.files[case]
-    img = nib.load(str(path))
-    probs = scaled(case, path, img.get_fdata(dtype=np.float32), -1)
-    target = out_dir / path.relative_to(folder.path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    header = img.header.copy()
-    header.set_data_dtype(np.float32)
-    atomic_write(target, lambda tmp: nib.save(nib.Nifti1Image(probs, img.affine, header), str(tmp)))
-    written = [target.relative_to(out_dir).as_posix()]
-    if isinstance(folder, McsegFolder) and case in folder.label_maps:  # mcseg's label map: the new arg-max
-        maps = folder.label_maps[case]
-        ref = nib.load(str(maps))
-        channels_first = np.moveaxis(probs, -1, 0)
-        labels = (channels_first > 0.5).astype(np.uint8) if folder.task.multilabel else channels_first.argmax(0)
-        labels = np.moveaxis(labels, 0, -1) if folder.task.multilabel else labels
-        out = nib.Nifti1Image(labels.reshape(ref.shape).astype(ref.get_data_dtype()), ref.affine, ref.header)
-        atomic_write(out_dir / maps.name, lambda tmp: nib.save(out, str(tmp)))
-        written.append(maps.name)
+        written += folder.write(case, scaled, out_dir)
     return written
 
 
@@ -280,7 +222,7 @@ def take_over(out_dir: Path) -> list[dict]:
     return [*(stored.get("replaced") or []), *earlier]
 
 
-def record_applied(out_dir: Path, fit: dict, scaler: str, target: PredictionFolder | None, files: list[str],
+def record_applied(out_dir: Path, fit: dict, scaler: str, target: PredictionFormat | None, files: list[str],
                    fit_cases: list[str], replaced: list[dict]) -> dict:
     """Say in ``out_dir/calibration.json`` which fit and scaler the calibrated files carry (``applied``: the
     fit's key, the folder they were made from, its cases, the files written, the fit cases among them) and which

@@ -19,12 +19,10 @@ from mcseg.data.base import SegmentationDataset
 from mcseg.files import write_csv, write_json
 from mcseg.evaluation.evaluator import Evaluator
 from mcseg.config import EvalProtocol
-from mcseg.evaluation.cases import PerNetwork, evaluate_cases
+from mcseg.evaluation.cases import PerNetwork, evaluate_cases, failure_detection
 from mcseg.evaluation.raters import RELIABILITY_FILE as RATER_RELIABILITY
 from mcseg.inference.predict import SegmentationPredictor
 from mcseg.evaluation.figures import shown_in
-from mcseg.metrics.failure import FailureDetection
-from mcseg.metrics.uncertainty import MAPS
 
 from mcseg.text import plural
 
@@ -69,9 +67,7 @@ def evaluate_split(
                     for name, fits in (per_network or {}).items()})
     described = {name: fits[0] for name, fits in (per_network or {}).items()}
     dataset.prepare(refs)
-    failure = (FailureDetection(MAPS, region=protocol.failure_region or protocol.region, risk=protocol.failure_risk,
-                                bootstrap_samples=protocol.bootstrap_samples, seed=protocol.seed)
-               if protocol.failure_detection else None)
+    failure = failure_detection(protocol)
     cases = (dataset.load(ref) for ref in tqdm(refs, desc=f"evaluating {len(refs)} cases", leave=False,
                                                 dynamic_ncols=True, disable=not progress))  # one in memory at a time
     evaluate_cases(predictor, cases, evaluator, dataset.restore, out_dir, save_predictions, save_probabilities,
