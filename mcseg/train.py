@@ -29,7 +29,7 @@ from mcseg.evaluation.split import evaluate_split, format_summary
 from mcseg.data.fingerprint import split_fingerprints
 from mcseg.data.split import SPLITS
 from mcseg.evaluation.provenance import (checkpoint_identity, classes_unseen_in_training, configuration_sha256,
-                                    content_lookup, dataset_identity,
+                                    content_lookup, dataset_identity, evaluation_provenance,
                                     hydra_overrides, split_case_ids, warn_shared_content)
 from mcseg.training.relaunch import check_launch
 from mcseg.sweep import run_identity, sweep_dir_of_job
@@ -140,12 +140,12 @@ def train(cfg: DictConfig) -> dict:
             record = fit_posthoc(predictor, val_cases, posthoc, run_dir, best,
                                  {"dataset": trained_on, "overrides": overrides}, protocol)
             scalers = scalers_to_apply(record, posthoc.apply, run_dir)
-        provenance = {"checkpoint": {**best, "selected": True}, "run_dir": str(run_dir),
-                      "split": {"name": "test", "source": "training", "cases": split_ids["test"]},
-                      "dataset": trained_on, "trained_on": trained_on, "overrides": overrides,
-                      "classes_unseen_in_training": unseen, "seen_in_training": {"train": shared["test"]} if "test" in shared else {},
-                      "output_dir": str(run_dir / "eval" / "test"),
-                      "environment": environment_record(device, tcfg.deterministic, reductions_before)}
+        provenance = evaluation_provenance(
+            {"checkpoint": {**best, "selected": True}, "run_dir": str(run_dir)},
+            {"name": "test", "source": "training", "cases": split_ids["test"]}, trained_on, trained_on, predictor,
+            overrides, run_dir / "eval" / "test", environment_record(device, tcfg.deterministic, reductions_before),
+            {"seen_in_training": {"train": shared["test"]} if "test" in shared else {},
+             "classes_unseen_in_training": unseen})
         summary = evaluate_split(
             predictor, dataset, splits["test"], protocol, run_dir / "eval" / "test",
             inference.save_predictions, inference.save_probabilities, scalers, provenance,
