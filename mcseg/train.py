@@ -14,7 +14,7 @@ from mcseg.calibration import fit_posthoc, scalers_to_apply
 from mcseg.environment import environment_record
 from mcseg.errors import TrainingInterrupted
 from mcseg.evaluation.figures import summary_keys
-from mcseg.evaluation.provenance import checkpoint_identity, hydra_overrides
+from mcseg.evaluation.provenance import checkpoint_identity, evaluation_provenance, hydra_overrides
 from mcseg.evaluation.split import evaluate_split, format_summary
 from mcseg.files import write_json
 from mcseg.identity import run_identity
@@ -71,13 +71,13 @@ def evaluate_test(run: Run, cfg: DictConfig) -> dict:
         record = fit_posthoc(predictor, trainer.val_cases, posthoc, run_dir, best,
                              {"dataset": trained_on, "overrides": overrides}, protocol)
         scalers = scalers_to_apply(record, posthoc.apply, run_dir)
-    provenance = {"checkpoint": {**best, "selected": True}, "run_dir": str(run_dir),
-                  "split": {"name": "test", "source": "training", "cases": trainer.provenance["split"]["test"]},
-                  "dataset": trained_on, "trained_on": trained_on, "overrides": overrides,
-                  "classes_unseen_in_training": unseen,
-                  "seen_in_training": {"train": run.shared["test"]} if "test" in run.shared else {},
-                  "output_dir": str(run_dir / "eval" / "test"),
-                  "environment": environment_record(trainer.device, trainer.cfg.deterministic, run.reductions_before)}
+    provenance = evaluation_provenance(
+        {"checkpoint": {**best, "selected": True}, "run_dir": str(run_dir)},
+        {"name": "test", "source": "training", "cases": trainer.provenance["split"]["test"]}, trained_on, trained_on,
+        predictor, overrides, run_dir / "eval" / "test",
+        environment_record(trainer.device, trainer.cfg.deterministic, run.reductions_before),
+        {"seen_in_training": {"train": run.shared["test"]} if "test" in run.shared else {},
+         "classes_unseen_in_training": unseen})
     summary = evaluate_split(
         predictor, run.dataset, run.splits["test"], protocol, run_dir / "eval" / "test",
         inference.save_predictions, inference.save_probabilities, scalers, provenance,

@@ -20,24 +20,22 @@ from __future__ import annotations
 
 import json
 import logging
-import time
-from dataclasses import dataclass, replace
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from mcseg.calibration import CALIBRATION_FILE, PosthocConfig, Scaler, fit_posthoc, load_calibration, scalers_to_apply
+from mcseg.calibration import PosthocConfig
 from mcseg.config import EvalProtocol, InferenceConfig, resume_mismatch, typed
 from mcseg.data.base import SegmentationDataset
-from mcseg.data.fingerprint import case_fingerprints, seen_in, split_content_sha256
 from mcseg.data.split import SPLITS
 from mcseg.inference.build import build_predictor, load_checkpoint, restore_model
 from mcseg.data.build import Splits, build_dataset, record_dataset_facts, resolve_split
-from mcseg.evaluation.split import PROVENANCE_FILE, clear_evaluation, evaluate_split, format_summary
-from mcseg.evaluation.shift import SUMMARY_FILE as SHIFT_SUMMARY, clean_to_reuse, evaluate_shift, format_shift, \
-    inference_record
+from mcseg.evaluation.split import PROVENANCE_FILE, clear_evaluation
+from mcseg.evaluation.members import member_settings, member_tag, members_as_asked, mirrored_as_asked
+from mcseg.evaluation.predictor import Evaluation, Member, evaluate_predictor, plan_members
+from mcseg.evaluation.shift import SUMMARY_FILE as SHIFT_SUMMARY
 from mcseg.data.shift import check_modality, shift_config
-from mcseg.evaluation.provenance import checkpoint_identity, dataset_identity, file_sha256
+from mcseg.evaluation.provenance import checkpoint_identity, file_sha256
 from mcseg.data.validate import validate_cases
 from mcseg.errors import ConfigError
 from mcseg.rundir import holds_checkpoint_run
@@ -114,50 +112,6 @@ def checkpoint_split(ckpt: Path, state: dict, has_eval_dir: bool) -> tuple[dict 
     return stored, None, "checkpoint"
 
 
-def scored_content(ckpt: Path, state: dict, dataset: SegmentationDataset, refs: list, own_split: str | None
-                   ) -> tuple[dict[str, dict[str, str]], list[str], dict[str, str]]:
-    """Which scored cases are, by content, cases the checkpoint was trained or validated on
-    (``{part: {scored case: the checkpoint's case}}``; by their images alone where the checkpoint recorded
-    theirs, ``inputs``, so a copy labelled otherwise, a single-rater copy of cases with raters, is found; on its own split the part scored itself is not
-    counted), and which cases of its own split now hold other content than it recorded; both warned of
-    loudly; and the scored cases' fingerprints. A checkpoint that recorded no content (older versions, or
-    stripped) is compared by case id with the split it stored, and the log says that content was not checked
-    (``provenance.content_checked``)."""
-    scored = case_fingerprints(dataset, refs)
-    recorded = state.get("content")
-    if not recorded:
-        ids = {part: set(cases) for part, cases in (state.get("split") or {}).items()}
-        seen = {part: {c: c for c in scored if c in ids.get(part, ())} for part in ("train", "val")
-                if own_split not in (part, "all")}
-        seen = {part: hits for part, hits in seen.items() if hits}
-        found = "; ".join(f"{len(h)} are ids of its {part} split ({', '.join(list(h)[:5])}"
-                          f"{' ...' if len(h) > 5 else ''})" for part, h in seen.items())
-        log.warning("WARNING: %s has no content fingerprints (an older or stripped checkpoint): the %d scored cases "
-                    "were compared with its split by case id only, content not checked: %s", ckpt, len(refs),
-                    found + " (recorded in provenance.seen_in_training)" if found else "none is one of its training "
-                    "or validation cases by name, but a copy under another name would not be found")
-        return seen, [], scored
-    # by the images where the checkpoint recorded theirs: the same scans, whatever their labels or raters
-    by_images = state.get("inputs")
-    found = seen_in(by_images, case_fingerprints(dataset, refs, inputs=True)) if by_images else seen_in(recorded, scored)
-    seen = {part: hits for part, hits in found.items() if own_split not in (part, "all")}
-    for part, hits in seen.items():
-        pairs = ", ".join(f"{case} = {theirs}" for case, theirs in list(hits.items())[:5])
-        log.warning("WARNING: %d of the %d scored cases are, by content, cases of %s's %s split (%s%s): their "
-                    "figures are not of unseen data (recorded in provenance.seen_in_training)", len(hits), len(refs),
-                    ckpt, part, pairs, " ..." if len(hits) > 5 else "")
-    changed = []
-    own = {c: fp for part in recorded.values() for c, fp in part.items()} if own_split == "all" \
-        else recorded.get(own_split) if own_split else None
-    if own:
-        changed = sorted(c for c, fp in scored.items() if own.get(c) not in (None, fp))
-        if changed:
-            log.warning("WARNING: %d scored case(s) differ in content from the %s cases %s recorded at training "
-                        "(%s): dataset.root holds other data under the same names", len(changed), own_split, ckpt,
-                        ", ".join(changed[:5]))
-    return seen, changed, scored
-
-
 def other_runs_config(ckpt: Path, state: dict, run_dir: Path) -> str | None:
     """Where a checkpoint's model, loss, optimiser, seed or data settings differ from those of the run whose
     ``checkpoints/`` it sits in (that run's best.pt, else last.pt), or None: a checkpoint copied there from
@@ -220,124 +174,6 @@ def output_dir(cfg: DictConfig, ckpt: Path, sha256: str, run_dir: Path | None, s
 def reuses_clean(cfg: DictConfig, out: Path) -> bool:
     """A shift suite on an existing evaluation without overwrite=true: that evaluation is its level 0."""
     return cfg.get("shift") is not None and (out / "summary.json").exists() and not cfg.get("overwrite")
-
-
-@dataclass
-class PosthocPlan:
-    """What :func:`plan_posthoc` found: the scalers on record (loaded), or the fit to make and where it goes."""
-
-    scalers: dict[str, Scaler]
-    fit: PosthocConfig | None = None  # a fit to make now (its ``apply`` are the scalers returned)
-    fit_into: Path | None = None  # the fit is saved in <fit_into>/calibration.json
-
-
-def plan_posthoc(cfg: DictConfig, own_split: dict | None, where: Path, checkpoint: dict,
-                 evaluation_dir: Path | None = None) -> PosthocPlan:
-    """Every check that can refuse the scalers of ``cfg.posthoc.apply``, before anything is written or cleared:
-    ``<where>/calibration.json`` is read (by the checkpoint's sha256) and its scalers loaded (LTS weights
-    included); a fit it lacks needs the checkpoint's own validation split.
-
-    A fit on record is never replaced: the run's evaluations were made with it. A new fit of a checkpoint
-    that ``<where>/calibration.json`` already holds (``posthoc.refit=true``, a scaler the recorded fit
-    lacks, or a file that cannot be read) goes with this evaluation, to ``<evaluation_dir>/calibration.json``,
-    and the log says so.
-    """
-    posthoc = typed(cfg.posthoc, PosthocConfig, "posthoc")
-    if not posthoc.apply:
-        return PosthocPlan({})
-    try:
-        recorded = load_calibration(where, checkpoint["sha256"])
-        on_record = recorded is not None
-    except ValueError:  # an unreadable calibration.json: left as it is when refitting
-        if not posthoc.refit:
-            raise
-        recorded, on_record = None, True
-    record = None if posthoc.refit else recorded
-    if record is not None and not set(posthoc.apply) - set(record.get("scalers", {})):
-        return PosthocPlan(scalers_to_apply(record, posthoc.apply, where))
-    if own_split is None:
-        raise ValueError(f"posthoc.apply={posthoc.apply}: fitting needs the validation split of "
-                         f"{checkpoint['path']}, which neither the checkpoint nor a run directory holds: "
-                         f"pass posthoc.apply=[]")
-    if on_record and evaluation_dir is not None and Path(evaluation_dir) != Path(where):
-        log.warning("%s already holds a post-hoc fit of %s, which the run's evaluations used: the new fit "
-                    "goes to %s and that record is left as it is", Path(where) / CALIBRATION_FILE,
-                    checkpoint["path"], Path(evaluation_dir) / CALIBRATION_FILE)
-        where = Path(evaluation_dir)
-    return PosthocPlan({}, replace(posthoc, fit=sorted(set(posthoc.fit) | set(posthoc.apply))), Path(where))
-
-
-def posthoc_scalers(plan: PosthocPlan, run_cfg: DictConfig, own_split: dict | None, own: SegmentationDataset | None,
-                    predictor, checkpoint: dict, provenance: dict,
-                    protocol: EvalProtocol | None = None) -> dict[str, Scaler]:
-    """The scalers :func:`plan_posthoc` planned: those on record, else fitted now on the checkpoint's own
-    validation split (also when evaluating another dataset) and saved where the plan says."""
-    if plan.fit is None:
-        return plan.scalers
-    own = own or build_dataset(run_cfg.dataset)
-    by_id = {r.case_id: r for r in own.case_refs()}
-    refs = [by_id[c] for c in own_split["val"] if c in by_id]
-    own.prepare(refs)
-    record = fit_posthoc(predictor, (own.load(r) for r in refs), plan.fit, plan.fit_into, checkpoint, provenance,
-                         protocol)
-    return scalers_to_apply(record, plan.fit.apply, plan.fit_into)
-
-
-def mirrored_as_asked(cfg: DictConfig, inference: InferenceConfig) -> InferenceConfig:
-    """The run's inference settings, with evaluate.py's ``mirror_axes`` where given.
-
-    The run's post-hoc fit was made on the logits of the run's own mirroring, so another mirroring
-    is evaluated without post-hoc scalers (``posthoc.apply=[]``), which is refused otherwise.
-    """
-    axes = cfg.get("mirror_axes")
-    if axes is None or list(axes) == list(inference.mirror_axes):
-        return inference
-    posthoc = typed(cfg.posthoc, PosthocConfig, "posthoc")
-    if posthoc.apply:
-        raise ConfigError(f"config key 'mirror_axes'={list(axes)}: the run's post-hoc scalers were fitted on "
-                          f"logits with inference.mirror_axes={list(inference.mirror_axes)}; "
-                          "add posthoc.apply=[] to evaluate another mirroring")
-    return replace(inference, mirror_axes=[int(a) for a in axes])
-
-
-MEMBER_KEYS = ("mc_samples", "tta", "tta_noise_std", "member_seed")
-
-
-def member_settings(inference: InferenceConfig) -> tuple:
-    return tuple(tuple(v) if isinstance(v, list) else v for v in (getattr(inference, k) for k in MEMBER_KEYS))
-
-
-def member_tag(inference: InferenceConfig) -> str:
-    """A folder-name tag of the members: ``tta-flips+noise``, ``mc8``, ``tta-flips-mc8``; ``single``."""
-    parts = ([f"tta-{'+'.join(inference.tta)}"] if inference.tta else []) \
-        + ([f"mc{inference.mc_samples}"] if inference.mc_samples else [])
-    if inference.tta and "noise" in inference.tta and inference.tta_noise_std != 0.1:
-        parts.append(f"sd{inference.tta_noise_std:g}")
-    if inference.member_seed:
-        parts.append(f"seed{inference.member_seed}")
-    return "-".join(parts) or "single"
-
-
-def pooled_after_tag(tag: str | None, cfg: DictConfig) -> str | None:
-    """``tag`` with ``-pool-after`` when members are scaled before they are pooled (``posthoc.pool=after``):
-    the same members scaled the other way are another predictor, so another folder (``pool-after`` alone for
-    an ensemble of plain networks)."""
-    if typed(cfg.posthoc, PosthocConfig, "posthoc").pool != "after":
-        return tag
-    return f"{tag}-pool-after" if tag else "pool-after"
-
-
-def members_as_asked(cfg: DictConfig, inference: InferenceConfig) -> InferenceConfig:
-    """The run's inference settings with evaluate.py's ``mc_samples``, ``tta``, ``tta_noise_std`` and
-    ``member_seed`` where given (null: the run's)."""
-    asked = {k: cfg.get(k) for k in MEMBER_KEYS if cfg.get(k) is not None}
-    mc = asked.get("mc_samples")
-    if mc is not None and (isinstance(mc, bool) or not isinstance(mc, int) or mc < 0 or mc == 1):
-        raise ConfigError(f"config key 'mc_samples'={mc}: expected an integer >= 2 (MC-dropout passes), "
-                          "or 0 for none")
-    if "tta" in asked:
-        asked["tta"] = [str(t) for t in asked["tta"]]
-    return replace(inference, **asked) if asked else inference
 
 
 def own_splits(ckpt: Path, dataset: SegmentationDataset, split: dict) -> Splits:
@@ -415,12 +251,13 @@ def _evaluate_state(cfg: DictConfig, ckpt: Path, state: dict, overrides: list[st
     out_dir = output_dir(cfg, ckpt, sha, run_dir, selected, dataset.name if other else None,
                          f"{variant}-pool-after" if pool_after else variant)
     # other members than the run's: a post-hoc fit of its own, on the pooled prediction (posthoc.pool=before),
-    # kept with this evaluation under the checkpoint's hash and the members
-    fit_identity = checkpoint if variant is None or pool_after else {**checkpoint, "sha256": f"{sha}+{variant}"}
-    # the scalers on record (LTS weights too) or where a new fit goes: refused here, not after clearing;
-    # pooled after, they are the network's own fit, on record with the run, applied to each member
-    plan = plan_posthoc(cfg, split, (run_dir or out_dir) if variant is None or pool_after else out_dir,
-                        fit_identity, evaluation_dir=out_dir)
+    # kept with this evaluation under the checkpoint's hash and the members; pooled after, the network's own fit,
+    # on record with the run, applied to each member
+    own_fit = variant is None or pool_after
+    member = Member(predictor, checkpoint if own_fit else {**checkpoint, "sha256": f"{sha}+{variant}"},
+                    (run_dir or out_dir) if own_fit else out_dir)
+    # the scalers on record (LTS weights too) or where a new fit goes: refused here, not after clearing
+    plans = plan_members(cfg, split, [member], member, out_dir, pool_after)
     if not other:
         validate_cases(dataset, splits[cfg.split], "scoring")  # the same header checks as training and mcseg-data
     reuse = reuses_clean(cfg, out_dir)
@@ -433,37 +270,10 @@ def _evaluate_state(cfg: DictConfig, ckpt: Path, state: dict, overrides: list[st
         splits = resolve_split(dataset, eval_cfg.dataset, out_dir)
         split_source = str(out_dir / "split.json")
         validate_cases(dataset, splits[cfg.split], "scoring")
-    refs = splits[cfg.split]
-    seen, changed, scored = scored_content(ckpt, state, dataset, refs, None if other else str(cfg.split))
-    provenance = {
-        "checkpoint": checkpoint, "run_dir": str(run_dir) if run_dir is not None else None,
-        "split": {"name": str(cfg.split), "source": split_source, "cases": [r.case_id for r in refs]},
-        "dataset": dataset_identity(dataset, [r.case_id for r in splits["all"]]),
-        "trained_on": state.get("dataset") or {"name": run_cfg.dataset.get("name")},
-        "geometry": {"dims": predictor.model_dims, "slice_axis": predictor.slice_axis,
-                     "patch_size": list(predictor.roi_size or [])},
-        "overrides": overrides, "output_dir": str(out_dir), "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "environment": environment_record(device, deterministic),
-        "scored_content_sha256": split_content_sha256({str(cfg.split): scored}),
-        "seen_in_training": seen, "content_changed": changed, "content_checked": bool(state.get("content")),
-        "classes_unseen_in_training": list(state.get("classes_unseen_in_training") or []),
-    }
-    fit_provenance = {"dataset": provenance["trained_on"], "overrides": overrides}
-    scalers = posthoc_scalers(plan, run_cfg, split, None if other else dataset, predictor.plain() if pool_after
-                              else predictor, fit_identity, fit_provenance, protocol)
-    per_network = {name: [scaler] for name, scaler in scalers.items()} if pool_after else None
-    if reuse:
-        summary = clean_to_reuse(out_dir, dataset, protocol, predictor.multilabel, sha,
-                                 inference_record(predictor), scalers)
-    else:
-        summary = evaluate_split(predictor, dataset, refs, protocol, out_dir, cfg.save_predictions,
-                                 cfg.save_probabilities, None if pool_after else scalers, provenance,
-                                 per_network=per_network)
-        print(format_summary(summary, dataset.class_names, title=f"{dataset.name} {cfg.split} split ({ckpt.name}, "
-                                                                 f"sha256 {sha[:8]}) -> {out_dir}"))
-    if shift is not None:
-        summary = {**summary, "shift": evaluate_shift(
-            shift, predictor, dataset, refs, protocol, out_dir, summary, provenance,
-            None if pool_after else scalers, per_network, bool(cfg.get("overwrite")))}
-        print(format_shift(summary["shift"]))
-    return summary
+    evaluation = Evaluation(
+        predictor, [member], member, dataset, splits[cfg.split], str(cfg.split), split_source,
+        [r.case_id for r in splits["all"]], out_dir, {"checkpoint": checkpoint,
+                                                       "run_dir": str(run_dir) if run_dir is not None else None},
+        state, run_cfg, ckpt, split, None if other else dataset, None if other else str(cfg.split), overrides,
+        environment_record(device, deterministic), sha, f"{ckpt.name}, sha256 {sha[:8]}")
+    return evaluate_predictor(cfg, evaluation, plans, protocol, reuse, shift, pool_after)

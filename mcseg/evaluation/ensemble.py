@@ -24,26 +24,21 @@ import hashlib
 import json
 import logging
 import os
-import time
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from mcseg.calibration import PosthocConfig
 from mcseg.config import EvalProtocol, InferenceConfig, typed
-from mcseg.data.fingerprint import split_content_sha256
 from mcseg.inference.build import build_predictor, load_checkpoint, restore_model
-from mcseg.evaluation.checkpoint import (SELECTED, check_compatible, checkpoint_split, clear_evaluation,
-                                          member_settings, member_tag, members_as_asked, mirrored_as_asked,
-                                          own_splits, plan_posthoc, pooled_after_tag, posthoc_scalers,
-                                          refuse_fixed_overrides, resolve_checkpoint_path, reuses_clean,
-                                          scored_content)
+from mcseg.evaluation.checkpoint import (SELECTED, check_compatible, checkpoint_split, clear_evaluation, own_splits,
+                                          refuse_fixed_overrides, resolve_checkpoint_path, reuses_clean)
+from mcseg.evaluation.members import member_settings, member_tag, members_as_asked, mirrored_as_asked, pooled_after_tag
+from mcseg.evaluation.predictor import Evaluation, Member, evaluate_predictor, plan_members
 from mcseg.data.build import build_dataset, record_dataset_facts
-from mcseg.evaluation.split import PROVENANCE_FILE, evaluate_split, format_summary
-from mcseg.evaluation.shift import clean_to_reuse, evaluate_shift, format_shift, inference_record
 from mcseg.data.shift import check_modality, shift_config
 from mcseg.inference.predict import EnsemblePredictor
-from mcseg.evaluation.provenance import checkpoint_identity, dataset_identity, file_sha256
+from mcseg.evaluation.provenance import checkpoint_identity, file_sha256
 from mcseg.environment import environment_record
 from mcseg.errors import ConfigError
 from mcseg.runtime import resolve_device
@@ -159,7 +154,7 @@ def ensemble_dir(cfg: DictConfig, members: list[dict]) -> Path:
 
 def ensemble_tag(cfg: DictConfig) -> str | None:
     """What evaluate.py asks of every network beyond one plain pass (``tta-flips``, ``mc8``; see
-    :func:`mcseg.evaluation.checkpoint.member_tag`) and ``pool-after`` when each is scaled before pooling;
+    :func:`mcseg.evaluation.members.member_tag`) and ``pool-after`` when each is scaled before pooling;
     None for the plain ensemble."""
     plain = InferenceConfig()
     asked = members_as_asked(cfg, plain)
@@ -224,52 +219,21 @@ def evaluate_ensemble(cfg: DictConfig, entries, overrides: list[str] | None = No
     pool_after = typed(cfg.posthoc, PosthocConfig, "posthoc").pool == "after"
     # pooled before: one fit of the pooled validation prediction, kept with the ensemble; pooled after: each
     # member's own fit, as its run holds it (fitted there now if it has none), applied before pooling
-    plans = [plan_posthoc(cfg, split, Path(m["run_dir"]) if m["run_dir"] else out_dir.parent,
-                          {k: m[k] for k in ("path", "sha256", "epoch", "best_epoch")}, evaluation_dir=out_dir.parent)
-             for m in identities] if pool_after else []
-    plan = None if pool_after else plan_posthoc(cfg, split, out_dir.parent, identity, evaluation_dir=out_dir.parent)
+    members = [Member(p, {k: m[k] for k in ("path", "sha256", "epoch", "best_epoch")},
+                      Path(m["run_dir"]) if m["run_dir"] else out_dir.parent) for p, m in zip(predictors, identities)]
+    pooled = Member(ensemble, identity, out_dir.parent)
+    plans = plan_members(cfg, split, members, pooled, out_dir.parent, pool_after)
     shift = shift_config(cfg.get("shift"))
     reuse = reuses_clean(cfg, out_dir)  # a shift suite's level 0
     if (out_dir / "summary.json").exists() and not reuse:  # overwrite=true, and nothing refused it
         clear_evaluation(out_dir)
-    refs = splits[cfg.split]
-    seen, changed, scored = scored_content(paths[0], first_state, dataset, refs, str(cfg.split))
-    provenance = {
-        "ensemble": key, "members": identities, "pool": "probabilities (posthoc.pool=before)",
-        "split": {"name": str(cfg.split), "source": "checkpoint", "cases": [r.case_id for r in refs]},
-        "dataset": dataset_identity(dataset, [r.case_id for r in splits["all"]]),
-        "trained_on": first_state.get("dataset") or {"name": first_cfg.dataset.get("name")},
-        "geometry": {"dims": ensemble.model_dims, "slice_axis": ensemble.slice_axis,
-                     "patch_size": list(ensemble.roi_size or [])},
-        "overrides": overrides, "output_dir": str(out_dir), "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "environment": environment_record(device, bool(first_cfg.trainer.get("deterministic", False))),
-        "scored_content_sha256": split_content_sha256({str(cfg.split): scored}),
-        "seen_in_training": seen, "content_changed": changed, "content_checked": bool(first_state.get("content")),
-        "classes_unseen_in_training": list(first_state.get("classes_unseen_in_training") or []),
-    }
-    fit_provenance = {"dataset": provenance["trained_on"], "overrides": overrides}
-    per_network = None
-    if pool_after:
-        fits = [posthoc_scalers(p, first_cfg, split, dataset, member.plain(), {k: m[k] for k in
-                                ("path", "sha256", "epoch", "best_epoch")}, fit_provenance, protocol)
-                for p, member, m in zip(plans, predictors, identities)]
-        per_network = {name: [f[name] for f in fits] for name in fits[0]}
-        scalers = {}
-        provenance["pool"] = "probabilities; post-hoc scalers: each member's own, applied before pooling"
-    else:
-        scalers = posthoc_scalers(plan, first_cfg, split, dataset, ensemble, identity,
-                                  {**fit_provenance, "members": [m["sha256"] for m in identities]}, protocol)
-    if reuse:
-        summary = clean_to_reuse(out_dir, dataset, protocol, ensemble.multilabel, identity["sha256"],
-                                 inference_record(ensemble), {**scalers, **(per_network or {})})
-    else:
-        summary = evaluate_split(ensemble, dataset, refs, protocol, out_dir, cfg.save_predictions,
-                                 cfg.save_probabilities, scalers, provenance, per_network=per_network)
-        print(format_summary(summary, dataset.class_names,
-                             title=f"{dataset.name} {cfg.split} split (ensemble of {len(identities)}) -> {out_dir}"))
-    if shift is not None:
-        summary = {**summary, "shift": evaluate_shift(shift, ensemble, dataset, refs, protocol, out_dir, summary,
-                                                      {**provenance, "checkpoint": identity}, scalers, per_network,
-                                                      bool(cfg.get("overwrite")))}
-        print(format_shift(summary["shift"]))
-    return summary
+    pool = ("probabilities; post-hoc scalers: each member's own, applied before pooling" if pool_after
+            else "probabilities (posthoc.pool=before)")
+    evaluation = Evaluation(
+        ensemble, members, pooled, dataset, splits[cfg.split], str(cfg.split), "checkpoint",
+        [r.case_id for r in splits["all"]], out_dir, {"ensemble": key, "members": identities, "pool": pool},
+        first_state, first_cfg, paths[0], split, dataset, str(cfg.split), overrides,
+        environment_record(device, bool(first_cfg.trainer.get("deterministic", False))), identity["sha256"],
+        f"ensemble of {len(identities)}", fit_extra={"members": [m["sha256"] for m in identities]},
+        shift_extra={"checkpoint": identity})
+    return evaluate_predictor(cfg, evaluation, plans, protocol, reuse, shift, pool_after)

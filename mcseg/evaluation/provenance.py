@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from pathlib import Path
 
 from mcseg.data.base import SegmentationDataset
 from mcseg.data.fingerprint import file_digest as file_sha256  # a checkpoint's sha256, read in 1 MiB chunks
-from mcseg.data.fingerprint import seen_in, split_content_sha256, split_fingerprints
+from mcseg.data.fingerprint import case_fingerprints, seen_in, split_content_sha256, split_fingerprints
 
 log = logging.getLogger(__name__)
 
@@ -116,3 +117,71 @@ def configuration_sha256(config: dict) -> str:
                 if f"{prefix}{k}" not in RESULT_NEUTRAL}
 
     return hashlib.sha256(json.dumps(strip(config, ""), sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def scored_content(ckpt: Path, state: dict, dataset: SegmentationDataset, refs: list, own_split: str | None
+                   ) -> tuple[dict[str, dict[str, str]], list[str], dict[str, str]]:
+    """Which scored cases are, by content, cases the checkpoint was trained or validated on
+    (``{part: {scored case: the checkpoint's case}}``; by their images alone where the checkpoint recorded
+    theirs, ``inputs``, so a copy labelled otherwise, a single-rater copy of cases with raters, is found; on its own split the part scored itself is not
+    counted), and which cases of its own split now hold other content than it recorded; both warned of
+    loudly; and the scored cases' fingerprints. A checkpoint that recorded no content (older versions, or
+    stripped) is compared by case id with the split it stored, and the log says that content was not checked
+    (``provenance.content_checked``)."""
+    scored = case_fingerprints(dataset, refs)
+    recorded = state.get("content")
+    if not recorded:
+        ids = {part: set(cases) for part, cases in (state.get("split") or {}).items()}
+        seen = {part: {c: c for c in scored if c in ids.get(part, ())} for part in ("train", "val")
+                if own_split not in (part, "all")}
+        seen = {part: hits for part, hits in seen.items() if hits}
+        found = "; ".join(f"{len(h)} are ids of its {part} split ({', '.join(list(h)[:5])}"
+                          f"{' ...' if len(h) > 5 else ''})" for part, h in seen.items())
+        log.warning("WARNING: %s has no content fingerprints (an older or stripped checkpoint): the %d scored cases "
+                    "were compared with its split by case id only, content not checked: %s", ckpt, len(refs),
+                    found + " (recorded in provenance.seen_in_training)" if found else "none is one of its training "
+                    "or validation cases by name, but a copy under another name would not be found")
+        return seen, [], scored
+    # by the images where the checkpoint recorded theirs: the same scans, whatever their labels or raters
+    by_images = state.get("inputs")
+    found = seen_in(by_images, case_fingerprints(dataset, refs, inputs=True)) if by_images else seen_in(recorded, scored)
+    seen = {part: hits for part, hits in found.items() if own_split not in (part, "all")}
+    for part, hits in seen.items():
+        pairs = ", ".join(f"{case} = {theirs}" for case, theirs in list(hits.items())[:5])
+        log.warning("WARNING: %d of the %d scored cases are, by content, cases of %s's %s split (%s%s): their "
+                    "figures are not of unseen data (recorded in provenance.seen_in_training)", len(hits), len(refs),
+                    ckpt, part, pairs, " ..." if len(hits) > 5 else "")
+    changed = []
+    own = {c: fp for part in recorded.values() for c, fp in part.items()} if own_split == "all" \
+        else recorded.get(own_split) if own_split else None
+    if own:
+        changed = sorted(c for c, fp in scored.items() if own.get(c) not in (None, fp))
+        if changed:
+            log.warning("WARNING: %d scored case(s) differ in content from the %s cases %s recorded at training "
+                        "(%s): dataset.root holds other data under the same names", len(changed), own_split, ckpt,
+                        ", ".join(changed[:5]))
+    return seen, changed, scored
+
+
+def evaluation_provenance(origin: dict, split: dict, dataset: dict, trained_on: dict, predictor, overrides: list[str],
+                          output_dir: Path, environment: dict, content: dict) -> dict:
+    """The provenance record of one evaluation (summary.json's ``provenance`` and provenance.json), the same for a
+    run's own test evaluation, a checkpoint's and an ensemble's: ``origin`` names the predictor (``checkpoint`` and
+    ``run_dir``, or ``ensemble``, ``members`` and ``pool``), then the split scored (name, source, cases), the
+    dataset and what the network was trained on, the patch geometry, the command's overrides, the output folder,
+    when, the environment, and ``content``: which scored cases it saw in training (:func:`scored_content`)."""
+    return {**origin, "split": split, "dataset": dataset, "trained_on": trained_on,
+            "geometry": {"dims": predictor.model_dims, "slice_axis": predictor.slice_axis,
+                         "patch_size": list(predictor.roi_size or [])},
+            "overrides": list(overrides), "output_dir": str(output_dir), "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "environment": environment, **content}
+
+
+def content_record(ckpt: Path, state: dict, dataset: SegmentationDataset, refs: list, split: str,
+                   own_split: str | None) -> dict:
+    """The ``content`` of :func:`evaluation_provenance` for a checkpoint's stored ``state`` scoring ``refs`` of
+    split ``split`` (``own_split``: that split's name when it is the checkpoint's own, None on other data)."""
+    seen, changed, scored = scored_content(ckpt, state, dataset, refs, own_split)
+    return {"scored_content_sha256": split_content_sha256({split: scored}), "seen_in_training": seen,
+            "content_changed": changed, "content_checked": bool(state.get("content")),
+            "classes_unseen_in_training": list(state.get("classes_unseen_in_training") or [])}

@@ -163,7 +163,7 @@ def format_summary(summary: dict, class_names: list[str], title: str) -> str:
 
 def clear_evaluation(out: Path, refits: bool = True) -> None:
     """Remove an earlier evaluation's files from ``out`` (only the files an evaluation writes); ``refits``:
-    also a post-hoc refit saved with it (:func:`mcseg.evaluation.checkpoint.plan_posthoc`)."""
+    also a post-hoc refit saved with it (:func:`mcseg.evaluation.predictor.plan_posthoc`)."""
     for name in ("summary.json", "per_case.csv", "per_case_raters.csv", "per_rater.csv", RATER_RELIABILITY,
                  "reliability.csv", "reliability.png", "reliability_histogram.csv", "reliability_histogram.png",
                  PROVENANCE_FILE, "split.json", FAILURE_FILE):

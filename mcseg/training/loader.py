@@ -5,7 +5,6 @@ from __future__ import annotations
 import atexit
 import logging
 import multiprocessing
-import os
 import signal
 import sys
 import weakref

@@ -310,7 +310,7 @@ def test_a_case_with_raters_and_its_single_rater_copy_share_their_images_fingerp
     against the scored cases' images; the content fingerprints, which cover every rater, stay apart."""
     from pathlib import Path
 
-    from mcseg.evaluation.checkpoint import scored_content
+    from mcseg.evaluation.provenance import scored_content
 
     monkeypatch.setenv("MCSEG_CACHE_DIR", str(tmp_path / "cache"))
     raters = _dataset(make_cfg, "nnunet", downloads["nnunet"])

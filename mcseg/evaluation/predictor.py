@@ -1,0 +1,178 @@
+"""One evaluation of a predictor, whatever it is made of: a checkpoint is an ensemble of one.
+
+:func:`mcseg.evaluation.checkpoint.evaluate_checkpoint` and :func:`mcseg.evaluation.ensemble.evaluate_ensemble`
+resolve what is specific to their origin (the checkpoint's path, split, run and output folder; the members'
+identities and agreement) into an :class:`Evaluation` of :class:`Member` s. This module does the rest the same
+way for both:
+
+* the post-hoc plan (:func:`plan_posthoc`, before anything is written or cleared): pooled before (the default),
+  one fit of the pooled prediction; ``posthoc.pool=after``, each member's own fit, applied before pooling;
+* which scored cases the networks saw in training and the provenance record
+  (:func:`mcseg.evaluation.provenance.evaluation_provenance`);
+* the scalers (on record, or fitted now on the checkpoint's own validation split), the evaluation of the split
+  or the clean one reused as a shift suite's level 0, and the shift suite.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from mcseg.calibration import CALIBRATION_FILE, PosthocConfig, Scaler, fit_posthoc, load_calibration, scalers_to_apply
+from mcseg.config import typed
+from mcseg.data.base import SegmentationDataset
+from mcseg.data.build import build_dataset
+from mcseg.data.shift import ShiftConfig
+from mcseg.evaluation.evaluator import EvalProtocol
+from mcseg.evaluation.provenance import content_record, dataset_identity, evaluation_provenance
+from mcseg.evaluation.shift import clean_to_reuse, evaluate_shift, format_shift, inference_record
+from mcseg.evaluation.split import evaluate_split, format_summary
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Member", "Evaluation", "PosthocPlan", "plan_posthoc", "posthoc_scalers", "plan_members",
+           "evaluate_predictor"]
+
+
+@dataclass
+class PosthocPlan:
+    """What :func:`plan_posthoc` found: the scalers on record (loaded), or the fit to make and where it goes."""
+
+    scalers: dict[str, Scaler]
+    fit: PosthocConfig | None = None  # a fit to make now (its ``apply`` are the scalers returned)
+    fit_into: Path | None = None  # the fit is saved in <fit_into>/calibration.json
+
+
+def plan_posthoc(cfg: DictConfig, own_split: dict | None, where: Path, checkpoint: dict,
+                 evaluation_dir: Path | None = None) -> PosthocPlan:
+    """Every check that can refuse the scalers of ``cfg.posthoc.apply``, before anything is written or cleared:
+    ``<where>/calibration.json`` is read (by the checkpoint's sha256) and its scalers loaded (LTS weights
+    included); a fit it lacks needs the checkpoint's own validation split.
+
+    A fit on record is never replaced: the run's evaluations were made with it. A new fit of a checkpoint
+    that ``<where>/calibration.json`` already holds (``posthoc.refit=true``, a scaler the recorded fit
+    lacks, or a file that cannot be read) goes with this evaluation, to ``<evaluation_dir>/calibration.json``,
+    and the log says so.
+    """
+    posthoc = typed(cfg.posthoc, PosthocConfig, "posthoc")
+    if not posthoc.apply:
+        return PosthocPlan({})
+    try:
+        recorded = load_calibration(where, checkpoint["sha256"])
+        on_record = recorded is not None
+    except ValueError:  # an unreadable calibration.json: left as it is when refitting
+        if not posthoc.refit:
+            raise
+        recorded, on_record = None, True
+    record = None if posthoc.refit else recorded
+    if record is not None and not set(posthoc.apply) - set(record.get("scalers", {})):
+        return PosthocPlan(scalers_to_apply(record, posthoc.apply, where))
+    if own_split is None:
+        raise ValueError(f"posthoc.apply={posthoc.apply}: fitting needs the validation split of "
+                         f"{checkpoint['path']}, which neither the checkpoint nor a run directory holds: "
+                         f"pass posthoc.apply=[]")
+    if on_record and evaluation_dir is not None and Path(evaluation_dir) != Path(where):
+        log.warning("%s already holds a post-hoc fit of %s, which the run's evaluations used: the new fit "
+                    "goes to %s and that record is left as it is", Path(where) / CALIBRATION_FILE,
+                    checkpoint["path"], Path(evaluation_dir) / CALIBRATION_FILE)
+        where = Path(evaluation_dir)
+    return PosthocPlan({}, replace(posthoc, fit=sorted(set(posthoc.fit) | set(posthoc.apply))), Path(where))
+
+
+def posthoc_scalers(plan: PosthocPlan, run_cfg: DictConfig, own_split: dict | None, own: SegmentationDataset | None,
+                    predictor, checkpoint: dict, provenance: dict,
+                    protocol: EvalProtocol | None = None) -> dict[str, Scaler]:
+    """The scalers :func:`plan_posthoc` planned: those on record, else fitted now on the checkpoint's own
+    validation split (also when evaluating another dataset) and saved where the plan says."""
+    if plan.fit is None:
+        return plan.scalers
+    own = own or build_dataset(run_cfg.dataset)
+    by_id = {r.case_id: r for r in own.case_refs()}
+    refs = [by_id[c] for c in own_split["val"] if c in by_id]
+    own.prepare(refs)
+    record = fit_posthoc(predictor, (own.load(r) for r in refs), plan.fit, plan.fit_into, checkpoint, provenance,
+                         protocol)
+    return scalers_to_apply(record, plan.fit.apply, plan.fit_into)
+
+
+
+@dataclass
+class Member:
+    """A network of the predictor: its predictor, the checkpoint identity its post-hoc fit is recorded under,
+    and where that record is (``calibration.json`` of its run, or of the evaluation's folder)."""
+
+    predictor: object
+    fit_identity: dict
+    home: Path
+
+
+@dataclass
+class Evaluation:
+    """What a caller resolved for one evaluation (module docstring)."""
+
+    predictor: object  # the pooled predictor: a checkpoint's own, or the ensemble
+    members: list[Member]
+    pooled: Member  # the pooled predictor's fit: its identity and home (pooled before)
+    dataset: SegmentationDataset
+    refs: list  # the cases scored
+    split: str  # the split's name
+    split_source: str
+    all_ids: list[str]  # every case of the dataset's split (its identity)
+    out_dir: Path
+    origin: dict  # provenance keys naming the predictor
+    state: dict  # the stored state of (the first) checkpoint: its training data and content
+    run_cfg: DictConfig
+    checkpoint: Path  # (the first) checkpoint's file
+    own_split: dict | None  # its split's case ids (None: none stored)
+    own_dataset: SegmentationDataset | None  # its own data for a fit (None: build it from its config)
+    content_split: str | None  # the split scored when it is the checkpoint's own, None on other data
+    overrides: list[str]
+    environment: dict
+    identity_sha: str  # the predictor's hash (a reused level 0 must be of it)
+    label: str  # how the console title names the predictor
+    fit_extra: dict = field(default_factory=dict)  # more provenance for the pooled fit (an ensemble's members)
+    shift_extra: dict = field(default_factory=dict)  # more provenance for the shift suite
+
+
+def plan_members(cfg: DictConfig, own_split: dict | None, members: list[Member], pooled: Member, fit_dir: Path,
+                 pool_after: bool) -> list[PosthocPlan]:
+    """The post-hoc plans (:func:`plan_posthoc`), before anything is written or cleared: one per member pooled
+    after, else one of the pooled prediction."""
+    return [plan_posthoc(cfg, own_split, m.home, m.fit_identity, evaluation_dir=fit_dir)
+            for m in (members if pool_after else [pooled])]
+
+
+def evaluate_predictor(cfg: DictConfig, ev: Evaluation, plans: list[PosthocPlan], protocol: EvalProtocol,
+                       reuse: bool, shift: ShiftConfig | None, pool_after: bool) -> dict:
+    """Provenance, scalers, the evaluation (or the reused clean one) and the shift suite (module docstring)."""
+    provenance = evaluation_provenance(
+        ev.origin, {"name": ev.split, "source": ev.split_source, "cases": [r.case_id for r in ev.refs]},
+        dataset_identity(ev.dataset, ev.all_ids),
+        ev.state.get("dataset") or {"name": ev.run_cfg.dataset.get("name")}, ev.predictor, ev.overrides,
+        ev.out_dir, ev.environment,
+        content_record(ev.checkpoint, ev.state, ev.dataset, ev.refs, ev.split, ev.content_split))
+    fit_provenance = {"dataset": provenance["trained_on"], "overrides": list(ev.overrides)}
+    if pool_after:
+        fits = [posthoc_scalers(plan, ev.run_cfg, ev.own_split, ev.own_dataset, m.predictor.plain(), m.fit_identity,
+                                fit_provenance, protocol) for plan, m in zip(plans, ev.members)]
+        scalers, per_network = {}, {name: [f[name] for f in fits] for name in fits[0]}
+    else:
+        scalers = posthoc_scalers(plans[0], ev.run_cfg, ev.own_split, ev.own_dataset, ev.predictor,
+                                  ev.pooled.fit_identity, {**fit_provenance, **ev.fit_extra}, protocol)
+        per_network = None
+    if reuse:
+        summary = clean_to_reuse(ev.out_dir, ev.dataset, protocol, ev.predictor.multilabel, ev.identity_sha,
+                                 inference_record(ev.predictor), {**scalers, **(per_network or {})})
+    else:
+        summary = evaluate_split(ev.predictor, ev.dataset, ev.refs, protocol, ev.out_dir, cfg.save_predictions,
+                                 cfg.save_probabilities, scalers, provenance, per_network=per_network)
+        print(format_summary(summary, ev.dataset.class_names,
+                             title=f"{ev.dataset.name} {ev.split} split ({ev.label}) -> {ev.out_dir}"))
+    if shift is not None:
+        summary = {**summary, "shift": evaluate_shift(shift, ev.predictor, ev.dataset, ev.refs, protocol, ev.out_dir,
+                                                      summary, {**provenance, **ev.shift_extra}, scalers, per_network,
+                                                      bool(cfg.get("overwrite")))}
+        print(format_shift(summary["shift"]))
+    return summary
