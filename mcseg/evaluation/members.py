@@ -8,9 +8,8 @@ from dataclasses import replace
 from omegaconf import DictConfig
 
 from mcseg.calibration import PosthocConfig
-from mcseg.config import typed
+from mcseg.config import InferenceConfig, typed
 from mcseg.errors import ConfigError
-from mcseg.inference.volume import InferenceConfig
 
 __all__ = ["MEMBER_KEYS", "member_settings", "member_tag", "members_as_asked", "mirrored_as_asked",
            "pooled_after_tag"]

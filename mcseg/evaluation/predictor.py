@@ -21,11 +21,10 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from mcseg.calibration import CALIBRATION_FILE, PosthocConfig, Scaler, fit_posthoc, load_calibration, scalers_to_apply
-from mcseg.config import typed
+from mcseg.config import EvalProtocol, typed
 from mcseg.data.base import SegmentationDataset
 from mcseg.data.build import build_dataset
 from mcseg.data.shift import ShiftConfig
-from mcseg.evaluation.evaluator import EvalProtocol
 from mcseg.evaluation.provenance import content_record, dataset_identity, evaluation_provenance
 from mcseg.evaluation.shift import clean_to_reuse, evaluate_shift, format_shift, inference_record
 from mcseg.evaluation.split import evaluate_split, format_summary
