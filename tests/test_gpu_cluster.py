@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from mcseg.inference.build import load_checkpoint
 from mcseg.training import checkpoint
 from mcseg.training.trainer import Trainer
 from mcseg.train import train
@@ -30,7 +31,7 @@ def test_resume_on_an_accelerator_keeps_rng_states_and_step_counters_on_the_host
     train(make_cfg(overrides))
     run_dir = Path(make_cfg(overrides).paths.output_dir)
     (run_dir / "result.json").unlink()  # a run stopped before its test evaluation: resumable, not finished
-    saved = checkpoint.load_checkpoint(run_dir / "checkpoints" / "last.pt")
+    saved = load_checkpoint(run_dir / "checkpoints" / "last.pt")
     original, load = Trainer.resume, torch.load
     seen = {"map_location": []}
 
