@@ -1,9 +1,8 @@
-"""The file work of scripts/peer_nnunet.sh: one mcseg run's split in nnU-Net v2's layout, nnU-Net's
-probabilities in mcseg's, and the two results side by side.
+"""The file work of scripts/peer_nnunet.sh: one mcseg run's split in nnU-Net v2's layout, and the two results side
+by side (nnU-Net's probabilities are read by mcseg-evaluate-folder --format nnunet, from its npz and pkl).
 
     python scripts/peer_nnunet.py convert RUN_DIR DATA_ROOT WORK DATASET_ID
     python scripts/peer_nnunet.py splits RUN_DIR PREPROCESSED_DATASET_DIR
-    python scripts/peer_nnunet.py probabilities PRED_DIR
     python scripts/peer_nnunet.py compare RUN_DIR NNUNET_SUMMARY TIMES_JSON
     python scripts/peer_nnunet.py table RESULTS
 
@@ -14,9 +13,7 @@ probabilities in mcseg's, and the two results side by side.
 so both tools learn from and select on the same cases and neither sees the test split.
 ``table`` writes RESULTS/table.md from the small tables scripts/nnunet_calibration.sh keeps (the mcseg run's
 test evaluation in ``mcseg/``, nnU-Net's ``validation/``, ``test/`` and ``test_temperature/``), with the columns of
-the uncertainty study (scripts/uncertainty_study.py). ``probabilities`` turns nnU-Net's ``<case>.npz`` (``probabilities``, C x Z x Y x X in SimpleITK's
-axis order) into ``<case>_probs.nii.gz`` (X x Y x Z x C, the affine of the prediction), which is what
-mcseg-evaluate-folder reads for the calibration metrics.
+the uncertainty study (scripts/uncertainty_study.py).
 """
 from __future__ import annotations
 
@@ -25,8 +22,6 @@ import json
 import sys
 from pathlib import Path
 
-import nibabel as nib
-import numpy as np
 
 
 def read_split(run_dir: Path) -> dict[str, list[str]]:
@@ -79,24 +74,6 @@ def splits(run_dir: Path, preprocessed: Path) -> None:
     (preprocessed / "splits_final.json").write_text(json.dumps([{"train": split["train"], "val": split["val"]}],
                                                                indent=1))
     print(f"splits: fold 0 = the run's {len(split['train'])} training / {len(split['val'])} validation cases")
-
-
-def probabilities(pred_dir: Path) -> None:
-    files = sorted(pred_dir.glob("*.npz"))
-    if not files:
-        sys.exit(f"{pred_dir}: no <case>.npz (nnUNetv2_predict needs --save_probabilities)")
-    for npz in files:
-        case = npz.name[: -len(".npz")]
-        label = nib.load(pred_dir / f"{case}.nii.gz")
-        probs = np.load(npz)["probabilities"].astype(np.float32)  # C x Z x Y x X (SimpleITK order)
-        probs = np.ascontiguousarray(probs.transpose(3, 2, 1, 0))  # X x Y x Z x C, nibabel's order
-        if probs.shape[:3] != label.shape:
-            sys.exit(f"{npz}: probabilities of shape {probs.shape[:3]} but the prediction is {label.shape}")
-        agree = float((probs.argmax(-1) == np.asarray(label.dataobj)).mean())
-        if agree < 0.99:  # nnU-Net's label map is the argmax of these: an axis order gone wrong shows here
-            sys.exit(f"{npz}: the argmax of the probabilities matches {case}.nii.gz on only {agree:.1%} of voxels")
-        nib.save(nib.Nifti1Image(probs, label.affine), pred_dir / f"{case}_probs.nii.gz")
-    print(f"probabilities: {len(files)} cases -> {pred_dir}/<case>_probs.nii.gz")
 
 
 def _row(name: str, summary: dict, minutes: float | None) -> str:
@@ -158,8 +135,6 @@ def main(argv: list[str] | None = None) -> None:
     s = sub.add_parser("splits")
     s.add_argument("run_dir", type=Path)
     s.add_argument("preprocessed", type=Path)
-    pr = sub.add_parser("probabilities")
-    pr.add_argument("pred_dir", type=Path)
     tb = sub.add_parser("table")
     tb.add_argument("results", type=Path)
     cm = sub.add_parser("compare")
@@ -171,8 +146,6 @@ def main(argv: list[str] | None = None) -> None:
         convert(a.run_dir, a.data_root, a.work, a.dataset_id)
     elif a.command == "splits":
         splits(a.run_dir, a.preprocessed)
-    elif a.command == "probabilities":
-        probabilities(a.pred_dir)
     elif a.command == "table":
         print(table(a.results))
     else:

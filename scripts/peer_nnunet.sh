@@ -52,8 +52,7 @@ rm -rf "$work/predictions"
 "$venv/bin/nnUNetv2_predict" -i "$nnUNet_raw/Dataset${id}_Hippocampus/imagesTs" -o "$work/predictions" \
     -d $id -c 3d_fullres -f 0 -tr nnUNetTrainer_mcsegBudget -device cpu --save_probabilities -npp 1 -nps 1
 t3=$(now)
-"$mcseg_py" scripts/peer_nnunet.py probabilities "$work/predictions"
-"$mcseg_py" -m mcseg.evaluate_folder "$work/predictions" "$work/labelsTs" --probs "$work/predictions" --overwrite -o "$work/eval"
+"$mcseg_py" -m mcseg.evaluate_folder "$work/predictions" "$work/labelsTs" --format nnunet --overwrite -o "$work/eval"
 "$mcseg_py" - "$run" "$fold" "$work/times.json" "$t0" "$t1" "$t2" "$t3" <<'EOF'
 import json, sys
 run, fold, out, (t0, t1, t2, t3) = *sys.argv[1:4], map(float, sys.argv[4:])

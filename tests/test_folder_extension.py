@@ -233,3 +233,28 @@ def test_a_toy_calibrator_is_one_class_and_one_entry_fitted_by_calibrate_folder_
     assert [(r["case"], r["class_name"]) for r in rows] == [("case_2", "outer"), ("case_2", "inner")]
     assert [float(r["dice"]) for r in rows] == [summary["per_class"][c]["dice"]["mean"] for c in ("outer", "inner")]
     assert float(rows[0]["nll"]) == summary["mean_nll"]
+
+
+def test_a_toy_calibrator_in_a_run_reaches_the_summary_the_report_and_the_trackers(make_cfg, tmp_path, monkeypatch,
+                                                                                  one_thread):
+    """The same toy calibrator (one class, one SCALER_TYPES entry) fitted and applied by a training run: its figures
+    are in the run's summary (posthoc.toy), its own evaluation's per_case.csv, the report's post-hoc table and the
+    run's tracker (CSV)."""
+    from mcseg.calibration.scalers import SCALER_TYPES
+    from mcseg.report import cli as report
+    from mcseg.train import train
+    from tests.conftest import TINY_2D
+
+    monkeypatch.setitem(SCALER_TYPES, "toy", _toy_scaler())  # the one entry
+    train(make_cfg([*TINY_2D, "posthoc.fit=[toy]", "posthoc.apply=[toy]", "logger=csv"]))
+    run = tmp_path / "run"
+    summary = json.loads((run / "eval" / "test" / "summary.json").read_text())
+    toy = summary["posthoc"]["toy"]
+    assert toy["params"]["grid_temperature"] in (0.5, 1.0, 2.0, 4.0) and 0 <= toy["mean_ece"] <= 1
+    assert [r["case"] for r in _rows(run / "eval" / "test" / "toy" / "per_case.csv")]
+    logged = (run / "csv" / "metrics.csv").read_text()
+    assert "posthoc/toy/mean_ece" in logged
+    assert report.main([str(tmp_path), "--no-eval", "--out", str(tmp_path / "report")]) == 0
+    text = (tmp_path / "report" / "report.md").read_text()
+    posthoc_table = text[text.index("## Post-hoc scalers"):]
+    assert "| toy" in posthoc_table.split("\n## ")[0]

@@ -1,14 +1,12 @@
-"""scripts/peer_nnunet.py's file work on tiny files: an mcseg run's split in nnU-Net's layout (convert, splits),
-nnU-Net's npz in mcseg's (probabilities) and the table of the nnU-Net calibration study (table). nnU-Net itself
-is not needed."""
+"""scripts/peer_nnunet.py's file work on tiny files: an mcseg run's split in nnU-Net's layout (convert, splits) and
+the table of the nnU-Net calibration study (table). nnU-Net itself is not needed (its npz and pkl are read by
+mcseg-evaluate-folder --format nnunet: tests/test_nnunet_folders.py)."""
 from __future__ import annotations
 
 import json
 import sys
 from pathlib import Path
 
-import nibabel as nib
-import numpy as np
 import pytest
 
 from mcseg.data.reference import read_reference, task_from_labels
@@ -70,21 +68,6 @@ def test_splits_is_one_fold_of_the_runs_training_and_validation_cases(run_and_da
     peer_nnunet.splits(run / "split.json", tmp_path / "pre")
     assert json.loads((tmp_path / "pre" / "splits_final.json").read_text()) == [
         {"train": SPLIT["train"], "val": SPLIT["val"]}]
-
-
-def test_probabilities_become_channel_last_volumes_in_the_files_axes(tmp_path):
-    rng = np.random.default_rng(0)
-    probs = rng.dirichlet(np.ones(3), size=(4, 5, 6)).astype(np.float32)  # X x Y x Z x C
-    affine = np.diag([0.8, 1.0, 2.5, 1.0])
-    nib.save(nib.Nifti1Image(probs.argmax(-1).astype(np.uint8), affine), tmp_path / "c1.nii.gz")
-    np.savez_compressed(tmp_path / "c1.npz", probabilities=probs.transpose(3, 2, 1, 0))  # C x Z x Y x X
-    peer_nnunet.probabilities(tmp_path)
-    out = nib.load(tmp_path / "c1_probs.nii.gz")
-    np.testing.assert_array_equal(np.asarray(out.dataobj), probs)
-    np.testing.assert_allclose(out.affine, affine)
-    np.savez_compressed(tmp_path / "c1.npz", probabilities=probs.transpose(3, 0, 1, 2))  # axes not reversed
-    with pytest.raises(SystemExit, match=r"c1.npz: probabilities of shape \(6, 5, 4\) but the prediction is"):
-        peer_nnunet.probabilities(tmp_path)
 
 
 def _summary(dice: float, ece: float, temperature: dict | None = None) -> dict:
