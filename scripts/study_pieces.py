@@ -112,10 +112,11 @@ def study_names() -> list[str]:
     return sorted(p.stem for p in PRESETS.glob("*.yaml"))
 
 
-def load_study(name: str) -> Study:
-    """The study of preset ``experiment=study/<name>``: its configurations are the study sweep's named arms (in
-    the order of ``study.labels``), its seeds ``hydra.sweeper.params.seed``, the rest its ``study:`` node.
-    Composed from the repository root (``${hydra:runtime.cwd}`` in a preset is where its trainings run)."""
+def load_study(name: str, overrides: tuple[str, ...] = ()) -> Study:
+    """The study of preset ``experiment=study/<name>`` (with ``overrides``, as on train.py's command line): its
+    configurations are the study sweep's named arms (in the order of ``study.labels``), its seeds
+    ``hydra.sweeper.params.seed``, the rest its ``study:`` node. Composed from the repository root
+    (``${hydra:runtime.cwd}`` in a preset is where its trainings run, as study_pieces runs them)."""
     from contextlib import chdir
 
     from hydra import compose, initialize_config_dir
@@ -125,7 +126,7 @@ def load_study(name: str) -> Study:
 
     GlobalHydra.instance().clear()
     with chdir(ROOT), initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        cfg = compose("train", overrides=[f"experiment=study/{name}"], return_hydra_config=True)
+        cfg = compose("train", overrides=[f"experiment=study/{name}", *overrides], return_hydra_config=True)
     where = f"configs/experiment/study/{name}.yaml"
     before = HydraConfig.instance().cfg
     HydraConfig().set_config(cfg)  # for ${hydra:...} in the preset; put back after: evaluations record it
