@@ -27,7 +27,13 @@ the validation split. Runs are deterministic (``experiment=hippocampus_study``):
 a piece reruns exactly (another CPU can move a figure in its third decimal: ``piece.json`` compares seed 0 with
 the figures published before).
 
-Studies:
+Studies: one preset each, ``configs/experiment/study/<study>.yaml`` (read by :func:`load_study`), a study sweep
+over ``experiment=hippocampus_study`` whose named arms (``hydra.sweeper.arms``) are the study's configurations and
+whose ``hydra.sweeper.params.seed`` are its seeds (so ``python train.py -m experiment=study/<study>`` trains the
+whole study at once), with a top-level ``study:`` node that the training ignores: each configuration's label (in
+the study's order), and what a piece evaluates besides the single networks (the fields of :class:`Study`;
+``prepare`` names a function of :data:`PREPARE`). A new study is a new preset there.
+
 - ``uncertainty_study`` (issue #23): CE, CE + Dice, focal, LS and the margin loss (m = 3), three seeds each: the
   single networks raw and scaled, the three-seed ensemble pooled before and after scaling, TTA of seed 0 (flips,
   and noise: the networks are trained without flips, see docs/results.md), and MC dropout (10 samples) of one
@@ -36,6 +42,9 @@ Studies:
 - ``ensembles_under_shift``: the three-seed ensembles of CE + Dice and of the margin loss under ROOD-MRI
   (``shift=rood_mri``), raw and scaled; needs the configuration's seeds (retrained when their run folders
   are gone, which the piece does first).
+- ``multirater``, ``multirater_ensembles`` (issue #37, simulated): CE and the margin loss trained on the rater
+  mean, one rater or a random rater per sample of synthetic raters (written to ``outputs/synthetic_raters`` first),
+  seed 0; the three-seed ensembles of those trained on the rater mean.
 """
 from __future__ import annotations
 
