@@ -27,7 +27,13 @@ the validation split. Runs are deterministic (``experiment=hippocampus_study``):
 a piece reruns exactly (another CPU can move a figure in its third decimal: ``piece.json`` compares seed 0 with
 the figures published before).
 
-Studies:
+Studies: one preset each, ``configs/experiment/study/<study>.yaml`` (read by :func:`load_study`), a study sweep
+over ``experiment=hippocampus_study`` whose named arms (``hydra.sweeper.arms``) are the study's configurations and
+whose ``hydra.sweeper.params.seed`` are its seeds (so ``python train.py -m experiment=study/<study>`` trains the
+whole study at once), with a top-level ``study:`` node that the training ignores: each configuration's label (in
+the study's order), and what a piece evaluates besides the single networks (the fields of :class:`Study`;
+``prepare`` names a function of :data:`PREPARE`). A new study is a new preset there.
+
 - ``uncertainty_study`` (issue #23): CE, CE + Dice, focal, LS and the margin loss (m = 3), three seeds each: the
   single networks raw and scaled, the three-seed ensemble pooled before and after scaling, TTA of seed 0 (flips,
   and noise: the networks are trained without flips, see docs/results.md), and MC dropout (10 samples) of one
@@ -36,6 +42,9 @@ Studies:
 - ``ensembles_under_shift``: the three-seed ensembles of CE + Dice and of the margin loss under ROOD-MRI
   (``shift=rood_mri``), raw and scaled; needs the configuration's seeds (retrained when their run folders
   are gone, which the piece does first).
+- ``multirater``, ``multirater_ensembles`` (issue #37, simulated): CE and the margin loss trained on the rater
+  mean, one rater or a random rater per sample of synthetic raters (written to ``outputs/synthetic_raters`` first),
+  seed 0; the three-seed ensembles of those trained on the rater mean.
 """
 from __future__ import annotations
 
@@ -53,7 +62,7 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,7 +80,8 @@ RAW_FILES = ("summary.json", "per_case.csv", "failure_per_case.csv", "provenance
 
 @dataclass(frozen=True)
 class Study:
-    """What one piece of a study trains and evaluates for each of its configurations (``arms``)."""
+    """What one piece of a study trains and evaluates for each of its configurations (``arms``): a study preset
+    (``configs/experiment/study/<name>.yaml``) as :func:`load_study` reads it."""
     arms: dict[str, list[str]]
     labels: dict[str, str]
     seeds: tuple[int, ...] = (0,)
@@ -87,15 +97,6 @@ class Study:
     prepare: object = None         # a function called before a piece trains (e.g. writing its data folder)
 
 
-UNCERTAINTY_ARMS = {"ce": ["loss=ce"], "ce_dice": ["loss=ce_dice"], "focal": ["loss=focal"], "ls": ["loss=ls"],
-                    "margin3": ["loss=margin", "loss.margin=3"]}
-UNCERTAINTY_LABELS = {"ce": "CE", "ce_dice": "CE + Dice", "focal": "focal", "ls": "LS", "margin3": "margin, m = 3"}
-NEWER_ARMS = {"hardl1ace_dice_ce": ["loss=hardl1ace_dice_ce"], "softl1ace_dice_ce": ["loss=softl1ace_dice_ce"],
-              "mdca": ["loss=mdca"], "dca": ["loss=dca"], "acls": ["loss=acls"], "adafocal": ["loss=adafocal"],
-              "ce_dml": ["loss=ce_dml"]}
-NEWER_LABELS = {"hardl1ace_dice_ce": "hard mL1-ACE + Dice + CE", "softl1ace_dice_ce": "soft mL1-ACE + Dice + CE",
-                "mdca": "MDCA (+ CE)", "dca": "DCA (+ CE)", "acls": "ACLS", "adafocal": "AdaFocal",
-                "ce_dml": "CE + Dice semimetric loss"}
 # The simulated multi-rater study (issue #37): each hippocampus case's own label and four synthetic raters
 # (scripts/synthetic_raters.py), written outside git and rebuilt identically when missing.
 SYNTHETIC_RATERS = ROOT / "outputs" / "synthetic_raters"
@@ -111,28 +112,63 @@ def synthetic_raters() -> None:
     log.info("synthetic raters: %s", sr.build(data, SYNTHETIC_RATERS))
 
 
-MULTIRATER_ARMS = {f"{loss}_{target}": [*overrides, f"dataset.raters.target={target}"]
-                   for loss, overrides in (("ce", ["loss=ce"]), ("margin3", ["loss=margin", "loss.margin=3"]))
-                   for target in ("mean", ONE_RATER, "random")}
-MULTIRATER_LABELS = {f"{loss}_{target}": f"{name}, trained on {what}"
-                     for loss, name in (("ce", "CE"), ("margin3", "margin, m = 3"))
-                     for target, what in (("mean", "the rater mean"), (ONE_RATER, "one rater (the data set's own label)"),
-                                          ("random", "a random rater per sample"))}
-MULTIRATER_BASE = (EXPERIMENT, f"dataset.root={SYNTHETIC_RATERS}")
+PREPARE = {"synthetic_raters": synthetic_raters}  # a preset's study.prepare -> the function it names
+PRESETS = ROOT / "configs" / "experiment" / "study"
 
-STUDIES = {
-    "uncertainty_study": Study(UNCERTAINTY_ARMS, UNCERTAINTY_LABELS, seeds=(0, 1, 2), dropout=0.2, tta_seeds=(0,),
-                               tta=("flips", "noise"),
-                               ensembles=True),
-    "newer_losses": Study(NEWER_ARMS, NEWER_LABELS),
-    "ensembles_under_shift": Study({k: UNCERTAINTY_ARMS[k] for k in ("ce_dice", "margin3")}, UNCERTAINTY_LABELS,
-                                   seeds=(0, 1, 2), shift="rood_mri", extra=("evaluation.figures=false",),
-                                   runs_of="uncertainty_study"),
-    "multirater": Study(MULTIRATER_ARMS, MULTIRATER_LABELS, base=MULTIRATER_BASE, prepare=synthetic_raters),
-    "multirater_ensembles": Study({k: MULTIRATER_ARMS[k] for k in ("ce_mean", "margin3_mean")}, MULTIRATER_LABELS,
-                                  seeds=(0, 1, 2), ensembles=True, base=MULTIRATER_BASE, runs_of="multirater",
-                                  prepare=synthetic_raters),
-}
+
+def study_names() -> list[str]:
+    """The studies: one preset each under ``configs/experiment/study/``."""
+    return sorted(p.stem for p in PRESETS.glob("*.yaml"))
+
+
+def load_study(name: str, overrides: tuple[str, ...] = ()) -> Study:
+    """The study of preset ``experiment=study/<name>`` (with ``overrides``, as on train.py's command line): its
+    configurations are the study sweep's named arms (in the order of ``study.labels``), its seeds
+    ``hydra.sweeper.params.seed``, the rest its ``study:`` node. Composed from the repository root
+    (``${hydra:runtime.cwd}`` in a preset is where its trainings run, as study_pieces runs them)."""
+    from contextlib import chdir
+
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    GlobalHydra.instance().clear()
+    with chdir(ROOT), initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        cfg = compose("train", overrides=[f"experiment=study/{name}", *overrides], return_hydra_config=True)
+    where = f"configs/experiment/study/{name}.yaml"
+    before = HydraConfig.instance().cfg
+    HydraConfig().set_config(cfg)  # for ${hydra:...} in the preset; put back after: evaluations record it
+    try:
+        node = OmegaConf.to_container(cfg.get("study") or OmegaConf.create(), resolve=True)
+    finally:
+        HydraConfig.instance().cfg = before
+    arms = {k: v.split() for k, v in cfg.hydra.sweeper.arms.items() if v}
+    labels = node.pop("labels", None) or {}
+    unlabelled = [arm for arm in arms if arm not in labels]
+    if unlabelled:
+        raise SystemExit(f"{where}: arm {unlabelled[0]!r} has no study.labels entry")
+    settings = {f.name for f in fields(Study)} - {"arms", "labels", "seeds"}
+    unknown = sorted(set(node) - settings)
+    if unknown:
+        raise SystemExit(f"{where}: study.{unknown[0]} is not a study setting (one of {', '.join(sorted(settings))})")
+    prepare = node.pop("prepare", None)
+    if prepare is not None and prepare not in PREPARE:
+        raise SystemExit(f"{where}: study.prepare={prepare!r} is not one of {sorted(PREPARE)}")
+    seeds = tuple(int(seed) for seed in str(cfg.hydra.sweeper.params.seed).split(","))
+    return Study({k: arms[k] for k in labels if k in arms}, labels, seeds=seeds, prepare=PREPARE.get(prepare),
+                 **{k: tuple(v) if isinstance(v, list) else v for k, v in node.items()})
+
+
+class Studies(dict):
+    """Study name -> :class:`Study`, each read from its preset when first asked for (a test may add its own)."""
+
+    def __missing__(self, name: str) -> Study:
+        self[name] = load_study(name)
+        return self[name]
+
+
+STUDIES = Studies()
 
 
 def results_dir(study: str) -> Path:
@@ -258,7 +294,7 @@ def published_seed0(study: str, config: str, seed0: dict) -> dict | None:
     path = results_dir("uncertainty_study") / "seed0_per_evaluation.csv"
     if study != "uncertainty_study" or not path.is_file():
         return None
-    label = " ".join([EXPERIMENT, *sorted(UNCERTAINTY_ARMS[config])])
+    label = " ".join([EXPERIMENT, *sorted(STUDIES[study].arms[config])])
     rows = [r for r in csv.DictReader(open(path)) if r["configuration"] == label and r["predictor"] == "single"]
     if not rows:
         return None
@@ -584,7 +620,7 @@ STUDIES_DOC = {
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("study", choices=sorted(STUDIES))
+    parser.add_argument("study", choices=sorted({*study_names(), *STUDIES}))
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--config", help="run one piece: this configuration's trainings and evaluations")
     what.add_argument("--table", action="store_true", help="assemble the study's table from its committed pieces")

@@ -9,6 +9,8 @@ from hydra import compose, initialize_config_dir
 from tests.conftest import CONFIG_DIR
 from tests.data.data_helpers import fake_download
 
+# The study presets (experiment/study/<name>, the studies of scripts/study_pieces.py) train as hippocampus_study:
+# tests/test_study_pieces.py composes and validates each and checks its arms and seeds.
 PRESETS = sorted(p.stem for p in (Path(CONFIG_DIR) / "experiment").glob("*.yaml"))
 TINY = ["debug=fast", "trainer.max_epochs=1", "trainer.val_max_cases=1", "posthoc.fit=[]", "posthoc.apply=[]",
         "logger.images=0", "evaluation.bootstrap_samples=0", "inference.save_predictions=false"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -157,3 +158,65 @@ def test_the_study_table_marks_rows_scaled_by_a_degenerate_fit(tmp_path, monkeyp
     assert "| CE | MC dropout (10) + T (pooled) (degenerate fit) |" in text
     assert "| CE | single + T |" in text
     assert "degenerate" not in (base / "per_evaluation.csv").read_text()  # the raw rows keep their names
+
+
+# The studies as scripts/study_pieces.py defined them in Python before they became presets (main at 090263d):
+# each preset configs/experiment/study/<name>.yaml must give the same Study.
+_UNCERTAINTY = {"ce": ["loss=ce"], "ce_dice": ["loss=ce_dice"], "focal": ["loss=focal"], "ls": ["loss=ls"],
+                "margin3": ["loss=margin", "loss.margin=3"]}
+_UNCERTAINTY_LABELS = {"ce": "CE", "ce_dice": "CE + Dice", "focal": "focal", "ls": "LS", "margin3": "margin, m = 3"}
+_MULTIRATER = {f"{loss}_{target}": [*arm, f"dataset.raters.target={target}"]
+               for loss, arm in (("ce", ["loss=ce"]), ("margin3", ["loss=margin", "loss.margin=3"]))
+               for target in ("mean", "original", "random")}
+_MULTIRATER_LABELS = {f"{loss}_{target}": f"{name}, trained on {what}"
+                      for loss, name in (("ce", "CE"), ("margin3", "margin, m = 3"))
+                      for target, what in (("mean", "the rater mean"),
+                                           ("original", "one rater (the data set's own label)"),
+                                           ("random", "a random rater per sample"))}
+_MULTIRATER_BASE = ("experiment=hippocampus_study", f"dataset.root={ROOT / 'outputs' / 'synthetic_raters'}")
+STUDIES_BEFORE = {
+    "uncertainty_study": Study(_UNCERTAINTY, _UNCERTAINTY_LABELS, seeds=(0, 1, 2), dropout=0.2, tta_seeds=(0,),
+                               tta=("flips", "noise"), ensembles=True),
+    "newer_losses": Study({k: [f"loss={k}"] for k in ("hardl1ace_dice_ce", "softl1ace_dice_ce", "mdca", "dca", "acls",
+                                                      "adafocal", "ce_dml")},
+                          {"hardl1ace_dice_ce": "hard mL1-ACE + Dice + CE",
+                           "softl1ace_dice_ce": "soft mL1-ACE + Dice + CE", "mdca": "MDCA (+ CE)", "dca": "DCA (+ CE)", "acls": "ACLS", "adafocal": "AdaFocal",
+                           "ce_dml": "CE + Dice semimetric loss"}),
+    "ensembles_under_shift": Study({k: _UNCERTAINTY[k] for k in ("ce_dice", "margin3")}, _UNCERTAINTY_LABELS,
+                                   seeds=(0, 1, 2), shift="rood_mri", extra=("evaluation.figures=false",),
+                                   runs_of="uncertainty_study"),
+    "multirater": Study(_MULTIRATER, _MULTIRATER_LABELS, base=_MULTIRATER_BASE, prepare=study_pieces.synthetic_raters),
+    "multirater_ensembles": Study({k: _MULTIRATER[k] for k in ("ce_mean", "margin3_mean")}, _MULTIRATER_LABELS,
+                                  seeds=(0, 1, 2), ensembles=True, base=_MULTIRATER_BASE, runs_of="multirater",
+                                  prepare=study_pieces.synthetic_raters),
+}
+
+
+def test_every_study_preset_is_a_study_of_study_pieces():
+    assert study_pieces.study_names() == sorted(STUDIES_BEFORE)
+
+
+@pytest.mark.parametrize("name", sorted(STUDIES_BEFORE))
+def test_a_study_preset_is_a_study_sweep_that_gives_the_study_defined_before(name, make_cfg):
+    from hydra.core.hydra_config import HydraConfig
+
+    from mcseg.config import validate_train_config
+
+    before = STUDIES_BEFORE[name]
+    study = study_pieces.load_study(name)
+    # labels of configurations outside the study are not needed (ensembles_under_shift named all five before)
+    assert study == replace(before, labels={k: v for k, v in before.labels.items() if k in study.labels})
+    assert list(study.arms) == list(before.arms)  # the order of the table's rows and of the pieces still to run
+    cfg = make_cfg([f"experiment=study/{name}"])  # `train.py -m experiment=study/<name>` trains the study
+    validate_train_config(cfg)  # the study: node is a known top-level key
+    sweeper = HydraConfig.get().sweeper
+    assert sweeper._target_.endswith("StudySweeper")
+    assert {k: v.split() for k, v in sweeper.arms.items() if v} == before.arms
+    assert str(sweeper.params.seed) == ",".join(map(str, before.seeds))
+
+
+def test_a_study_preset_with_a_misspelt_setting_or_an_arm_without_a_label_is_refused():
+    with pytest.raises(SystemExit, match=r"newer_losses.yaml: study.dropuot is not a study setting \(one of .*dropout"):
+        study_pieces.load_study("newer_losses", ("+study.dropuot=0.2",))
+    with pytest.raises(SystemExit, match="newer_losses.yaml: arm 'ce2' has no study.labels entry"):
+        study_pieces.load_study("newer_losses", ("+hydra.sweeper.arms.ce2='loss=ce'",))
