@@ -189,7 +189,7 @@ class WandbSettings:
 
 @dataclass
 class LoggerConfig:
-    """The ``logger`` group (configs/logger/): each tracker that is on has its node (mcseg.training.loggers)."""
+    """The ``logger`` group (configs/logger/): each tracker that is on has its node (mcseg.trackers)."""
 
     images: int = 2  # validation overlays written per validation (TensorBoard)
     tensorboard: TensorBoardSettings | None = None

@@ -172,7 +172,7 @@ def test_a_sweep_job_is_a_child_of_the_sweeps_parent_run(tmp_path, store):
     """What a sweep's jobs find in its folder (written before the first job by the SweepSummary callback)."""
     from mlflow.tracking import MlflowClient
 
-    from mcseg.training.loggers import build_trackers, close_sweep, open_sweep
+    from mcseg.trackers import build_trackers, close_sweep, open_sweep
 
     logger = {"mlflow": {"tracking_uri": store, "experiment_name": "sweeps"}, "wandb": {"mode": "offline"}}
     sweep = tmp_path / "multiruns/2026-01-01_00-00-00"
@@ -197,8 +197,8 @@ def test_a_sweep_job_is_a_child_of_the_sweeps_parent_run(tmp_path, store):
 def test_a_tracker_that_fails_warns_once_and_the_run_goes_on(tmp_path, caplog):
     """A tracker raising (a locked database, a server that does not answer) is one warning naming it and the
     error; the others go on and the failure is recorded for the run's status."""
-    from mcseg.training.loggers import Trackers
-    from mcseg.training.loggers.base import Tracker, failures, reset_failures
+    from mcseg.trackers import Trackers
+    from mcseg.trackers.base import Tracker, failures, reset_failures
 
     class Locked(Tracker):
         name = "mlflow"
@@ -252,7 +252,7 @@ def test_a_store_that_cannot_be_opened_is_recorded_in_the_runs_status(tmp_path, 
 def test_logger_group_composes_each_tracker_and_lists_of_them(tmp_path, monkeypatch):
     from mcseg.config import LoggerConfig, typed
     from mcseg.errors import ConfigError
-    from mcseg.training import loggers
+    from mcseg import trackers as loggers
 
     def chosen(*overrides):
         cfg = compose_config("train", list(overrides), tmp_path / "run")
@@ -302,7 +302,7 @@ def _open_mlflow_only(settings: dict, run_dir: Path, limit_s: float = 30.0):
     import threading
     import time
 
-    from mcseg.training.loggers import build_trackers
+    from mcseg.trackers import build_trackers
 
     built: dict = {}
     thread = threading.Thread(target=lambda: built.update(trackers=build_trackers(
@@ -321,7 +321,7 @@ def test_an_unreachable_tracking_server_is_one_warning_at_start_not_minutes_of_r
     status.json's tracker_failures names it. ``silent``: a loopback socket that accepts and never answers."""
     import socket
 
-    from mcseg.training.loggers.base import failures, reset_failures
+    from mcseg.trackers.base import failures, reset_failures
 
     reset_failures()
     listener = socket.socket()
@@ -349,7 +349,7 @@ def test_a_read_only_store_is_reported_with_its_path_not_sqlalchemys_autoflush_h
     """A read-only mlflow.db was reported as "(raised as a result of Query-invoked autoflush; consider using a
     session.no_autoflush block ...)". Now the cause and the file. (The tests may run as root, whom the OS lets
     write a read-only file: the file is made unwritable through os.access, which is what a user's process sees.)"""
-    from mcseg.training.loggers.base import failures, reset_failures
+    from mcseg.trackers.base import failures, reset_failures
 
     reset_failures()
     db = tmp_path / "store" / "mlflow.db"

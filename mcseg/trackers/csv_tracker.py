@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from mcseg.training.loggers.base import Tracker
+from mcseg.trackers.base import Tracker
 
 METRICS_FILE, PARAMS_FILE = "metrics.csv", "params.csv"
 

@@ -1,5 +1,5 @@
 """The tracker interface (:class:`Tracker`) and the record of this job's tracker failures; what every tracker
-implements (:mod:`mcseg.training.loggers` calls them as one)."""
+implements (:mod:`mcseg.trackers` calls them as one)."""
 from __future__ import annotations
 
 from pathlib import Path

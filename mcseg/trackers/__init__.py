@@ -19,7 +19,7 @@ A tracker that fails (a locked database, a server that does not answer, a full d
 one warning names the tracker and the error, the tracker is off for the rest of the process's run, and the
 failure is recorded (:func:`failures`, which :func:`mcseg.sweep.run_job` puts into ``status.json``). A tracking
 server is probed once at start with a short timeout and a SQLite store checked to be writable
-(:func:`mcseg.training.loggers.mlflow_tracker.client_for`): minutes of a client's retries, or SQLAlchemy's
+(:func:`mcseg.trackers.mlflow_tracker.client_for`): minutes of a client's retries, or SQLAlchemy's
 message in place of the cause, are one warning naming the cause. A tracker
 whose library is not installed is refused at start, naming the extra to install.
 """
@@ -33,7 +33,7 @@ from typing import Any
 
 from mcseg.files import write_json
 from mcseg.errors import ConfigError
-from mcseg.training.loggers.base import Tracker, note_failure
+from mcseg.trackers.base import Tracker, note_failure
 
 log = logging.getLogger(__name__)
 
@@ -231,15 +231,15 @@ class _Named(Tracker):
 
 def _factory(name: str):
     if name == "tensorboard":
-        from mcseg.training.loggers.tensorboard import TensorBoardTracker as factory
+        from mcseg.trackers.tensorboard import TensorBoardTracker as factory
     elif name == "csv":
-        from mcseg.training.loggers.csv_tracker import CSVTracker as factory
+        from mcseg.trackers.csv_tracker import CSVTracker as factory
     elif name == "mlflow":
         _require("mlflow", "mlflow")
-        from mcseg.training.loggers.mlflow_tracker import MlflowTracker as factory
+        from mcseg.trackers.mlflow_tracker import MlflowTracker as factory
     else:
         _require("wandb", "wandb")
-        from mcseg.training.loggers.wandb_tracker import WandbTracker as factory
+        from mcseg.trackers.wandb_tracker import WandbTracker as factory
     return factory
 
 
@@ -267,7 +267,7 @@ def open_sweep(logger_cfg: dict, sweep_dir: Path) -> None:
     names = enabled(logger_cfg)
     if "mlflow" in names and "mlflow" not in record:
         _require("mlflow", "mlflow")
-        from mcseg.training.loggers.mlflow_tracker import open_parent
+        from mcseg.trackers.mlflow_tracker import open_parent
 
         try:
             record["mlflow"] = open_parent(dict(logger_cfg["mlflow"] or {}), sweep_dir, sweep_dir.name)
@@ -284,7 +284,7 @@ def close_sweep(sweep_dir: Path, files: list[Path], status: str = "FINISHED") ->
     """End the sweep's parent runs, with the sweep's summary files as their artefacts."""
     record = read_record(sweep_dir).get("mlflow")
     if record:
-        from mcseg.training.loggers.mlflow_tracker import close_parent
+        from mcseg.trackers.mlflow_tracker import close_parent
 
         try:
             close_parent(record, [p for p in files if Path(p).is_file()], status)

@@ -12,7 +12,7 @@ import shutil
 import uuid
 from pathlib import Path
 
-from mcseg.training.loggers.base import Tracker
+from mcseg.trackers.base import Tracker
 
 
 class WandbTracker(Tracker):

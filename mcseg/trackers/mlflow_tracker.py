@@ -15,7 +15,7 @@ import os
 import re
 from pathlib import Path
 
-from mcseg.training.loggers.base import Tracker
+from mcseg.trackers.base import Tracker
 
 PARAM_VALUE_MAX = 6000  # MLflow's limit on a parameter's value (longer ones are cut, ending with "...")
 _BATCH = 100  # parameters per log_batch call (MLflow's limit)
