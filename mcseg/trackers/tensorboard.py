@@ -15,7 +15,7 @@ class TensorBoardTracker(Tracker):
 
     name = "tensorboard"
 
-    def __init__(self, settings: dict, run_dir: Path, record=None, parent=None, run_name=None, resumed=False):
+    def open(self, run_dir: Path, record=None, parent=None, run_name=None, resumed=False):
         self.tb = TensorBoardLogger(run_dir / "tensorboard")
 
     def _call(self, method: str, *args) -> None:

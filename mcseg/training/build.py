@@ -14,7 +14,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from mcseg.calibration import PosthocConfig
-from mcseg.config import EvalProtocol, InferenceConfig, LoggerConfig, TrainerConfig, typed, validate_train_config
+from mcseg.config import EvalProtocol, InferenceConfig, LoggerConfig, TrainerConfig, check_logger, typed, validate_train_config
 from mcseg.data.base import SegmentationDataset
 from mcseg.data.build import Splits, build_dataset, check_run_inputs, record_dataset_facts, resolve_split
 from mcseg.data.fingerprint import split_fingerprints
@@ -90,7 +90,7 @@ def build_run(cfg: DictConfig) -> Run:
     validate_train_config(cfg)
     run_dir = Path(cfg.paths.output_dir)
     tcfg: TrainerConfig = typed(cfg.trainer, TrainerConfig, "trainer")
-    lcfg: LoggerConfig = typed(cfg.logger, LoggerConfig, "logger")
+    lcfg: LoggerConfig = check_logger(cfg.logger)
     check_libraries(cfg.logger)  # logger=mlflow without the extra: refused before anything is written
     inference: InferenceConfig = typed(cfg.inference, InferenceConfig, "inference")
     protocol: EvalProtocol = typed(cfg.evaluation, EvalProtocol, "evaluation")
