@@ -269,6 +269,12 @@ def test_logger_group_composes_each_tracker_and_lists_of_them(tmp_path, monkeypa
     assert chosen("logger=mlflow")[2].mlflow.tracking_uri == "sqlite:///outputs/mlflow.db"
     with pytest.raises(ConfigError, match="logger.wandb.mode"):
         chosen("logger=wandb", "logger.wandb.mode=sometimes")
+    with pytest.raises(ConfigError, match=r"'logger.tensorboard.dir' is not a parameter of .*TensorBoardTracker"):
+        chosen("+logger.tensorboard.dir=tb")  # a tracker without settings takes none
+    with pytest.raises(ConfigError, match=r"config key 'logger.mlflow.tracking_ur' is not a parameter"):
+        chosen("logger=mlflow", "+logger.mlflow.tracking_ur=x")
+    with pytest.raises(ConfigError, match=r"config key 'logger.extra': expected a tracker node with a _target_"):
+        chosen("+logger.extra=1")
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ConfigError, match=r"logger=mlflow needs the mlflow library: pip install .*\[mlflow\]"):
         loggers.build_trackers({"mlflow": loggers.preset_node("mlflow")}, tmp_path / "run")
@@ -384,6 +390,15 @@ class ToyTracker(Tracker):
 
     def record(self):
         return {}  # nothing to say where, but kept: a re-evaluation reopens it by its record
+
+
+def test_a_record_without_its_class_reopens_the_preset_of_its_name(tmp_path):
+    """A trackers.json written before trackers recorded their class: each name finds configs/logger/<name>.yaml."""
+    from mcseg.trackers import reopen_trackers
+
+    (tmp_path / "trackers.json").write_text(json.dumps({"csv": {"dir": str(tmp_path / "csv")}, "step": 3}))
+    trackers = reopen_trackers(tmp_path)
+    assert trackers.names == ["csv"] and trackers.trackers[0].dir == tmp_path / "csv"
 
 
 def test_a_tracker_is_one_class_and_one_config_node(tmp_path, monkeypatch):

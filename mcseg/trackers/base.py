@@ -33,6 +33,10 @@ class Tracker:
     library: str | None = None  # the module it needs (refused at start when not installed, naming the extra)
     extra: str | None = None  # the pip extra that installs it
 
+    def __init__(self) -> None:
+        """No settings (a subclass names its own as keyword arguments; the config check reads this signature,
+        so a key the tracker does not take is refused at start)."""
+
     def open(self, run_dir: Path, record: dict | None = None, parent: dict | None = None,
              run_name: str | None = None, resumed: bool = False) -> None:
         """Open the run in ``run_dir``: ``record`` is what :meth:`record` kept of it (a resume, a re-evaluation),
