@@ -253,13 +253,13 @@ def test_a_store_that_cannot_be_opened_is_recorded_in_the_runs_status(tmp_path, 
 
 
 def test_logger_group_composes_each_tracker_and_lists_of_them(tmp_path, monkeypatch):
-    from mcseg import trackers as loggers
+    from mcseg import trackers
     from mcseg.config import check_logger
     from mcseg.errors import ConfigError
 
     def chosen(*overrides):
         cfg = compose_config("train", list(overrides), tmp_path / "run")
-        return loggers.enabled(cfg.logger), check_logger(cfg.logger), cfg.logger
+        return trackers.enabled(cfg.logger), check_logger(cfg.logger), cfg.logger
 
     assert chosen()[0] == ["tensorboard"]  # the default, as before
     assert chosen("logger=none")[0] == [] and chosen("logger=none")[1].images == 0
@@ -275,9 +275,12 @@ def test_logger_group_composes_each_tracker_and_lists_of_them(tmp_path, monkeypa
         chosen("logger=mlflow", "+logger.mlflow.tracking_ur=x")
     with pytest.raises(ConfigError, match=r"config key 'logger.extra': expected a tracker node with a _target_"):
         chosen("+logger.extra=1")
+    with_wandb = chosen("logger=[tensorboard,wandb]")[2]
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ConfigError, match=r"logger=mlflow needs the mlflow library: pip install .*\[mlflow\]"):
-        loggers.build_trackers({"mlflow": loggers.preset_node("mlflow")}, tmp_path / "run")
+        trackers.build_trackers({"mlflow": trackers.preset_node("mlflow")}, tmp_path / "run")
+    with pytest.raises(ConfigError, match=r"logger=wandb needs the wandb library: pip install .*\[wandb\]"):
+        trackers.check_libraries(with_wandb)  # what build_run asks before anything is written
 
 
 @pytest.mark.slow
