@@ -330,7 +330,7 @@ def close_sweep(sweep_dir: Path, files: list[Path], status: str = "FINISHED") ->
     """End the sweep's parent runs (:meth:`Tracker.close_sweep`), with the sweep's summary files as artefacts."""
     record = read_record(sweep_dir)
     for key, node in recorded_nodes(record).items():
-        tracker = instantiate(node, f"{RECORD_FILE} {key}")
+        tracker = instantiate(node, f"logger.{key}")
         try:
             tracker.close_sweep(record[key], [p for p in files if Path(p).is_file()], status)
         except Exception as exc:  # noqa: BLE001
