@@ -156,46 +156,10 @@ class InferenceConfig:
 
 
 @dataclass
-class TensorBoardSettings:
-    """``logger.tensorboard`` (configs/logger/tensorboard.yaml): events in ``<run>/tensorboard``."""
-
-
-@dataclass
-class CSVSettings:
-    dir: str = "csv"
-
-
-@dataclass
-class MlflowSettings:
-    tracking_uri: str | None = "sqlite:///outputs/mlflow.db"
-    experiment_name: str | None = None
-    run_name: str | None = None
-    tags: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass
-class WandbSettings:
-    mode: str = "offline"
-    project: str = "mcseg"
-    entity: str | None = None
-    group: str | None = None
-    name: str | None = None
-    tags: list[str] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        if self.mode not in ("offline", "online", "disabled"):
-            raise ConfigError(f"config key 'logger.wandb.mode'={self.mode!r}: expected offline, online or disabled")
-
-
-@dataclass
 class LoggerConfig:
-    """The ``logger`` group (configs/logger/): each tracker that is on has its node (mcseg.training.loggers)."""
+    """The ``logger`` group (configs/logger/) besides its trackers (each a ``_target_`` node, :func:`check_logger`)."""
 
     images: int = 2  # validation overlays written per validation (TensorBoard)
-    tensorboard: TensorBoardSettings | None = None
-    csv: CSVSettings | None = None
-    mlflow: MlflowSettings | None = None
-    wandb: WandbSettings | None = None
 
 
 def typed(node: Any, schema: type, key: str):
@@ -327,6 +291,21 @@ def check_target_keys(node: DictConfig, key: str, ignore: tuple[str, ...] = ()) 
                               f"(parameter {k} of {target})")
 
 
+def check_logger(node: DictConfig | None) -> LoggerConfig:
+    """The ``logger`` node: ``images``, and each tracker a ``_target_`` node (mcseg.trackers) whose keys are checked
+    against its class's constructor (:func:`check_target_keys`: ``logger.wandb.mode=sometimes`` is named at
+    start); null turns a tracker off."""
+    node = node if node is not None else OmegaConf.create({})
+    for k in node.keys():
+        if k == "images" or node[k] is None:
+            continue
+        if not isinstance(node[k], DictConfig) or "_target_" not in node[k]:
+            raise ConfigError(f"config key 'logger.{k}': expected a tracker node with a _target_ (configs/logger/) "
+                              f"or null; besides its trackers the logger group has only 'images'")
+        check_target_keys(node[k], f"logger.{k}")
+    return typed({"images": node.get("images", LoggerConfig.images)}, LoggerConfig, "logger")
+
+
 TOP_LEVEL = {
     "dataset", "model", "loss", "optim", "scheduler", "trainer", "inference", "evaluation",
     "logger", "paths", "task_name", "seed", "tags", "experiment", "hparams_search", "debug",
@@ -348,7 +327,7 @@ def validate_train_config(cfg: DictConfig) -> None:
     typed(cfg.dataset.get("split"), SplitConfig, "dataset.split")
     typed(cfg.dataset.get("sampling"), SamplingConfig, "dataset.sampling")
     typed(cfg.trainer, TrainerConfig, "trainer")
-    typed(cfg.logger, LoggerConfig, "logger")
+    check_logger(cfg.logger)
     typed(cfg.inference, InferenceConfig, "inference")
     typed(cfg.evaluation, EvalProtocol, "evaluation")
     for key in ("model", "loss", "optim", "scheduler"):

@@ -18,7 +18,7 @@ from mcseg.errors import ConfigError
 from mcseg.evaluation.provenance import hydra_overrides
 from mcseg.rundir import find_run_dirs
 from mcseg.runtime import keep_freed_memory
-from mcseg.training.loggers import read_record, reopen_trackers
+from mcseg.trackers import read_record, reopen_trackers
 
 log = logging.getLogger(__name__)
 

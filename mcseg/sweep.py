@@ -93,7 +93,7 @@ def run_job(fn: Callable[[DictConfig], Any], cfg: DictConfig, checks_itself: boo
     ``status.json`` keeps reserved (:func:`write_status`).
     """
     from mcseg import rundir
-    from mcseg.training.loggers.base import failures, reset_failures
+    from mcseg.trackers.base import failures, reset_failures
     from mcseg.training.distributed import env_context
     from mcseg.training.relaunch import RunFinished
     from mcseg.errors import TrainingInterrupted
@@ -308,7 +308,7 @@ class SweepSummary(Callback):
         if sweep_dir is None or not sweep_dir.is_dir():
             return
         summary = write_sweep_summary(sweep_dir, ended_early)
-        from mcseg.training.loggers import close_sweep
+        from mcseg.trackers import close_sweep
 
         close_sweep(sweep_dir, [sweep_dir / SUMMARY_FILE, sweep_dir / "sweep_summary.md"],
                     "KILLED" if ended_early else "FINISHED")
@@ -321,10 +321,10 @@ class SweepSummary(Callback):
 
 
 def _open_sweep_trackers(config: DictConfig, sweep_dir: Path) -> None:
-    """The trackers' parent run of a training sweep (mcseg.training.loggers.open_sweep), before its first job."""
+    """The trackers' parent run of a training sweep (mcseg.trackers.open_sweep), before its first job."""
     from omegaconf import OmegaConf
 
-    from mcseg.training.loggers import logger_settings, open_sweep
+    from mcseg.trackers import logger_settings, open_sweep
 
     if "logger" not in config:  # an evaluation sweep: each job logs to the run it evaluates
         return

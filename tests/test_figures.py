@@ -102,7 +102,7 @@ def _run_dir(run, loss: str, seed: int, monkeypatch):
 
 def test_a_toy_figure_added_by_one_class_and_one_entry_shows_everywhere(tmp_path, monkeypatch):
     from mcseg.report import cli
-    from mcseg.training.loggers import summary_metrics
+    from mcseg.trackers import summary_metrics
 
     monkeypatch.setattr(figures, "SCORERS", [*figures.SCORERS, ToyScorer])  # the one entry
     columns, summary = _written(tmp_path / "one")

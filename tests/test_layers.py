@@ -1,6 +1,6 @@
 """Imports point down the layers, with no circle (docs/reliability.md, README "Layout"):
 
-    entry points -> training -> evaluation -> inference -> calibration, data, metrics, models, losses
+    entry points -> training -> trackers -> evaluation -> inference -> calibration, data, metrics, models, losses
     (and rundir) -> config, runtime, files (writing) and the other bottom modules
 
 Read from the source, so a lazy import inside a function counts; every module of ``mcseg`` must also import."""
@@ -21,6 +21,7 @@ LAYERS = {
     "mcseg.train": 5, "mcseg.evaluate": 5, "mcseg.evaluate_folder": 5, "mcseg.calibrate_folder": 5, "mcseg.cli": 5, "mcseg.sweep": 5,
     "mcseg.report": 5,
     "mcseg.training": 4,
+    "mcseg.trackers": 4,  # beside training, which logs through them (never the other way: NEVER below)
     "mcseg.evaluation": 3,
     "mcseg.inference": 2,
     "mcseg.calibration": 1, "mcseg.data": 1, "mcseg.metrics": 1, "mcseg.models": 1, "mcseg.losses": 1,
@@ -28,8 +29,10 @@ LAYERS = {
     "mcseg.config": 0, "mcseg.runtime": 0, "mcseg.errors": 0, "mcseg.targets": 0, "mcseg.environment": 0,
     "mcseg.text": 0, "mcseg.files": 0, "mcseg.identity": 0,
 }
-# Within the middle layer: data and metrics never import post-hoc calibration, which builds on both.
-NEVER = {"mcseg.data": ("mcseg.calibration",), "mcseg.metrics": ("mcseg.calibration",)}
+# Within the middle layer: data and metrics never import post-hoc calibration, which builds on both; the trackers
+# (used by training, evaluate.py and sweeps) never import training.
+NEVER = {"mcseg.data": ("mcseg.calibration",), "mcseg.metrics": ("mcseg.calibration",),
+         "mcseg.trackers": ("mcseg.training",)}
 
 
 def _modules() -> dict[str, Path]:

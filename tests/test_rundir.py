@@ -365,7 +365,7 @@ def test_tensorboard_events_that_cannot_be_written_stop_its_logging_with_one_war
     import threading
     from types import SimpleNamespace
 
-    from mcseg.training import tb_logger
+    from mcseg.trackers import tb_logger
 
     class FullWriter:
         def add_scalar(self, *args):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from mcseg.trackers.base import Tracker
 from tests.conftest import ROOT, TINY_2D, compose_config, require, run_cli
 
 
@@ -172,13 +173,15 @@ def test_a_sweep_job_is_a_child_of_the_sweeps_parent_run(tmp_path, store):
     """What a sweep's jobs find in its folder (written before the first job by the SweepSummary callback)."""
     from mlflow.tracking import MlflowClient
 
-    from mcseg.training.loggers import build_trackers, close_sweep, open_sweep
+    from mcseg.trackers import build_trackers, close_sweep, open_sweep, preset_node
 
-    logger = {"mlflow": {"tracking_uri": store, "experiment_name": "sweeps"}, "wandb": {"mode": "offline"}}
+    logger = {"mlflow": {**preset_node("mlflow"), "tracking_uri": store, "experiment_name": "sweeps"},
+              "wandb": {**preset_node("wandb"), "mode": "offline"}}
     sweep = tmp_path / "multiruns/2026-01-01_00-00-00"
     open_sweep(logger, sweep)
     parent = json.loads((sweep / "trackers.json").read_text())
-    assert parent["wandb"] == {"group": "2026-01-01_00-00-00"}
+    assert parent["wandb"]["group"] == "2026-01-01_00-00-00"
+    assert parent["wandb"]["_target_"] == "mcseg.trackers.wandb_tracker.WandbTracker"  # the class its record reopens
     jobs = [build_trackers({"mlflow": logger["mlflow"]}, sweep / f"{n}_seed={n}", sweep_dir=sweep,
                            run_name=f"{n}_seed={n}") for n in range(2)]
     for job in jobs:
@@ -197,8 +200,8 @@ def test_a_sweep_job_is_a_child_of_the_sweeps_parent_run(tmp_path, store):
 def test_a_tracker_that_fails_warns_once_and_the_run_goes_on(tmp_path, caplog):
     """A tracker raising (a locked database, a server that does not answer) is one warning naming it and the
     error; the others go on and the failure is recorded for the run's status."""
-    from mcseg.training.loggers import Trackers
-    from mcseg.training.loggers.base import Tracker, failures, reset_failures
+    from mcseg.trackers import Trackers
+    from mcseg.trackers.base import Tracker, failures, reset_failures
 
     class Locked(Tracker):
         name = "mlflow"
@@ -250,25 +253,34 @@ def test_a_store_that_cannot_be_opened_is_recorded_in_the_runs_status(tmp_path, 
 
 
 def test_logger_group_composes_each_tracker_and_lists_of_them(tmp_path, monkeypatch):
-    from mcseg.config import LoggerConfig, typed
+    from mcseg import trackers
+    from mcseg.config import check_logger
     from mcseg.errors import ConfigError
-    from mcseg.training import loggers
 
     def chosen(*overrides):
         cfg = compose_config("train", list(overrides), tmp_path / "run")
-        return loggers.enabled(cfg.logger), typed(cfg.logger, LoggerConfig, "logger")
+        return trackers.enabled(cfg.logger), check_logger(cfg.logger), cfg.logger
 
     assert chosen()[0] == ["tensorboard"]  # the default, as before
     assert chosen("logger=none")[0] == [] and chosen("logger=none")[1].images == 0
     assert chosen("logger=[tensorboard,mlflow]")[0] == ["tensorboard", "mlflow"]
-    names, typed_cfg = chosen("logger=[csv,wandb]", "logger.wandb.mode=online")
-    assert names == ["csv", "wandb"] and typed_cfg.wandb.mode == "online" and typed_cfg.images == 2
-    assert chosen("logger=mlflow")[1].mlflow.tracking_uri == "sqlite:///outputs/mlflow.db"
+    names, typed_cfg, node = chosen("logger=[csv,wandb]", "logger.wandb.mode=online")
+    assert names == ["csv", "wandb"] and node.wandb.mode == "online" and typed_cfg.images == 2
+    assert chosen("logger=mlflow")[2].mlflow.tracking_uri == "sqlite:///outputs/mlflow.db"
     with pytest.raises(ConfigError, match="logger.wandb.mode"):
         chosen("logger=wandb", "logger.wandb.mode=sometimes")
+    with pytest.raises(ConfigError, match=r"'logger.tensorboard.dir' is not a parameter of .*TensorBoardTracker"):
+        chosen("+logger.tensorboard.dir=tb")  # a tracker without settings takes none
+    with pytest.raises(ConfigError, match=r"config key 'logger.mlflow.tracking_ur' is not a parameter"):
+        chosen("logger=mlflow", "+logger.mlflow.tracking_ur=x")
+    with pytest.raises(ConfigError, match=r"config key 'logger.extra': expected a tracker node with a _target_"):
+        chosen("+logger.extra=1")
+    with_wandb = chosen("logger=[tensorboard,wandb]")[2]
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ConfigError, match=r"logger=mlflow needs the mlflow library: pip install .*\[mlflow\]"):
-        loggers.build_trackers({"mlflow": {}}, tmp_path / "run")
+        trackers.build_trackers({"mlflow": trackers.preset_node("mlflow")}, tmp_path / "run")
+    with pytest.raises(ConfigError, match=r"logger=wandb needs the wandb library: pip install .*\[wandb\]"):
+        trackers.check_libraries(with_wandb)  # what build_run asks before anything is written
 
 
 @pytest.mark.slow
@@ -302,11 +314,11 @@ def _open_mlflow_only(settings: dict, run_dir: Path, limit_s: float = 30.0):
     import threading
     import time
 
-    from mcseg.training.loggers import build_trackers
+    from mcseg.trackers import build_trackers, preset_node
 
     built: dict = {}
     thread = threading.Thread(target=lambda: built.update(trackers=build_trackers(
-        {"mlflow": settings, "csv": {"dir": "csv"}}, run_dir)), daemon=True)
+        {"mlflow": {**preset_node("mlflow"), **settings}, "csv": preset_node("csv")}, run_dir)), daemon=True)
     start = time.monotonic()
     thread.start()
     thread.join(limit_s)
@@ -321,7 +333,7 @@ def test_an_unreachable_tracking_server_is_one_warning_at_start_not_minutes_of_r
     status.json's tracker_failures names it. ``silent``: a loopback socket that accepts and never answers."""
     import socket
 
-    from mcseg.training.loggers.base import failures, reset_failures
+    from mcseg.trackers.base import failures, reset_failures
 
     reset_failures()
     listener = socket.socket()
@@ -349,7 +361,7 @@ def test_a_read_only_store_is_reported_with_its_path_not_sqlalchemys_autoflush_h
     """A read-only mlflow.db was reported as "(raised as a result of Query-invoked autoflush; consider using a
     session.no_autoflush block ...)". Now the cause and the file. (The tests may run as root, whom the OS lets
     write a read-only file: the file is made unwritable through os.access, which is what a user's process sees.)"""
-    from mcseg.training.loggers.base import failures, reset_failures
+    from mcseg.trackers.base import failures, reset_failures
 
     reset_failures()
     db = tmp_path / "store" / "mlflow.db"
@@ -365,3 +377,60 @@ def test_a_read_only_store_is_reported_with_its_path_not_sqlalchemys_autoflush_h
     assert f"{db}" in failure["error"] and "not writable" in failure["error"]
     assert "autoflush" not in failure["error"]
     reset_failures()
+
+
+class ToyTracker(Tracker):
+    """A tracker added by this class and one config node (README, "Extending mcseg"): it keeps what it is sent."""
+
+    name = "toy"
+    received: list = []  # (evaluation name, figures, step, prefix), in the order they came
+
+    def __init__(self, prefix: str = "eval"):
+        self.prefix = prefix
+
+    def evaluation(self, name, metrics, files, step, hparams=None):
+        ToyTracker.received.append((name, metrics, step, self.prefix))
+
+    def record(self):
+        return {}  # nothing to say where, but kept: a re-evaluation reopens it by its record
+
+
+def test_a_record_without_its_class_reopens_the_preset_of_its_name(tmp_path):
+    """A trackers.json written before trackers recorded their class: each name finds configs/logger/<name>.yaml."""
+    from mcseg.trackers import reopen_trackers
+
+    (tmp_path / "trackers.json").write_text(json.dumps({"csv": {"dir": str(tmp_path / "csv")}, "step": 3}))
+    trackers = reopen_trackers(tmp_path)
+    assert trackers.names == ["csv"] and trackers.trackers[0].dir == tmp_path / "csv"
+
+
+def test_a_tracker_is_one_class_and_one_config_node(tmp_path, monkeypatch):
+    """Issue #44: a tracker is a class and a ``_target_`` node (no list of names, no schema in config.py); an
+    evaluation's figures reach it, a re-evaluation reopens it from trackers.json, its settings are checked at start."""
+    from mcseg.config import check_logger
+    from mcseg.errors import ConfigError
+    from mcseg.evaluate import evaluate
+    from mcseg.train import train
+
+    monkeypatch.setenv("MCSEG_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("MCSEG_EXTRA_TARGETS", "tests.test_trackers.")  # a target outside mcseg is the user's choice
+    toy = ["+logger.toy._target_=tests.test_trackers.ToyTracker", "+logger.toy.prefix=mine"]
+    run = tmp_path / "run"
+    ToyTracker.received.clear()
+    train(compose_config("train", TINY_2D + ["logger=none", "trainer.max_epochs=1", *toy], run))
+    [(name, figures, step, prefix)] = ToyTracker.received
+    summary = json.loads((run / "eval/test/summary.json").read_text())
+    assert name == "test" and prefix == "mine" and step > 0
+    assert figures["mean_foreground_dice"] == summary["mean_foreground_dice"]
+    assert figures["mean_ece"] == summary["mean_ece"]
+    assert json.loads((run / "trackers.json").read_text())["toy"] == {"_target_": "tests.test_trackers.ToyTracker"}
+    evaluate(compose_config("evaluate", [f"ckpt={run}", "split=val"], tmp_path / "evaluate"))
+    assert [r[0] for r in ToyTracker.received] == ["test", "val"]  # eval/val of the run
+    val = json.loads((run / "eval/val/summary.json").read_text())
+    assert ToyTracker.received[1][1]["mean_foreground_dice"] == val["mean_foreground_dice"]
+    with pytest.raises(ConfigError, match=r"config key 'logger.toy.prefx' is not a parameter of .*ToyTracker"):
+        check_logger(compose_config("train", ["+logger.toy._target_=tests.test_trackers.ToyTracker",
+                                              "+logger.toy.prefx=x"], tmp_path / "bad").logger)
+    with pytest.raises(ConfigError, match=r"config key 'logger.toy.prefix'=3: expected a string"):
+        check_logger(compose_config("train", [*toy[:1], "+logger.toy.prefix=3"], tmp_path / "bad").logger)
+    ToyTracker.received.clear()

@@ -14,7 +14,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from mcseg.calibration import PosthocConfig
-from mcseg.config import EvalProtocol, InferenceConfig, LoggerConfig, TrainerConfig, typed, validate_train_config
+from mcseg.config import EvalProtocol, InferenceConfig, LoggerConfig, TrainerConfig, check_logger, typed, validate_train_config
 from mcseg.data.base import SegmentationDataset
 from mcseg.data.build import Splits, build_dataset, check_run_inputs, record_dataset_facts, resolve_split
 from mcseg.data.fingerprint import split_fingerprints
@@ -31,7 +31,7 @@ from mcseg.runtime import describe_device, keep_freed_memory, seed_everything, t
 from mcseg.targets import instantiate_checked
 from mcseg.training.distributed import DistContext, init_distributed
 from mcseg.training.loader import build_train_loader, load_cases
-from mcseg.training.loggers import Trackers, build_trackers, check_libraries, config_params, flatten, logger_settings
+from mcseg.trackers import Trackers, build_trackers, check_libraries, config_params, flatten, logger_settings
 from mcseg.training.relaunch import check_launch
 from mcseg.training.trainer import Trainer
 
@@ -90,7 +90,7 @@ def build_run(cfg: DictConfig) -> Run:
     validate_train_config(cfg)
     run_dir = Path(cfg.paths.output_dir)
     tcfg: TrainerConfig = typed(cfg.trainer, TrainerConfig, "trainer")
-    lcfg: LoggerConfig = typed(cfg.logger, LoggerConfig, "logger")
+    lcfg: LoggerConfig = check_logger(cfg.logger)
     check_libraries(cfg.logger)  # logger=mlflow without the extra: refused before anything is written
     inference: InferenceConfig = typed(cfg.inference, InferenceConfig, "inference")
     protocol: EvalProtocol = typed(cfg.evaluation, EvalProtocol, "evaluation")
@@ -159,7 +159,7 @@ def build_run(cfg: DictConfig) -> Run:
 
 def open_trackers(container: dict, run_dir: Path, dataset_name: str, resumed: bool, identity: dict,
                   environment: dict) -> Trackers:
-    """The trackers of ``logger`` (mcseg.training.loggers) for this run: a fresh run sends its flat configuration
+    """The trackers of ``logger`` (mcseg.trackers) for this run: a fresh run sends its flat configuration
     and its identity and provenance (code, libraries, data fingerprint); a resumed one reopens its run."""
     logger = logger_settings(container.get("logger"), dataset_name)
     trackers = build_trackers(logger, run_dir, resumed=resumed, sweep_dir=sweep_dir_of_job(), run_name=run_dir.name)

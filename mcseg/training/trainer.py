@@ -49,7 +49,7 @@ from mcseg.evaluation.figures import summary_keys
 from mcseg.inference.volume import autocast_context
 from mcseg.evaluation.cases import evaluate_cases
 from mcseg.inference.predict import SegmentationPredictor
-from mcseg.training.loggers import Trackers
+from mcseg.trackers import Trackers
 from mcseg.training.window import FINITE, WHAT, BadStep, TrainingWindow, nonfinite_code
 from mcseg.errors import NonFiniteLossError, TrainingInterrupted
 from mcseg.losses.base import target_checks

@@ -11,15 +11,25 @@ from __future__ import annotations
 import shutil
 import uuid
 from pathlib import Path
+from typing import Literal
 
-from mcseg.training.loggers.base import Tracker
+from mcseg.trackers.base import Tracker
 
 
 class WandbTracker(Tracker):
-    name = "wandb"
+    name, library, extra = "wandb", "wandb", "wandb"
 
-    def __init__(self, settings: dict, run_dir: Path, record=None, parent=None, run_name=None, resumed=False):
+    def __init__(self, mode: Literal["offline", "online", "disabled"] = "offline", project: str = "mcseg",
+                 entity: str | None = None, group: str | None = None, name: str | None = None,
+                 tags: list[str] | None = None):
+        # ``name`` is the wandb run's name (the class's own ``name`` is its key in trackers.json)
+        self.settings = {"mode": mode, "project": project, "entity": entity, "group": group, "name": name,
+                         "tags": list(tags or [])}
+
+    def open(self, run_dir: Path, record=None, parent=None, run_name=None, resumed=False):
         import wandb
+
+        settings = self.settings
 
         record = record or {}
         self.run_dir, self._pending = run_dir, []
@@ -57,6 +67,9 @@ class WandbTracker(Tracker):
     def record(self):
         return {"id": self.id, "project": self.project, "mode": self.mode, "group": self.group,
                 "dir": str(self.run_dir / "wandb")}
+
+    def open_sweep(self, sweep_dir):
+        return {"group": self.settings.get("group") or sweep_dir.name}
 
     def close(self, status="FINISHED"):
         if status == "FINISHED":

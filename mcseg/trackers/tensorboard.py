@@ -1,11 +1,11 @@
-"""TensorBoard as a tracker: today's events in ``<run>/tensorboard`` (:mod:`mcseg.training.tb_logger`)."""
+"""TensorBoard as a tracker: today's events in ``<run>/tensorboard`` (:mod:`mcseg.trackers.tb_logger`)."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from mcseg.evaluation.figures import summary_keys
-from mcseg.training.loggers.base import Tracker, note_failure
-from mcseg.training.tb_logger import TensorBoardLogger
+from mcseg.trackers.base import Tracker, note_failure
+from mcseg.trackers.tb_logger import TensorBoardLogger
 
 
 class TensorBoardTracker(Tracker):
@@ -15,7 +15,7 @@ class TensorBoardTracker(Tracker):
 
     name = "tensorboard"
 
-    def __init__(self, settings: dict, run_dir: Path, record=None, parent=None, run_name=None, resumed=False):
+    def open(self, run_dir: Path, record=None, parent=None, run_name=None, resumed=False):
         self.tb = TensorBoardLogger(run_dir / "tensorboard")
 
     def _call(self, method: str, *args) -> None:

@@ -1,5 +1,10 @@
 """The tracker interface (:class:`Tracker`) and the record of this job's tracker failures; what every tracker
-implements (:mod:`mcseg.training.loggers` calls them as one)."""
+implements (:mod:`mcseg.trackers` calls them as one).
+
+A tracker is one class and one config node: ``configs/logger/<name>.yaml`` holds ``<name>: {_target_: <class>,
+<settings>}``. Its constructor takes the settings as keyword arguments (each with a default and an annotation:
+the config check, :func:`mcseg.config.check_target_keys`, names a misspelt key or a wrong type at start) and does
+nothing else; :meth:`Tracker.open` then opens its run."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -24,7 +29,26 @@ def note_failure(name: str, error: str) -> None:
 class Tracker:
     """One tracker. A method may raise: :class:`Trackers` turns it into one warning and turns the tracker off."""
 
-    name = "tracker"
+    name = "tracker"  # its key in trackers.json (the record a resume or re-evaluation reopens it by)
+    library: str | None = None  # the module it needs (refused at start when not installed, naming the extra)
+    extra: str | None = None  # the pip extra that installs it
+
+    def __init__(self) -> None:
+        """No settings (a subclass names its own as keyword arguments; the config check reads this signature,
+        so a key the tracker does not take is refused at start)."""
+
+    def open(self, run_dir: Path, record: dict | None = None, parent: dict | None = None,
+             run_name: str | None = None, resumed: bool = False) -> None:
+        """Open the run in ``run_dir``: ``record`` is what :meth:`record` kept of it (a resume, a re-evaluation),
+        ``parent`` what :meth:`open_sweep` kept of the sweep it is a job of, ``run_name`` the run folder's name."""
+
+    def open_sweep(self, sweep_dir: Path) -> dict | None:
+        """A sweep's parent (an MLflow parent run, a wandb group) before its first job: what its jobs' ``parent``
+        is (kept in ``<sweep>/trackers.json``), or None when this tracker has none."""
+        return None
+
+    def close_sweep(self, record: dict, files: list[Path], status: str = "FINISHED") -> None:
+        """End the sweep's parent that :meth:`open_sweep` recorded, with the sweep's summary files."""
 
     def start(self, params: dict[str, Any], tags: dict[str, str]) -> None:
         """The run's flat configuration and its identity and provenance (a fresh run only, not a resume)."""

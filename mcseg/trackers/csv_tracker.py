@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from mcseg.training.loggers.base import Tracker
+from mcseg.trackers.base import Tracker
 
 METRICS_FILE, PARAMS_FILE = "metrics.csv", "params.csv"
 
@@ -16,8 +16,11 @@ class CSVTracker(Tracker):
 
     name = "csv"
 
-    def __init__(self, settings: dict, run_dir: Path, record=None, parent=None, run_name=None, resumed=False):
-        self.dir = Path((record or {}).get("dir") or run_dir / (settings.get("dir") or "csv"))
+    def __init__(self, dir: str = "csv"):  # noqa: A002: the config key (inside the run folder)
+        self.folder = dir
+
+    def open(self, run_dir: Path, record=None, parent=None, run_name=None, resumed=False):
+        self.dir = Path((record or {}).get("dir") or run_dir / (self.folder or "csv"))
 
     def start(self, params, tags):
         self.dir.mkdir(parents=True, exist_ok=True)

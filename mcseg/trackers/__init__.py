@@ -12,33 +12,39 @@ Every tracker receives the same things:
   classwise ECE, NLL, Brier, failure detection, robustness under shift) as ``eval/<split>/<metric>``, and the
   files a person opens (``summary.json``, the reliability diagrams, risk-coverage and shift figures).
 
-Which run a tracker wrote to is kept in the run folder, ``trackers.json``: a resumed run, a re-evaluation
+A tracker is one class (a :class:`~mcseg.trackers.base.Tracker` subclass, its settings the keyword arguments of
+its constructor) and one config node, ``configs/logger/<name>.yaml``: ``<name>: {_target_: <class>, ...}``.
+:func:`build_trackers` instantiates every node of the ``logger`` config that has a ``_target_``, in the node's
+order; there is no list of names. Which run a tracker wrote to is kept in the run folder, ``trackers.json``, under
+the tracker's ``name`` with its class (``_target_``): a resumed run, a re-evaluation
 (``evaluate.py``) and the jobs of a sweep (its folder holds the parent's) write to the run they belong to.
 
 A tracker that fails (a locked database, a server that does not answer, a full disk) never loses the run:
 one warning names the tracker and the error, the tracker is off for the rest of the process's run, and the
 failure is recorded (:func:`failures`, which :func:`mcseg.sweep.run_job` puts into ``status.json``). A tracking
 server is probed once at start with a short timeout and a SQLite store checked to be writable
-(:func:`mcseg.training.loggers.mlflow_tracker.client_for`): minutes of a client's retries, or SQLAlchemy's
+(:func:`mcseg.trackers.mlflow_tracker.client_for`): minutes of a client's retries, or SQLAlchemy's
 message in place of the cause, are one warning naming the cause. A tracker
 whose library is not installed is refused at start, naming the extra to install.
 """
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from mcseg.files import write_json
 from mcseg.errors import ConfigError
-from mcseg.training.loggers.base import Tracker, note_failure
+from mcseg.targets import check_targets
+from mcseg.trackers.base import Tracker, note_failure
 
 log = logging.getLogger(__name__)
 
 RECORD_FILE = "trackers.json"  # in a run folder: each tracker's run (MLflow run id, wandb id); in a sweep folder: the parent's
-NAMES = ("tensorboard", "csv", "mlflow", "wandb")
 # Summary keys logged as final figures (besides every numeric ``mean_*``), and the nested blocks flattened.
 _NESTED = ("failure_detection", "posthoc")
 
@@ -104,7 +110,7 @@ class Trackers:
         and ``step``, the run's last global step (where a re-evaluation logs its figures)."""
         if self.run_dir is None:
             return
-        records = {t.name: r for t in self.trackers if (r := t.record()) is not None}
+        records = {t.name: {**r, "_target_": target_of(t)} for t in self.trackers if (r := t.record()) is not None}
         if not records:  # TensorBoard alone keeps nothing to reopen
             return
         if step is not None:
@@ -182,21 +188,68 @@ def evaluation_files(out_dir: Path | None) -> list[Path]:
 
 
 def logger_settings(logger: dict | None, dataset_name: str | None) -> dict:
-    """The resolved ``logger`` node with its defaults filled in: MLflow's experiment is the dataset's name."""
+    """The resolved ``logger`` node with its defaults filled in: a tracker's ``experiment_name: null`` (MLflow's)
+    is the dataset's name."""
     settings = {k: (dict(v) if isinstance(v, dict) else v) for k, v in (logger or {}).items()}
-    if isinstance(settings.get("mlflow"), dict):
-        settings["mlflow"]["experiment_name"] = settings["mlflow"].get("experiment_name") or dataset_name or "mcseg"
+    for node in settings.values():
+        if isinstance(node, dict) and "experiment_name" in node:
+            node["experiment_name"] = node["experiment_name"] or dataset_name or "mcseg"
     return settings
 
 
+def tracker_nodes(logger_cfg) -> dict[str, dict]:
+    """The trackers a ``logger`` node turns on: each of its nodes that has a ``_target_``, in the node's order
+    (``logger=[tensorboard,mlflow]`` composes one node per preset; ``images`` is not a tracker)."""
+    return {str(k): dict(v) for k, v in (logger_cfg or {}).items()
+            if isinstance(v, Mapping) and v.get("_target_")}
+
+
 def enabled(logger_cfg) -> list[str]:
-    """The trackers a ``logger`` node turns on, in :data:`NAMES` order."""
-    return [name for name in NAMES if (logger_cfg or {}).get(name) not in (None, False)]
+    """The names of the trackers a ``logger`` node turns on (:func:`tracker_nodes`)."""
+    return list(tracker_nodes(logger_cfg))
+
+
+def tracker_class(target: str, key: str) -> type[Tracker]:
+    """The class a ``_target_`` names (inside the allow-list of :mod:`mcseg.targets`: a record or a shared config
+    cannot run code); its library checked (:func:`require`)."""
+    check_targets({"_target_": str(target)}, key)
+    module, _, attr = str(target).rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ConfigError(f"config key '{key}._target_': cannot import {target!r} ({exc})") from None
+    if not (isinstance(cls, type) and issubclass(cls, Tracker)):
+        raise ConfigError(f"config key '{key}._target_': {target} is not a Tracker (mcseg.trackers.base)")
+    require(cls, key.removeprefix("logger."))
+    return cls
+
+
+def instantiate(node: dict, key: str) -> Tracker:
+    """The tracker of one ``_target_`` node: its class called with the node's settings."""
+    settings = {k: v for k, v in node.items() if not str(k).startswith("_")}
+    return tracker_class(node["_target_"], key)(**settings)
+
+
+def target_of(tracker: Tracker) -> str:
+    return f"{type(tracker).__module__}.{type(tracker).__qualname__}"
+
+
+def preset_node(name: str) -> dict:
+    """The node of ``configs/logger/<name>.yaml`` ({} when there is none): where a record written before
+    trackers named their class (a ``trackers.json`` without ``_target_``) finds it."""
+    from omegaconf import OmegaConf
+
+    from mcseg.config import CONFIG_DIR
+
+    path = Path(CONFIG_DIR) / "logger" / f"{name}.yaml"
+    node = OmegaConf.to_container(OmegaConf.load(path)).get(name) if path.is_file() else None
+    return dict(node) if isinstance(node, dict) else {}
 
 
 def build_trackers(logger_cfg: dict, run_dir: Path, resumed: bool = False, sweep_dir: Path | None = None,
                    run_name: str | None = None, reopen: bool = False) -> Trackers:
-    """The trackers ``logger_cfg`` (the resolved ``logger`` node) turns on, for the run in ``run_dir``.
+    """The trackers ``logger_cfg`` (the resolved ``logger`` node) turns on, for the run in ``run_dir``: each node
+    with a ``_target_`` instantiated with its settings, then opened.
 
     ``resumed`` or ``reopen`` (a re-evaluation): each reopens the run recorded in ``<run>/trackers.json``.
     ``sweep_dir``: the folder of the sweep this run is a job of (its ``trackers.json`` names the parent run).
@@ -204,89 +257,81 @@ def build_trackers(logger_cfg: dict, run_dir: Path, resumed: bool = False, sweep
     record = read_record(run_dir) if (resumed or reopen) else {}
     parent = read_record(sweep_dir) if sweep_dir is not None else {}
     built = Trackers([], run_dir)
-    for name in enabled(logger_cfg):
-        settings = dict(logger_cfg[name]) if isinstance(logger_cfg[name], dict) else {}
-        factory = _factory(name)
+    for key, node in tracker_nodes(logger_cfg).items():
+        tracker = instantiate(node, f"logger.{key}")
         try:
-            built.trackers.append(factory(settings, run_dir, record.get(name), parent.get(name), run_name, resumed=resumed))
+            tracker.open(run_dir, record.get(tracker.name), parent.get(tracker.name), run_name, resumed=resumed)
         except ConfigError:
             raise
         except Exception as exc:  # noqa: BLE001: a server that does not answer at start: the run goes on
-            built.failed(_Named(name), exc)
+            built.failed(tracker, exc)
+        else:
+            built.trackers.append(tracker)
     return built
 
 
+def recorded_nodes(record: dict) -> dict[str, dict]:
+    """The trackers a ``trackers.json`` names, as ``_target_`` nodes without settings (their record says where)."""
+    nodes = {}
+    for name, entry in record.items():
+        target = entry.get("_target_") or preset_node(name).get("_target_") if isinstance(entry, dict) else None
+        if target:
+            nodes[name] = {"_target_": target}
+    return nodes
+
+
 def reopen_trackers(run_dir: Path, record: dict | None = None) -> Trackers:
-    """The trackers a run logged to, reopened from its ``trackers.json`` (a re-evaluation): their record says
-    where (MLflow's store and run id, wandb's id and mode, the CSV folder). TensorBoard keeps training only."""
+    """The trackers a run logged to, reopened from its ``trackers.json`` (a re-evaluation): each entry names its
+    class and says where (MLflow's store and run id, wandb's id and mode, the CSV folder). TensorBoard keeps
+    training only (it records nothing)."""
     record = read_record(run_dir) if record is None else record
-    names = [n for n in NAMES if n != "tensorboard" and isinstance(record.get(n), dict)]
-    return build_trackers({n: {} for n in names}, run_dir, reopen=True)
-
-
-class _Named(Tracker):
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-
-def _factory(name: str):
-    if name == "tensorboard":
-        from mcseg.training.loggers.tensorboard import TensorBoardTracker as factory
-    elif name == "csv":
-        from mcseg.training.loggers.csv_tracker import CSVTracker as factory
-    elif name == "mlflow":
-        _require("mlflow", "mlflow")
-        from mcseg.training.loggers.mlflow_tracker import MlflowTracker as factory
-    else:
-        _require("wandb", "wandb")
-        from mcseg.training.loggers.wandb_tracker import WandbTracker as factory
-    return factory
+    return build_trackers(recorded_nodes(record), run_dir, reopen=True)
 
 
 def check_libraries(logger_cfg) -> None:
     """A ConfigError, before anything is written, for a tracker that is on but whose library is not installed."""
-    for name in enabled(logger_cfg):
-        if name in ("mlflow", "wandb"):
-            _require(name, name)
+    for key, node in tracker_nodes(logger_cfg).items():
+        tracker_class(node["_target_"], f"logger.{key}")
 
 
-def _require(module: str, extra: str) -> None:
+def require(cls: type[Tracker], key: str) -> None:
+    """A ConfigError naming the extra to install when ``cls``'s library (:attr:`Tracker.library`) is missing."""
     import importlib.util
 
-    if importlib.util.find_spec(module) is None:
-        raise ConfigError(f"logger={extra} needs the {module} library: pip install -c constraints-cpu.txt "
-                          f"-e '.[{extra}]' (or drop logger={extra})")
+    if cls.library and importlib.util.find_spec(cls.library) is None:
+        extra = cls.extra or cls.library
+        raise ConfigError(f"logger={key} needs the {cls.library} library: pip install -c constraints-cpu.txt "
+                          f"-e '.[{extra}]' (or drop logger={key})")
 
 
 def open_sweep(logger_cfg: dict, sweep_dir: Path) -> None:
-    """A sweep's parent in each tracker that has one (MLflow: a parent run; wandb: a group named after the
-    sweep folder), kept in ``<sweep>/trackers.json`` for its jobs. A tracker that fails is warned of; its jobs
-    then log as runs of their own."""
+    """A sweep's parent in each tracker that has one (:meth:`Tracker.open_sweep`; MLflow: a parent run; wandb: a
+    group named after the sweep folder), kept in ``<sweep>/trackers.json`` for its jobs. A tracker that fails is
+    warned of; its jobs then log as runs of their own."""
     sweep_dir = Path(sweep_dir)
     record = read_record(sweep_dir)  # a sweep run again into its folder keeps its parent
-    names = enabled(logger_cfg)
-    if "mlflow" in names and "mlflow" not in record:
-        _require("mlflow", "mlflow")
-        from mcseg.training.loggers.mlflow_tracker import open_parent
-
+    for key, node in tracker_nodes(logger_cfg).items():
+        tracker = instantiate(node, f"logger.{key}")
+        if tracker.name in record:
+            continue
         try:
-            record["mlflow"] = open_parent(dict(logger_cfg["mlflow"] or {}), sweep_dir, sweep_dir.name)
+            parent = tracker.open_sweep(sweep_dir)
         except Exception as exc:  # noqa: BLE001
-            Trackers([]).failed(_Named("mlflow"), exc)
-    if "wandb" in names and "wandb" not in record:
-        record["wandb"] = {"group": (dict(logger_cfg["wandb"] or {})).get("group") or sweep_dir.name}
+            Trackers([]).failed(tracker, exc)
+            continue
+        if parent is not None:
+            record[tracker.name] = {**parent, "_target_": target_of(tracker)}
     if record:
         sweep_dir.mkdir(parents=True, exist_ok=True)
         write_json(sweep_dir / RECORD_FILE, record)
 
 
 def close_sweep(sweep_dir: Path, files: list[Path], status: str = "FINISHED") -> None:
-    """End the sweep's parent runs, with the sweep's summary files as their artefacts."""
-    record = read_record(sweep_dir).get("mlflow")
-    if record:
-        from mcseg.training.loggers.mlflow_tracker import close_parent
-
+    """End the sweep's parent runs (:meth:`Tracker.close_sweep`), with the sweep's summary files as artefacts."""
+    record = read_record(sweep_dir)
+    for key, node in recorded_nodes(record).items():
+        tracker = instantiate(node, f"logger.{key}")
         try:
-            close_parent(record, [p for p in files if Path(p).is_file()], status)
+            tracker.close_sweep(record[key], [p for p in files if Path(p).is_file()], status)
         except Exception as exc:  # noqa: BLE001
-            Trackers([]).failed(_Named("mlflow"), exc)
+            Trackers([]).failed(tracker, exc)

@@ -15,7 +15,7 @@ import os
 import re
 from pathlib import Path
 
-from mcseg.training.loggers.base import Tracker
+from mcseg.trackers.base import Tracker
 
 PARAM_VALUE_MAX = 6000  # MLflow's limit on a parameter's value (longer ones are cut, ending with "...")
 _BATCH = 100  # parameters per log_batch call (MLflow's limit)
@@ -99,9 +99,15 @@ def experiment_id(client, name: str, uri: str) -> str:
 
 
 class MlflowTracker(Tracker):
-    name = "mlflow"
+    name, library, extra = "mlflow", "mlflow", "mlflow"
 
-    def __init__(self, settings: dict, run_dir: Path, record=None, parent=None, run_name=None, resumed=False):
+    def __init__(self, tracking_uri: str | None = "sqlite:///outputs/mlflow.db", experiment_name: str | None = None,
+                 run_name: str | None = None, tags: dict | None = None):
+        self.settings = {"tracking_uri": tracking_uri, "experiment_name": experiment_name, "run_name": run_name,
+                         "tags": dict(tags or {})}
+
+    def open(self, run_dir: Path, record=None, parent=None, run_name=None, resumed=False):
+        settings = self.settings
         self.uri = store_uri((record or {}).get("tracking_uri") or settings.get("tracking_uri"))
         self.client = client_for(self.uri)
         self._pending: list[tuple[int, dict]] = []
@@ -149,6 +155,12 @@ class MlflowTracker(Tracker):
 
     def record(self):
         return {"run_id": self.run_id, "experiment_id": self.experiment_id, "tracking_uri": self.uri}
+
+    def open_sweep(self, sweep_dir):
+        return open_parent(self.settings, sweep_dir, sweep_dir.name)
+
+    def close_sweep(self, record, files, status="FINISHED"):
+        close_parent(record, files, status)
 
     def close(self, status="FINISHED"):
         if status == "FINISHED":
