@@ -16,6 +16,7 @@ from mcseg.calibration.scalers import SCALER_TYPES, FitData, FitOptions, build_s
 from mcseg.data.cases import CaseData
 from mcseg.errors import ConfigError
 from tests.test_binning_calibrators import FIT, LABELS, TOP_FIT, TOP_LABELS
+from tests.conftest import TINY_2D
 from tests.test_posthoc_wiring import fake_predictor
 
 FLOOR_LOGIT = math.log(1e-12)
@@ -133,3 +134,32 @@ def test_fit_records_how_many_fit_voxels_changed_their_argmax(tmp_path):
     w, b = (torch.tensor(stored["vector"][k])[:, None] for k in ("weight", "bias"))
     assert stored["vector"]["argmax_changes"]["count"] == int(((z * w + b).argmax(0) != z.argmax(0)).sum())
     assert not record["warnings"]
+
+
+def test_a_run_fits_and_applies_binning_scalers_and_evaluate_reuses_them(make_cfg, tmp_path, one_thread):
+    from mcseg.evaluate import evaluate
+    from mcseg.train import train
+
+    result = train(make_cfg(TINY_2D + ["posthoc.fit=[histogram,isotonic_top]", "posthoc.apply=[histogram,isotonic_top]",
+                                       "posthoc.voxels=balanced", "posthoc.histogram_bins=10"]))
+    run = tmp_path / "run"
+    (record,) = json.loads((run / "calibration.json").read_text())["fits"].values()
+    for name, mode in (("histogram", "classwise"), ("isotonic_top", "top_label")):
+        fit = record["scalers"][name]
+        assert (fit["voxels"], fit["mode"], fit["calibrator"]["mode"]) == ("balanced", mode, mode)
+        assert fit["argmax_changes"]["of"] == record["n_voxels"] > 0 and 0 <= fit["argmax_changes"]["share"] <= 1
+        assert fit["nll_after"] <= fit["nll_before"]
+    assert record["scalers"]["histogram"]["calibrator"]["n_bins"] == 10
+    summary = json.loads((run / "eval" / "test" / "summary.json").read_text())
+    assert summary["posthoc"]["histogram"]["label"] == "histogram (balanced, classwise, 10 bins)"
+    assert "test_isotonic_top/mean_ece" in result
+    after = json.loads((run / "eval" / "test" / "isotonic_top" / "summary.json").read_text())
+    assert after["posthoc"]["params"]["calibrator"] == record["scalers"]["isotonic_top"]["calibrator"]
+    # evaluate.py applies the fits on record to another split, without fitting again
+    stamp = (run / "calibration.json").read_text()
+    evaluate(make_cfg([f"ckpt={run / 'checkpoints' / 'best.pt'}", "split=val", "posthoc.apply=[histogram]"],
+                      config_name="evaluate", output_dir=tmp_path / "eval_job"))
+    assert (run / "calibration.json").read_text() == stamp
+    val = json.loads((run / "eval" / "val" / "histogram" / "summary.json").read_text())
+    assert val["posthoc"]["params"]["calibrator"] == record["scalers"]["histogram"]["calibrator"]
+    assert math.isfinite(val["mean_nll"])
