@@ -136,6 +136,7 @@ def test_fit_records_how_many_fit_voxels_changed_their_argmax(tmp_path):
     assert not record["warnings"]
 
 
+@pytest.mark.slow  # a training (~20 s on one core)
 def test_a_run_fits_and_applies_binning_scalers_and_evaluate_reuses_them(make_cfg, tmp_path, one_thread):
     from mcseg.evaluate import evaluate
     from mcseg.train import train
