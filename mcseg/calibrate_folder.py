@@ -49,7 +49,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace an earlier calibration in OUT_DIR (its "
                    "calibration.json and the files it wrote; never a folder of another tool's files)")
     p.add_argument("--allow-fit-cases", action="store_true", help="calibrate an --apply folder holding fit cases "
-                   "(refused otherwise: their evaluation would score the cases the temperature was fitted on); "
+                   "(refused otherwise: their evaluation would score the cases the scaler was fitted on); "
                    "recorded in calibration.json and in the provenance of the calibrated folder's evaluation")
     p.add_argument("--scaler", default="temperature", choices=list(SCALER_TYPES),
                    help="the post-hoc scaler (mcseg.calibration.scalers.SCALER_TYPES)")
@@ -133,14 +133,14 @@ def fit_cases_applied(args: argparse.Namespace, fit: list[PredictionFormat], tar
                       cases: list[str] | None) -> str | None:
     """What the --apply folder holds of the fit cases (``cases``, else every case of the ``fit`` folders), said
     in a phrase; refused unless --allow-fit-cases (an evaluation of the calibrated files would score the cases
-    the temperature was fitted on). None when it holds none."""
+    the scaler was fitted on). None when it holds none."""
     fit_cases = cases if cases is not None else sorted({c for folder in fit for c in folder.cases()})
     scored = sorted(set(fit_cases) & set(target.cases())) if target else []
     if not scored:
         return None
     listed = f"{len(scored)} of its cases are fit cases ({', '.join(scored[:10])})"
     overlap = (f"is also a --fit folder: {listed}" if args.apply.resolve() in [d.resolve() for d in args.fit] else
-               f"holds cases the temperature is fitted on: {listed}")
+               f"holds cases the scaler is fitted on: {listed}")
     if not args.allow_fit_cases:
         raise FolderError(f"--apply {args.apply} {overlap}; an evaluation of the calibrated files would score the "
                           f"cases it was fitted on: pass --apply a folder of other cases (the test predictions), or "

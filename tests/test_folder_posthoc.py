@@ -447,3 +447,39 @@ def test_lts_on_monai_folders_from_log_probabilities(tmp_path):
     z = scaler.apply(log_probabilities(torch.from_numpy(np.moveaxis(old, -1, 0)), False))
     np.testing.assert_allclose(np.moveaxis(new, -1, 0), torch.softmax(z, 0).numpy(), atol=1e-6)
     assert evaluate([str(out), str(labels), "-o", str(tmp_path / "e"), *FAST]) == 0
+
+
+@pytest.mark.parametrize("scaler", ["histogram", "isotonic_top"])
+def test_binning_scalers_on_an_nnunet_folder(nn, scaler, tmp_path, capsys):
+    from nnunetv2.imageio.simpleitk_reader_writer import SimpleITKIO
+    from nnunetv2.utilities.plans_handling.plans_handler import PlansManager
+
+    from mcseg.calibration.scalers import load_scaler
+
+    folders = nn["labels"]
+    val, test = folders["members"]
+    out = tmp_path / scaler
+    args = ["--fit", str(val), "--reference", str(folders["raw"]), "--apply", str(test), "-o", str(out),
+            "--splits", str(folders["splits"]), "--fold", "0", "--allow-fit-cases", "--scaler", scaler]
+    assert calibrate(args) == 2  # the region sample is refused: the scaler moves the arg-max
+    assert f"--voxels region: {scaler} scaling can change the arg-max" in capsys.readouterr().err
+    assert calibrate([*args, "--voxels", "balanced", "--histogram-bins", "8"]) == 0
+    fit, = json.loads((out / "calibration.json").read_text())["fits"].values()
+    entry = fit["scalers"][scaler]
+    assert entry["argmax_changes"]["of"] == fit["n_voxels"] and entry["nll_after"] < entry["nll_before"]
+    fitted = load_scaler(scaler, entry, out)
+    plans = PlansManager(json.loads((out / "plans.json").read_text()))
+    labels = plans.get_label_manager(json.loads((out / "dataset.json").read_text()))
+    old = np.load(test / "tiny_001.npz")["probabilities"]
+    new = np.load(out / "tiny_001.npz")["probabilities"]
+    expected = torch.softmax(fitted.apply(log_probabilities(torch.from_numpy(old), False)), 0).numpy()
+    np.testing.assert_allclose(new, expected, atol=1e-6)
+    # the label map written back is nnU-Net's reading of the calibrated probabilities (it may differ from the old)
+    np.testing.assert_array_equal(SimpleITKIO().read_seg(str(out / "tiny_001.nii.gz"))[0][0],
+                                  labels.convert_probabilities_to_segmentation(new))
+    assert evaluate([str(out), str(folders["raw"]), "-o", str(tmp_path / "e"), *FAST, "--splits",
+                     str(folders["splits"]), "--fold", "1"]) == 0
+    regions = nn["regions"]
+    assert calibrate(["--fit", str(regions["members"][0]), "--reference", str(regions["raw"]), "-o",
+                      str(tmp_path / "r"), "--scaler", scaler, "--voxels", "all"]) == 2
+    assert "independent (sigmoid) regions" in capsys.readouterr().err

@@ -110,7 +110,7 @@ def _fit_owners(folders: Sequence[PredictionFormat], cases: Sequence[str] | None
         for case in folder.cases():
             if case in owners:
                 raise FolderError(f"case {case} is in both {owners[case].path} and {folder.path}: the folders a "
-                                  f"temperature is fitted on must hold different cases (the folds' validation outputs)")
+                                  f"scaler is fitted on must hold different cases (the folds' validation outputs)")
             owners[case] = folder
     if cases is not None:
         missing = [c for c in cases if c not in owners]
