@@ -164,3 +164,14 @@ def test_a_run_fits_and_applies_binning_scalers_and_evaluate_reuses_them(make_cf
     val = json.loads((run / "eval" / "val" / "histogram" / "summary.json").read_text())
     assert val["posthoc"]["params"]["calibrator"] == record["scalers"]["histogram"]["calibrator"]
     assert math.isfinite(val["mean_nll"])
+
+
+def test_a_binning_scaler_on_a_multilabel_run_is_refused_before_training(make_cfg, tmp_path, one_thread):
+    from mcseg.train import train
+    from tests.data.data_helpers import TINY_RUN, fake_download
+
+    _, overrides = fake_download("brats_regions", tmp_path)
+    with pytest.raises(ConfigError, match=r"posthoc.fit.*'isotonic'.*independent \(sigmoid\) regions"):
+        train(make_cfg([*overrides, *TINY_RUN, "posthoc.fit=[temperature,isotonic]", "posthoc.apply=[temperature]",
+                        "posthoc.voxels=balanced"]))
+    assert not (tmp_path / "run" / "checkpoints").exists()
