@@ -42,6 +42,7 @@ class _BinningScaler(Scaler):
     maps are in the record (``calibrator``), with the fit's NLL before and after on the fit voxels."""
 
     preserves_argmax = False
+    softmax_only = True  # read by PosthocConfig.check_outputs: refused on multi-label models before training
     mode: ClassVar[str]
     calibrator_type: ClassVar[type[_OneVersusRest]]
 

@@ -120,6 +120,14 @@ class PosthocConfig:
             raise ConfigError(f"config key 'posthoc.lts.{unknown[0]}': not an LTS setting (expected "
                               f"{', '.join(sorted(known))})")
 
+    def check_outputs(self, multilabel: bool) -> None:
+        """Refuse, before any work, a scaler of ``fit`` that a model of these outputs cannot take (the binning
+        scalers calibrate a softmax's classes, not independent sigmoid regions)."""
+        unable = [s for s in self.fit if multilabel and getattr(SCALER_TYPES[s], "softmax_only", False)]
+        if unable:
+            raise ConfigError(f"config key 'posthoc.fit'={self.fit}: {unable[0]!r} calibrates the classes of a softmax; "
+                              f"this model predicts independent (sigmoid) regions: remove it from posthoc.fit")
+
     def lts_config(self, dims: int, patch_size: list[int] | None, slice_axis: int) -> LTSConfig:
         """The LTS settings: ``posthoc.lts``, with the model's geometry where it leaves one unset (null)."""
         geometry = {"dims": dims, "patch_size": list(patch_size) if patch_size else None, "slice_axis": slice_axis}
