@@ -66,6 +66,14 @@ def nn(tmp_path_factory):
             "regions": make_nnunet(root / "regions", dims=3, regions=True, noise=4.0, members=2)}
 
 
+def fit_fold_0(folders: dict, out, *extra: str) -> list[str]:
+    """mcseg-calibrate-folder's arguments: fit on member 0's fold-0 validation cases, apply to member 1's folder
+    (every case, the fit cases too), write to ``out``."""
+    val, test = folders["members"]
+    return ["--fit", str(val), "--reference", str(folders["raw"]), "--apply", str(test), "-o", str(out),
+            "--splits", str(folders["splits"]), "--fold", "0", "--allow-fit-cases", *extra]
+
+
 @pytest.mark.parametrize("kind", ["labels", "regions"])
 def test_nnunet_fit_apply_and_write_back_as_nnunet_reads_it(nn, kind, tmp_path):
     from nnunetv2.ensembling.ensemble import average_probabilities
@@ -76,8 +84,7 @@ def test_nnunet_fit_apply_and_write_back_as_nnunet_reads_it(nn, kind, tmp_path):
     val, test = folders["members"]
     out = tmp_path / "calibrated"
     # test holds every case (another member's predictions): fold 0's, the fit cases, are left out of its evaluation
-    assert calibrate(["--fit", str(val), "--reference", str(folders["raw"]), "--apply", str(test), "-o", str(out),
-                      "--splits", str(folders["splits"]), "--fold", "0", "--allow-fit-cases"]) == 0
+    assert calibrate(fit_fold_0(folders, out)) == 0
     record = json.loads((out / "calibration.json").read_text())
     (key, fit), = record["fits"].items()
     assert fit["val_cases"] == json.loads(folders["splits"].read_text())[0]["val"]
@@ -403,8 +410,7 @@ def test_lts_on_nnunet_folders_from_log_probabilities_keeps_the_segmentation(nn,
     folders = nn[kind]
     val, test = folders["members"]
     out = tmp_path / "lts"
-    assert calibrate(["--fit", str(val), "--reference", str(folders["raw"]), "--apply", str(test), "-o", str(out),
-                      "--splits", str(folders["splits"]), "--fold", "0", "--allow-fit-cases", *LTS_TINY]) == 0
+    assert calibrate(fit_fold_0(folders, out, *LTS_TINY)) == 0
     fit, = json.loads((out / "calibration.json").read_text())["fits"].values()
     lts = fit["scalers"]["lts"]
     assert (out / lts["weights"]).is_file() and lts["config"]["max_epochs"] == 1 and lts["config"]["dims"] == 3
@@ -459,8 +465,7 @@ def test_binning_scalers_on_an_nnunet_folder(nn, scaler, tmp_path, capsys):
     folders = nn["labels"]
     val, test = folders["members"]
     out = tmp_path / scaler
-    args = ["--fit", str(val), "--reference", str(folders["raw"]), "--apply", str(test), "-o", str(out),
-            "--splits", str(folders["splits"]), "--fold", "0", "--allow-fit-cases", "--scaler", scaler]
+    args = fit_fold_0(folders, out, "--scaler", scaler)
     assert calibrate(args) == 2  # the region sample is refused: the scaler moves the arg-max
     assert f"--voxels region: {scaler} scaling can change the arg-max" in capsys.readouterr().err
     assert calibrate([*args, "--voxels", "balanced", "--histogram-bins", "8"]) == 0
