@@ -173,6 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.scaler} {_parameters(fitted)} fitted on {record['n_cases']} case(s), {record['n_voxels']} voxels "
           f"({fitted.get('voxels')}); NLL {fitted['nll_before']:.5g} -> {fitted['nll_after']:.5g}; "
           f"recorded in {args.output_dir / 'calibration.json'}")
+    changes = fitted.get("argmax_changes")
+    if changes:
+        print(f"arg-max changed at {changes['count']} of {changes['of']} fit voxels ({100 * changes['share']:.2f} %)")
     for warning in record.get("warnings", []):
         print(f"warning: {warning}")
     if written:

@@ -472,6 +472,8 @@ def test_binning_scalers_on_an_nnunet_folder(nn, scaler, tmp_path, capsys):
     fit, = json.loads((out / "calibration.json").read_text())["fits"].values()
     entry = fit["scalers"][scaler]
     assert entry["argmax_changes"]["of"] == fit["n_voxels"] and entry["nll_after"] < entry["nll_before"]
+    assert f"arg-max changed at {entry['argmax_changes']['count']} of {fit['n_voxels']} fit voxels" in \
+        capsys.readouterr().out
     fitted = load_scaler(scaler, entry, out)
     plans = PlansManager(json.loads((out / "plans.json").read_text()))
     labels = plans.get_label_manager(json.loads((out / "dataset.json").read_text()))
