@@ -64,7 +64,7 @@ class _BinningScaler(Scaler):
             raise ValueError(f"post-hoc scaler {self.name!r} calibrates the classes of a softmax; this model predicts "
                              f"independent (sigmoid) regions: remove it from posthoc.fit")
         logits, target = data.voxels
-        probs = (data.link or (lambda z: torch.softmax(z, 1)))(logits.float()).double()
+        probs = torch.softmax(logits.double(), 1)  # as apply computes them (a softmax model's link)
         self.calibrator.fit(probs.numpy(), target.long().numpy())
         calibrated = torch.from_numpy(self.calibrator.transform(probs.numpy()))
         self.record = {"nll_before": float(nll(probs, target, False)), "nll_after": float(nll(calibrated, target, False)),
