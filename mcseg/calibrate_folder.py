@@ -1,7 +1,8 @@
 """``mcseg-calibrate-folder --fit VAL_DIR [...] --reference REF --apply TEST_DIR -o OUT_DIR``
 
 Post-hoc calibration of another tool's saved probabilities (:mod:`mcseg.evaluation.folder_posthoc`): a
-temperature (or vector scaling) is fitted on validation prediction folders (nnU-Net's ``fold_k/validation``
+scaler of :data:`~mcseg.calibration.scalers.SCALER_TYPES` (a temperature by default; local temperature scaling on
+the log-probabilities, without the image) is fitted on validation prediction folders (nnU-Net's ``fold_k/validation``
 folders written with ``--npz``: together every training case once, out of fold; or any folder, or the
 validation cases of ``--splits splits_final.json --fold K``), recorded in ``OUT_DIR/calibration.json`` as mcseg
 records its fits, and applied to the test folder, written to ``OUT_DIR`` in the tool's own format (nnU-Net:
@@ -20,7 +21,7 @@ from mcseg.calibration.scalers import SCALER_TYPES
 from mcseg.data.io import VolumeError
 from mcseg.config import EvalProtocol
 from mcseg.evaluation.folder_outputs import CALIBRATE_TOOL, EXIT_INTERRUPTED, FolderInterrupted, claim_output, writing
-from mcseg.evaluation.folder_posthoc import REFUSED, calibrate_folder, fit_folders, record_applied, take_over
+from mcseg.evaluation.folder_posthoc import NO_IMAGE, calibrate_folder, fit_folders, record_applied, take_over
 from mcseg.data.reference import FolderError, fold_cases, read_reference
 from mcseg.evaluation.formats import (PredictionFormat, declared_classes, format_names, open_folder,
                                       prediction_files)
@@ -34,9 +35,9 @@ def _parser() -> argparse.ArgumentParser:
     defaults, posthoc = EvalProtocol(), PosthocConfig()
     p = argparse.ArgumentParser(
         prog="mcseg-calibrate-folder",
-        description="Fit a temperature (or vector scaling) on saved validation probabilities of nnU-Net, MONAI or "
-                    "mcseg and write the calibrated test probabilities in the tool's own format. "
-                    f"Refused: {', '.join(f'{k} ({v})' for k, v in REFUSED.items())}.")
+        description="Fit a post-hoc scaler (a temperature by default) on saved validation probabilities of nnU-Net, "
+                    "MONAI or mcseg and write the calibrated test probabilities in the tool's own format. "
+                    f"Refused: {NO_IMAGE}.")
     p.add_argument("--fit", nargs="+", type=Path, required=True, metavar="VAL_DIR",
                    help="validation prediction folders (e.g. nnU-Net's fold_0/validation ... fold_4/validation)")
     p.add_argument("--reference", type=Path, required=True,
@@ -48,10 +49,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace an earlier calibration in OUT_DIR (its "
                    "calibration.json and the files it wrote; never a folder of another tool's files)")
     p.add_argument("--allow-fit-cases", action="store_true", help="calibrate an --apply folder holding fit cases "
-                   "(refused otherwise: their evaluation would score the cases the temperature was fitted on); "
+                   "(refused otherwise: their evaluation would score the cases the scaler was fitted on); "
                    "recorded in calibration.json and in the provenance of the calibrated folder's evaluation")
-    p.add_argument("--scaler", default="temperature", choices=[s for s in SCALER_TYPES if s not in REFUSED],
-                   help="the post-hoc scaler (mcseg.calibration.scalers.SCALER_TYPES, less those refused)")
+    p.add_argument("--scaler", default="temperature", choices=list(SCALER_TYPES),
+                   help="the post-hoc scaler (mcseg.calibration.scalers.SCALER_TYPES)")
+    p.add_argument("--lts", nargs="+", default=[], metavar="KEY=VALUE", help="settings of --scaler lts (posthoc.lts "
+                   "of a run, e.g. max_epochs=20 patch_size=[32,32,32]; default: 3D patches of 64^3)")
+    p.add_argument("--histogram-bins", type=int, default=posthoc.histogram_bins,
+                   help="equal-width bins of --scaler histogram / histogram_top")
     p.add_argument("--voxels", default=posthoc.voxels, choices=VOXEL_SAMPLES,
                    help="fit voxels: the calibration region of --region (default), balanced or all")
     p.add_argument("--objective", default=posthoc.objective, choices=OBJECTIVES)
@@ -93,7 +98,8 @@ def calibrate(args: argparse.Namespace) -> tuple[dict, list[str]]:
         raise FolderError(f"--objective {args.objective} fits {' or '.join(able)} only; {args.scaler} scaling is "
                           f"fitted by {' or '.join(o.upper() if o == 'nll' else o for o in kind.objectives)}")
     posthoc = PosthocConfig(fit=[args.scaler], apply=[args.scaler], max_voxels=args.max_voxels, seed=args.seed,
-                            voxels=args.voxels, objective=args.objective)
+                            voxels=args.voxels, objective=args.objective, lts=_settings(args.lts, "--lts"),
+                            histogram_bins=args.histogram_bins)
     protocol = EvalProtocol(region=args.region, n_bins=args.n_bins)
     target = open_folder(args.apply, reference.task, args.fmt, args.monai_postfix) if args.apply else None
     overlap = fit_cases_applied(args, fit, target, cases)
@@ -110,18 +116,31 @@ def calibrate(args: argparse.Namespace) -> tuple[dict, list[str]]:
     return record, target.cases() if target else []
 
 
+def _settings(pairs: list[str], option: str) -> dict:
+    """``KEY=VALUE`` words as a dict, each value read as YAML (numbers, lists, true/false)."""
+    import yaml
+
+    settings = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise FolderError(f"{option} {pair}: expected KEY=VALUE")
+        settings[key] = yaml.safe_load(value)
+    return settings
+
+
 def fit_cases_applied(args: argparse.Namespace, fit: list[PredictionFormat], target: PredictionFormat | None,
                       cases: list[str] | None) -> str | None:
     """What the --apply folder holds of the fit cases (``cases``, else every case of the ``fit`` folders), said
     in a phrase; refused unless --allow-fit-cases (an evaluation of the calibrated files would score the cases
-    the temperature was fitted on). None when it holds none."""
+    the scaler was fitted on). None when it holds none."""
     fit_cases = cases if cases is not None else sorted({c for folder in fit for c in folder.cases()})
     scored = sorted(set(fit_cases) & set(target.cases())) if target else []
     if not scored:
         return None
     listed = f"{len(scored)} of its cases are fit cases ({', '.join(scored[:10])})"
     overlap = (f"is also a --fit folder: {listed}" if args.apply.resolve() in [d.resolve() for d in args.fit] else
-               f"holds cases the temperature is fitted on: {listed}")
+               f"holds cases the scaler is fitted on: {listed}")
     if not args.allow_fit_cases:
         raise FolderError(f"--apply {args.apply} {overlap}; an evaluation of the calibrated files would score the "
                           f"cases it was fitted on: pass --apply a folder of other cases (the test predictions), or "
@@ -154,6 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.scaler} {_parameters(fitted)} fitted on {record['n_cases']} case(s), {record['n_voxels']} voxels "
           f"({fitted.get('voxels')}); NLL {fitted['nll_before']:.5g} -> {fitted['nll_after']:.5g}; "
           f"recorded in {args.output_dir / 'calibration.json'}")
+    changes = fitted.get("argmax_changes")
+    if changes:
+        print(f"arg-max changed at {changes['count']} of {changes['of']} fit voxels ({100 * changes['share']:.2f} %)")
     for warning in record.get("warnings", []):
         print(f"warning: {warning}")
     if written:

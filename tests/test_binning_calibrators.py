@@ -1,6 +1,8 @@
 """Classwise histogram binning and isotonic regression (mcseg/calibration/binning.py) against hand-derived cases."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -47,8 +49,8 @@ def test_isotonic_regression_by_hand_pool_adjacent_violators():
     # class 0 pairs (p_0 = 1 - p_1) (0.1, 0) (0.3, 0) (0.6, 1) (0.8, 0): pooled to 0.5, 0.5 at 0.6 and 0.8.
     # Between fit points the map is linear, outside it is clipped to the end values.
     iso = IsotonicCalibration().fit(FIT, np.array([1, 0, 1, 1]))
-    np.testing.assert_allclose(iso.maps[1].predict([0.2, 0.3, 0.4, 0.7, 0.95]), [0.5, 0.5, 0.5, 1.0, 1.0])
-    np.testing.assert_allclose(iso.maps[0].predict([0.1, 0.3, 0.6, 0.8, 0.05]), [0.0, 0.0, 0.5, 0.5, 0.0])
+    np.testing.assert_allclose(iso.map(1, np.array([0.2, 0.3, 0.4, 0.7, 0.95])), [0.5, 0.5, 0.5, 1.0, 1.0])
+    np.testing.assert_allclose(iso.map(0, np.array([0.1, 0.3, 0.6, 0.8, 0.05])), [0.0, 0.0, 0.5, 0.5, 0.0])
     # a voxel (0.7, 0.3): h_0(0.7) = 0.5 (between the pooled 0.5s), h_1(0.3) = 0.5 -> (0.5, 0.5)
     np.testing.assert_allclose(iso.transform(np.array([[0.7, 0.3]])), [[0.5, 0.5]])
     # (0.35, 0.65): h_0(0.35) = 0 + (0.35 - 0.3) / 0.3 * 0.5, h_1(0.65) = 0.5 + (0.65 - 0.4) / 0.3 * 0.5
@@ -83,3 +85,64 @@ def test_bad_input_is_refused():
         HistogramBinning().fit(FIT, LABELS).transform(np.full((1, 3), 1 / 3))
     with pytest.raises(ValueError, match="not fitted"):
         IsotonicCalibration().transform(FIT)
+
+
+# top-label: three classes; voxels predicted 0 have confidences 0.9 (right), 0.6 (wrong), 0.7 (right); the one
+# predicted 1 has 0.45 (wrong); class 2 is never predicted
+TOP_FIT = np.array([[0.9, 0.05, 0.05], [0.6, 0.3, 0.1], [0.7, 0.2, 0.1], [0.2, 0.45, 0.35]])
+TOP_LABELS = np.array([0, 1, 0, 2])
+
+
+def test_top_label_histogram_binning_by_hand():
+    hb = HistogramBinning(n_bins=2, mode="top_label").fit(TOP_FIT, TOP_LABELS)
+    # class 0: bin (0.5, 1] holds 0.9, 0.6, 0.7 (two right) -> 2/3, bin [0, 0.5] empty -> centre 0.25;
+    # class 1: bin [0, 0.5] holds 0.45 (wrong) -> 0, bin (0.5, 1] empty -> centre 0.75; class 2: no map (identity)
+    assert hb.values[0].tolist() == [0.25, 2 / 3] and hb.values[1].tolist() == [0.0, 0.75] and hb.values[2] is None
+    probs = np.array([[0.8, 0.15, 0.05], [0.3, 0.4, 0.3], [0.1, 0.2, 0.7], [0.0, 1.0, 0.0]])
+    expected = [[2 / 3, 1 / 3 * 0.75, 1 / 3 * 0.25],  # q_0 = 2/3, the other two share 1/3 as 0.15 : 0.05
+                [0.5, 0.0, 0.5],                      # q_1 = 0: the arg-max moves to class 0 (first maximum)
+                [0.1, 0.2, 0.7],                      # predicted 2: never predicted in the fit, kept
+                [0.125, 0.75, 0.125]]                 # the others hold nothing: they share 1 - 0.75 equally
+    np.testing.assert_allclose(hb.transform(probs), expected)
+    assert hb.argmax_changes(probs) == 1
+
+
+def test_top_label_isotonic_regression_by_hand():
+    iso = IsotonicCalibration(mode="top_label").fit(TOP_FIT, TOP_LABELS)
+    # class 0: (0.6, 0) (0.7, 1) (0.9, 1) is already increasing: linear between, clipped outside
+    np.testing.assert_allclose(iso.map(0, np.array([0.5, 0.6, 0.65, 0.8, 0.95])), [0.0, 0.0, 0.5, 1.0, 1.0])
+    np.testing.assert_allclose(iso.map(1, np.array([0.4, 0.9])), [0.0, 0.0])  # one wrong voxel: 0 everywhere
+    np.testing.assert_allclose(iso.transform(np.array([[0.65, 0.25, 0.1], [0.1, 0.15, 0.75]])),
+                               [[0.5, 0.5 * 0.25 / 0.35, 0.5 * 0.1 / 0.35], [0.1, 0.15, 0.75]])
+
+
+@pytest.mark.parametrize("mode", ["classwise", "top_label"])
+@pytest.mark.parametrize("kind", [HistogramBinning, IsotonicCalibration])
+def test_state_survives_json_and_gives_the_same_map(kind, mode):
+    rng = np.random.default_rng(1)
+    probs = rng.dirichlet([0.3, 0.3, 0.3, 0.3], size=500)
+    labels = rng.integers(0, 3, size=500)  # class 3 is never a label
+    fitted = kind(mode=mode).fit(probs, labels)
+    read = kind.from_state(json.loads(json.dumps(fitted.state())))
+    fresh = rng.dirichlet([0.3, 0.3, 0.3, 0.3], size=300)
+    np.testing.assert_array_equal(read.transform(fresh), fitted.transform(fresh))
+    with pytest.raises(ValueError, match="record"):
+        kind.from_state({**fitted.state(), "maps": fitted.state()["maps"][:2]})
+    other = IsotonicCalibration if kind is HistogramBinning else HistogramBinning
+    with pytest.raises(ValueError, match="not"):
+        other.from_state(fitted.state())
+
+
+def test_isotonic_maps_are_scikit_learns_predictions():
+    from sklearn.isotonic import IsotonicRegression
+
+    rng = np.random.default_rng(2)
+    probs = rng.dirichlet([0.5, 0.5, 0.5], size=400)
+    labels = np.array([rng.choice(3, p=p) for p in probs])
+    iso = IsotonicCalibration().fit(probs, labels)
+    fresh = np.concatenate([rng.uniform(size=200), [0.0, 1.0]])
+    for c in range(3):
+        theirs = IsotonicRegression(y_min=0, y_max=1, out_of_bounds="clip").fit(probs[:, c], labels == c)
+        np.testing.assert_allclose(iso.map(c, fresh), theirs.predict(fresh), rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="mode='top'"):
+        IsotonicCalibration(mode="top")

@@ -50,7 +50,7 @@ def test_a_fit_that_ends_at_the_uniform_prediction_is_flagged_degenerate(tmp_pat
 
 
 def test_a_sound_fit_gets_no_degenerate_field(tmp_path):
-    """A temperature near 1 on a reasonable prediction: the record holds exactly what it held before."""
+    """A temperature near 1 on a reasonable prediction: the record holds what a sound fit holds, no degenerate key."""
     label = _label()
     predicted = label.clone()
     predicted[2, 2:4] = 0  # a few wrong voxels in the foreground and in the background
@@ -59,7 +59,9 @@ def test_a_sound_fit_gets_no_degenerate_field(tmp_path):
     record = _fit(tmp_path, logits, label)
     fit = record["scalers"]["temperature"]
     assert 0.5 < fit["temperature"] < 5
-    assert set(fit) == {"temperature", "nll_before", "nll_after", "voxels", "n_voxels", "n_cases", "objective"}
+    assert set(fit) == {"temperature", "nll_before", "nll_after", "voxels", "n_voxels", "n_cases", "objective",
+                        "argmax_changes"}  # and, since issue #45, how many fit voxels changed class: none
+    assert fit["argmax_changes"]["count"] == 0
     assert not record["warnings"]
 
 

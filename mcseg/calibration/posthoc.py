@@ -25,6 +25,9 @@ A degenerate fit (:func:`degenerate_reason`: a temperature outside ``DEGENERATE_
 within ``UNIFORM_NLL_TOLERANCE`` of the uniform prediction's) is kept too, warned about, listed in ``warnings``
 and marked in its scaler's entry (``"degenerate": true`` and ``"degenerate_reason"``; a sound fit has neither
 key): its "calibrated" figures are those of a near-uniform prediction, not of a calibration.
+Every scaler's entry says how many of the voxels it was fitted on changed their arg-max under it
+(``argmax_changes``: count, share, of how many; :func:`argmax_changes`); a scaler that should keep the arg-max and
+changed it is warned about.
 """
 from __future__ import annotations
 
@@ -75,6 +78,7 @@ class PosthocConfig:
     voxels: str = "region"    # region (evaluation.region of the model's own prediction) | balanced | all
     objective: str = "nll"    # nll | ece (temperature only)
     lts: dict[str, Any] = field(default_factory=dict)  # LTSConfig fields; dims, patch_size, slice_axis: the model's
+    histogram_bins: int = 15  # equal-width bins of histogram binning (histogram, histogram_top)
     # predictors of several members (ensembles, TTA, MC dropout): fit the scaler on the pooled prediction
     # (before) or apply each network's own fit to its members before pooling (after); Rahaman & Thiery 2021
     pool: str = "before"
@@ -107,13 +111,22 @@ class PosthocConfig:
             raise ConfigError(f"config key 'posthoc.voxels'=region: {moving[0]!r} scaling can change the arg-max, "
                               f"so the region it would be fitted on is not where it is scored and voxels outside it "
                               f"change class; fit it on balanced or all voxels, or remove it from posthoc.fit")
-        if self.max_voxels < 1 or self.max_iter < 1:
-            raise ConfigError("config keys 'posthoc.max_voxels' and 'posthoc.max_iter' must be >= 1")
+        if self.max_voxels < 1 or self.max_iter < 1 or self.histogram_bins < 1:
+            raise ConfigError("config keys 'posthoc.max_voxels', 'posthoc.max_iter' and 'posthoc.histogram_bins' "
+                              "must be >= 1")
         known = {f.name for f in fields(LTSConfig)}
         unknown = sorted(set(self.lts) - known)
         if unknown:
             raise ConfigError(f"config key 'posthoc.lts.{unknown[0]}': not an LTS setting (expected "
                               f"{', '.join(sorted(known))})")
+
+    def check_outputs(self, multilabel: bool) -> None:
+        """Refuse, before any work, a scaler of ``fit`` that a model of these outputs cannot take (the binning
+        scalers calibrate a softmax's classes, not independent sigmoid regions)."""
+        unable = [s for s in self.fit if multilabel and getattr(SCALER_TYPES[s], "softmax_only", False)]
+        if unable:
+            raise ConfigError(f"config key 'posthoc.fit'={self.fit}: {unable[0]!r} calibrates the classes of a softmax; "
+                              f"this model predicts independent (sigmoid) regions: remove it from posthoc.fit")
 
     def lts_config(self, dims: int, patch_size: list[int] | None, slice_axis: int) -> LTSConfig:
         """The LTS settings: ``posthoc.lts``, with the model's geometry where it leaves one unset (null)."""
@@ -129,7 +142,7 @@ class PosthocConfig:
         """How each scaler is fitted: ECE bins of the protocol, LTS in the model's geometry."""
         lts = (self.lts_config(predictor.model_dims, predictor.roi_size, predictor.slice_axis)
                if "lts" in self.fit else LTSConfig())
-        return FitOptions(self.max_iter, self.objective, protocol.n_bins, lts)
+        return FitOptions(self.max_iter, self.objective, protocol.n_bins, lts, self.histogram_bins)
 
 
 def _sample_voxels(logits: torch.Tensor, label: torch.Tensor, multilabel: bool, generator: torch.Generator,
@@ -250,6 +263,12 @@ def fit_posthoc(predictor, cases: Iterable[CaseData], cfg: PosthocConfig, where:
             message = f"post-hoc {scaler.name}: degenerate fit ({reason}); its scaled figures are not a calibration"
             log.warning(message)
             record["warnings"].append(message)
+        scaler.record["argmax_changes"] = argmax_changes(scaler, fit_data)
+        if scaler.preserves_argmax and scaler.record["argmax_changes"]["count"]:
+            message = (f"post-hoc {scaler.name} should keep the arg-max but changed it at "
+                       f"{scaler.record['argmax_changes']['count']} fit voxel(s)")
+            log.warning(message)
+            record["warnings"].append(message)
         record["scalers"][scaler.name] = scaler.save(where, checkpoint["sha256"])
         log.info("post-hoc %s: NLL %.5g -> %.5g", scaler.describe(), scaler.record.get("nll_before", float("nan")),
                  scaler.record.get("nll_after", float("nan")))
@@ -265,6 +284,35 @@ def fit_posthoc(predictor, cases: Iterable[CaseData], cfg: PosthocConfig, where:
     stored["fits"][checkpoint["sha256"]] = record
     write_json(path, stored)
     return record
+
+
+def _decisions(logits: torch.Tensor, link, multilabel: bool) -> torch.Tensor:
+    """Each voxel's decision from ``logits`` (N x K): its class (first maximum of the probabilities), or, for
+    multi-label, its regions (probability above 0.5)."""
+    probs = (link or (lambda z: torch.softmax(z, 1)))(logits.float())
+    return probs > 0.5 if multilabel else probs.argmax(1)
+
+
+def argmax_changes(scaler: Scaler, data: FitData) -> dict:
+    """How many voxels of what ``scaler`` was fitted on change their decision under it (arg-max; multi-label:
+    any region's p > 0.5): the voxel sample (``data.voxels``), or every voxel of the cases (``data.cases``) of
+    a scaler fitted on cases. ``{"count", "share", "of", "voxels"}``."""
+    if scaler.fitted_on == "cases":
+        parts = [(torch.as_tensor(c.logits).float(),
+                  torch.as_tensor(c.image).float() if scaler.uses_image else None) for c in data.cases]
+        where = "every voxel of the fit cases"
+    else:
+        parts = [(data.voxels[0].T, None)]
+        where = "the fit voxels"
+    count = total = 0
+    with torch.no_grad():
+        for z, image in parts:
+            k = z.shape[0]
+            before = _decisions(z.reshape(k, -1).T, data.link, data.multilabel)
+            after = _decisions(scaler.apply(z, image).reshape(k, -1).T.cpu(), data.link, data.multilabel)
+            changed = (before != after).any(1) if data.multilabel else before != after
+            count, total = count + int(changed.sum()), total + len(changed)
+    return {"count": count, "share": count / max(total, 1), "of": total, "voxels": where}
 
 
 def degenerate_reason(fit: dict, n_channels: int, multilabel: bool) -> str | None:

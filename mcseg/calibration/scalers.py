@@ -31,6 +31,7 @@ class FitOptions:
     objective: str = "nll"       # nll | ece (temperature only)
     n_bins: int = 15             # ECE bins of the ece objective (the protocol's evaluation.n_bins)
     lts: LTSConfig = field(default_factory=LTSConfig)
+    histogram_bins: int = 15     # equal-width bins of histogram binning (mcseg.calibration.binning_scalers)
 
 
 @dataclass
@@ -239,7 +240,11 @@ class LTSScaler(Scaler):
         return f"lts ({self.cfg.dims}D{', image' if self.cfg.use_image else ''}, nll)"
 
 
-SCALER_TYPES: dict[str, type[Scaler]] = {s.name: s for s in (TemperatureScaler, VectorScaler, LTSScaler)}
+# histogram binning and isotonic regression live in their own module, which builds on the classes above
+from mcseg.calibration.binning_scalers import BINNING_SCALERS  # noqa: E402
+
+SCALER_TYPES: dict[str, type[Scaler]] = {s.name: s for s in (TemperatureScaler, VectorScaler, LTSScaler,
+                                                             *BINNING_SCALERS)}
 
 
 def build_scaler(name: str, options: FitOptions | None = None) -> Scaler:

@@ -19,8 +19,14 @@ softmax log-probabilities u = ln p = z - c(x) it is *not* (the per-voxel constan
 drop out unless all w_k are equal): it is then a calibration map of its own on the log-probabilities (a diagonal
 Dirichlet calibration, Kull et al. 2019), recorded as such.
 
-**Refused**: local temperature scaling (``lts``) is a network on the image and the logits themselves; the saved
-probabilities give the logits only up to a per-voxel constant its convolutions are not invariant to, and no image.
+**Local temperature scaling** (``lts``) is a network that maps a case's logits to a temperature per voxel. Fed the
+saved ln p = z - logsumexp(z) instead of z (Fiducio's "LTS(log S)", ../shared/reference/posthoc_and_conformal.md
+A7), it depends on the probabilities only: adding any per-voxel constant to the logits changes neither its input
+nor, as softmax(ln p / T) = softmax(z / T), its output. It is thus LTS on the log-probabilities, a calibrator of its
+own, not the LTS a network's raw logits would have given (those would need the per-voxel constant the files no
+longer hold). For sigmoids logit(p) = z, so it is the logits' own LTS. The clamp above enters its input: nnU-Net's
+p = 0 outside its crop box is ln p = -87.3 (and weighs in the input scale, the standard deviation of the fit
+cases' log-probabilities). **Refused**: its image input (``use_image``): a prediction folder holds no image.
 
 Fits go through :func:`mcseg.calibration.posthoc.fit_posthoc` (same voxel sample, objectives, identity fallback and
 warnings as a trained run's) with :class:`SavedProbabilities` as the predictor, and are recorded in
@@ -48,13 +54,12 @@ from mcseg.evaluation.folders import read_case
 from mcseg.evaluation.formats import PredictionFormat
 from mcseg.evaluation.provenance import file_sha256
 
-__all__ = ["FLOOR", "CEIL", "REFUSED", "SavedProbabilities", "calibrate_folder", "fit_folders", "log_probabilities"]
+__all__ = ["FLOOR", "CEIL", "NO_IMAGE", "SavedProbabilities", "calibrate_folder", "fit_folders", "log_probabilities"]
 
 FLOOR = 2.0 ** -126   # float32's smallest normal number: ln FLOOR = -87.34
 CEIL = 1.0 - 2.0 ** -24  # the largest float32 below 1: logit(CEIL) = 16.64
-REFUSED = {"lts": "local temperature scaling is a network on the image and the logits themselves; saved "
-                  "probabilities give the logits only up to a per-voxel constant, which its convolutions are not "
-                  "invariant to, and no image"}
+NO_IMAGE = ("local temperature scaling with the image input (lts use_image=true) is refused on saved predictions: "
+            "a prediction folder holds no image, only the probabilities (fitted on their logarithm instead)")
 CLAMP_TEXT = (f"p clamped to [2^-126, 1 - 2^-24] before the log (softmax: ln max(p, 2^-126) >= -87.34; sigmoid: "
               f"logit(p) within +-16.64): float32 underflow and saturation, and nnU-Net's p = 0 outside its crop box")
 
@@ -76,6 +81,9 @@ def _link(multilabel: bool):
 class SavedProbabilities:
     """Saved probabilities as the predictor :func:`~mcseg.calibration.posthoc.fit_posthoc` fits scalers to: its
     "logits" are the log-probabilities of each case (:func:`log_probabilities`), carried in ``case.meta``."""
+
+    # the geometry LTS takes when posthoc.lts leaves it unset: 3D patches of LTSConfig's default size
+    model_dims, roi_size, slice_axis = 3, None, -1
 
     def __init__(self, multilabel: bool) -> None:
         self.multilabel = multilabel
@@ -102,7 +110,7 @@ def _fit_owners(folders: Sequence[PredictionFormat], cases: Sequence[str] | None
         for case in folder.cases():
             if case in owners:
                 raise FolderError(f"case {case} is in both {owners[case].path} and {folder.path}: the folders a "
-                                  f"temperature is fitted on must hold different cases (the folds' validation outputs)")
+                                  f"scaler is fitted on must hold different cases (the folds' validation outputs)")
             owners[case] = folder
     if cases is not None:
         missing = [c for c in cases if c not in owners]
@@ -117,20 +125,18 @@ def fit_folders(folders: Sequence[PredictionFormat], reference: Reference, out_d
                 posthoc: PosthocConfig | None = None, protocol: EvalProtocol | None = None) -> tuple[dict, dict[str, Scaler]]:
     """Fit ``scalers`` on the saved probabilities of the fit cases (every case of ``folders``, or ``cases``)
     against ``reference``; the record goes to ``out_dir/calibration.json``. Returns it and the fitted scalers."""
-    refused = [s for s in scalers if s in REFUSED]
-    if refused:
-        raise FolderError(f"post-hoc scaler {refused[0]!r} cannot be fitted on saved probabilities: {REFUSED[refused[0]]}")
     unknown = [s for s in scalers if s not in SCALER_TYPES]
     if unknown:
-        raise FolderError(f"post-hoc scaler {unknown[0]!r}: expected one of "
-                          f"{', '.join(s for s in SCALER_TYPES if s not in REFUSED)}")
+        raise FolderError(f"post-hoc scaler {unknown[0]!r}: expected one of {', '.join(SCALER_TYPES)}")
     protocol = protocol or EvalProtocol()
     default = PosthocConfig()
     posthoc = posthoc or default
+    if "lts" in scalers and posthoc.lts.get("use_image"):
+        raise FolderError(NO_IMAGE)
     try:
         cfg = PosthocConfig(fit=list(scalers), apply=list(scalers), max_voxels=posthoc.max_voxels,
                             max_iter=posthoc.max_iter, seed=posthoc.seed, voxels=posthoc.voxels,
-                            objective=posthoc.objective)
+                            objective=posthoc.objective, lts=dict(posthoc.lts), histogram_bins=posthoc.histogram_bins)
     except ValueError as exc:
         raise FolderError(str(exc)) from None
     owners = _fit_owners(folders, cases)
@@ -159,6 +165,9 @@ def fit_folders(folders: Sequence[PredictionFormat], reference: Reference, out_d
            "logits_from_probabilities": ("logit(p) = the logits" if task.multilabel else
                                          "ln p = the logits minus a per-voxel constant, which the softmax ignores"),
            "clamp": CLAMP_TEXT}
+    if "lts" in scalers:
+        how["lts"] = ("local temperature scaling fed the log-probabilities (ln p; logit(p) for sigmoids): it depends "
+                      "on the probabilities only, invariant to a per-voxel constant added to the logits")
     if "vector" in scalers and not task.multilabel:
         how["vector"] = ("vector scaling of the log-probabilities w_k ln p_k + b_k: not the logits' vector scaling "
                          "(the per-voxel constant does not drop out), a diagonal Dirichlet calibration")
@@ -211,8 +220,10 @@ def take_over(out_dir: Path) -> list[dict]:
     except json.JSONDecodeError:
         stored = {}
     applied = stored.get("applied") or {}
-    for name in applied.get("files") or []:
-        (Path(out_dir) / name).unlink(missing_ok=True)
+    weights = [r.get("weights") for fit in (stored.get("fits") or {}).values()
+               for r in (fit.get("scalers") or {}).values() if isinstance(r, dict)]
+    for name in [*(applied.get("files") or []), *filter(None, weights)]:  # and the LTS weights beside it
+        (Path(out_dir) / Path(name).name).unlink(missing_ok=True)
     path.unlink(missing_ok=True)
     earlier = [{"fit": key, "scalers": {n: {k: v for k, v in r.items() if k in ("temperature", "weight", "bias")}
                                         for n, r in (fit.get("scalers") or {}).items()},

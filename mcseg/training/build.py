@@ -103,6 +103,7 @@ def build_run(cfg: DictConfig) -> Run:
     run_dir = Path(dist.broadcast_object(str(run_dir)))  # rank 0's run directory on every rank
 
     dataset = build_dataset(cfg.dataset)
+    posthoc.check_outputs(dataset.multilabel)
     record_dataset_facts(cfg, dataset)
     if dataset.raters["target"] == "mean":  # soft targets: refused now by a loss that needs hard labels
         check_soft_targets(cfg.loss)
