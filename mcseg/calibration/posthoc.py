@@ -250,7 +250,7 @@ def fit_posthoc(predictor, cases: Iterable[CaseData], cfg: PosthocConfig, where:
             message = f"post-hoc {scaler.name}: degenerate fit ({reason}); its scaled figures are not a calibration"
             log.warning(message)
             record["warnings"].append(message)
-        record["scalers"][scaler.name] = scaler.save(where, checkpoint["sha256"])
+        record["scalers"][scaler.name] = {**scaler.save(where, checkpoint["sha256"]), "guarantee": scaler.guarantee}
         log.info("post-hoc %s: NLL %.5g -> %.5g", scaler.describe(), scaler.record.get("nll_before", float("nan")),
                  scaler.record.get("nll_after", float("nan")))
         t = scaler.record.get("temperature")

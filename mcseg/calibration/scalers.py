@@ -57,6 +57,9 @@ class Scaler(ABC):
 
     name: ClassVar[str]
     preserves_argmax: ClassVar[bool]
+    # what it guarantees, recorded in calibration.json: "order" (the class order, hence the arg-max), "argmax"
+    # (the arg-max only) or "none"; tests/test_fiducio_scalers.py checks it against preserves_argmax and the maps
+    guarantee: ClassVar[str] = "none"
     fitted_on: ClassVar[Literal["voxels", "cases"]] = "voxels"  # what FitData must hold for it
     objectives: ClassVar[tuple[str, ...]] = ("nll",)  # the posthoc.objective values it can be fitted by
     record: dict | None = None
@@ -159,6 +162,7 @@ class TemperatureScaler(_VoxelScaler):
 
     name = kind = "temperature"
     preserves_argmax = True
+    guarantee = "order"
     objectives = ("nll", "ece")
 
     def describe(self) -> str:
@@ -177,6 +181,7 @@ class LTSScaler(Scaler):
 
     name = "lts"
     preserves_argmax = True
+    guarantee = "order"  # z / T(x) with T(x) > 0 per voxel
     fitted_on = "cases"
 
     def __init__(self, cfg: LTSConfig | None = None, net: LTSNet | None = None, record: dict | None = None) -> None:
@@ -240,6 +245,9 @@ class LTSScaler(Scaler):
 
 
 SCALER_TYPES: dict[str, type[Scaler]] = {s.name: s for s in (TemperatureScaler, VectorScaler, LTSScaler)}
+
+
+from mcseg.calibration import fiducio_scalers  # noqa: E402,F401  (adds Fiducio's calibrators to SCALER_TYPES)
 
 
 def build_scaler(name: str, options: FitOptions | None = None) -> Scaler:

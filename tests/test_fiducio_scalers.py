@@ -1,0 +1,130 @@
+"""Issue #45, items 1, 2 and 5: Fiducio's calibrators behind mcseg's scaler interface.
+
+* mcseg's calibrated probabilities are Fiducio's own ``transform`` of the same input, with the calibrator that
+  ``fiducio.load_calibrator`` reads from the file mcseg saved (1e-5), slab by slab or whole;
+* every calibrator that claims to keep the arg-max keeps it, on 2D and 3D logits with exact ties and a class
+  absent from the fit (its claim is the ``guarantee`` recorded in calibration.json); those that claim the class
+  order keep it too;
+* mcseg's temperature and vector scaling are Fiducio's TS and VS on the same voxels and objective (one
+  implementation of each: mcseg's);
+* a multi-label model is refused, naming the key.
+"""
+from __future__ import annotations
+
+import fiducio
+import pytest
+import torch
+
+from mcseg.calibration.fiducio_scalers import FIDUCIO_SCALERS, GUARANTEES
+from mcseg.calibration.scalers import SCALER_TYPES, FitData, build_scaler, load_scaler
+
+NAMES = [o.name for o in FIDUCIO_SCALERS]
+KEEPING = [o.name for o in FIDUCIO_SCALERS if o.guarantee != "none"]
+SHA = "ab" * 32
+K = 4
+
+
+def _voxels(n: int = 3000, seed: int = 0, absent: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Over-confident N x K logits and their labels; with ``absent``, that class is neither a label nor the top
+    class of any voxel (its class-conditional expert gets no data)."""
+    g = torch.Generator().manual_seed(seed)
+    target = torch.randint(0, K, (n,), generator=g)
+    if absent is not None:
+        target[target == absent] = (absent + 1) % K
+    logits = torch.nn.functional.one_hot(target, K).float() * 2.0 + torch.randn(n, K, generator=g) * 1.5
+    logits = logits * 3.0 + torch.randn(n, 1, generator=g) * 5.0  # per-voxel offsets
+    if absent is not None:
+        logits[:, absent] = logits.min(1).values - 1.0
+    return logits, target
+
+
+def _fitted(name: str, directory, absent: int | None = None):
+    scaler = build_scaler(name)
+    scaler.fit(FitData(_voxels(absent=absent), sample={"voxels": "all"}))
+    record = scaler.save(directory, SHA)
+    return scaler, record
+
+
+def _case(shape: tuple[int, ...], seed: int = 5) -> torch.Tensor:
+    """``K x *S`` test logits with exact ties between the top classes on a quarter of the voxels and voxels
+    whose top class is class K - 1 (absent from the fit of ``_fitted(..., absent=K - 1)``)."""
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randn(K, *shape, generator=g) * 4.0
+    flat = z.view(K, -1)
+    n = flat.shape[1]
+    top2 = flat.topk(2, dim=0).indices
+    tie = torch.arange(n) % 4 == 0
+    cols = torch.nonzero(tie).flatten()
+    flat[top2[1, cols], cols] = flat[top2[0, cols], cols]  # the two largest equal: an exact tie
+    all_tied = torch.arange(n) % 11 == 0
+    flat[:, all_tied] = 1.5  # every class tied
+    return z
+
+
+def test_every_scaler_says_what_it_guarantees():
+    for name, kind in SCALER_TYPES.items():
+        assert kind.guarantee in GUARANTEES, name
+        assert kind.preserves_argmax == (kind.guarantee != "none"), name
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_mcsegs_probabilities_are_fiducios_own_transform_of_the_saved_calibrator(name, tmp_path, monkeypatch):
+    scaler, record = _fitted(name, tmp_path)
+    path = tmp_path / record["file"]
+    assert record["file"] == f"fiducio-{name}-{SHA[:8]}.pt" and record["guarantee"] == SCALER_TYPES[name].guarantee
+    assert record["calibrator"] == SCALER_TYPES[name].calibrator_class.__name__
+    assert record["nll_after"] <= record["nll_before"] and record["fit_seconds"] > 0
+    theirs = fiducio.load_calibrator(path)  # Fiducio reads mcseg's file
+    z = _case((6, 7, 5))
+    expected = theirs.transform(z[None])[0]
+    loaded = load_scaler(name, record, tmp_path)
+    ours = torch.softmax(loaded.apply(z), 0)
+    torch.testing.assert_close(ours, expected, atol=1e-5, rtol=0)
+    monkeypatch.setattr("mcseg.calibration.fiducio_scalers.CHUNK_VOXELS", 7 * 5)  # one slice a slab
+    torch.testing.assert_close(torch.softmax(loaded.apply(z), 0), expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(torch.softmax(scaler.apply(z), 0), expected, atol=1e-5, rtol=0)  # as fitted
+
+
+def test_a_changed_or_foreign_calibrator_file_is_refused(tmp_path):
+    _, record = _fitted("cmsap", tmp_path)
+    other = build_scaler("cmsop")
+    other.fit(FitData(_voxels(seed=3)))
+    other.save(tmp_path, SHA)
+    with pytest.raises(ValueError, match="holds a OrderPreservingMatrixScaling, not the ArgmaxPreserving"):
+        load_scaler("cmsap", {**record, "file": f"fiducio-cmsop-{SHA[:8]}.pt", "file_sha256": None}, tmp_path)
+    (tmp_path / record["file"]).write_bytes((tmp_path / record["file"]).read_bytes() + b"x")
+    with pytest.raises(ValueError, match="does not match the sha256"):
+        load_scaler("cmsap", record, tmp_path)
+    with pytest.raises(ValueError, match="record of calibration.json is incomplete"):
+        load_scaler("cmsap", {"guarantee": "argmax"}, tmp_path)
+
+
+@pytest.mark.parametrize("shape", [(9, 8), (6, 5, 7)], ids=["2D", "3D"])
+@pytest.mark.parametrize("name", KEEPING)
+def test_a_calibrator_that_claims_to_keep_the_argmax_keeps_it(name, shape, tmp_path):
+    """Ties (two classes, every class) and a class absent from the fit included; with the ``order`` claim, no
+    pair of classes changes its order either."""
+    scaler, _ = _fitted(name, tmp_path, absent=K - 1)
+    z = _case(shape)
+    raw = torch.softmax(z, 0)
+    calibrated = torch.softmax(scaler.apply(z), 0)
+    assert not torch.allclose(calibrated, raw, atol=1e-3)  # it did calibrate something
+    assert torch.equal(calibrated.argmax(0), raw.argmax(0))
+    assert (z.view(K, -1).argmax(0) == K - 1).any()  # voxels routed to the absent class's expert
+    if SCALER_TYPES[name].guarantee == "order":
+        before, after = z.unsqueeze(0) - z.unsqueeze(1), calibrated.unsqueeze(0) - calibrated.unsqueeze(1)
+        assert not ((before > 0) & (after < 0)).any()  # a class above another stays at least level with it
+
+
+def test_a_calibrator_without_the_claim_does_move_the_argmax_here(tmp_path):
+    """The claims are not vacuous: matrix scaling of the same data moves some voxels' arg-max."""
+    scaler, _ = _fitted("ms", tmp_path, absent=K - 1)
+    z = _case((9, 8))
+    assert not torch.equal(torch.softmax(scaler.apply(z), 0).argmax(0), torch.softmax(z, 0).argmax(0))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_multilabel_model_is_refused_naming_the_key(name):
+    logits, target = _voxels(200)
+    with pytest.raises(ValueError, match=rf"posthoc.fit.*{name}.*sigmoid per region"):
+        build_scaler(name).fit(FitData((logits, torch.nn.functional.one_hot(target, K)), multilabel=True))
