@@ -128,3 +128,26 @@ def test_a_multilabel_model_is_refused_naming_the_key(name):
     logits, target = _voxels(200)
     with pytest.raises(ValueError, match=rf"posthoc.fit.*{name}.*sigmoid per region"):
         build_scaler(name).fit(FitData((logits, torch.nn.functional.one_hot(target, K)), multilabel=True))
+
+
+@pytest.mark.parametrize("kind", ["temperature", "vector"])
+def test_mcsegs_temperature_and_vector_scaling_are_fiducios_ts_and_vs(kind):
+    """The same voxels, the same objective (mean cross-entropy) and optimiser (L-BFGS, lr 1, 100 iterations,
+    strong Wolfe): the same map. Only the temperature's parametrisation differs (exp(log T) against
+    softplus(a) + 1e-6), so T agrees to the optimiser's tolerance, not bit for bit (docs/posthoc.md)."""
+    from mcseg.calibration.scaling import fit_scaler, scale_logits
+
+    logits, target = _voxels(5000, seed=2)
+    ours = fit_scaler(kind, logits, target, lambda z: torch.softmax(z, 1), max_iter=100)
+    theirs = (fiducio.TS if kind == "temperature" else fiducio.VS)(optimizer="lbfgs", device="cpu")
+    theirs.fit(logits, target)
+    if kind == "temperature":
+        assert ours["temperature"] == pytest.approx(theirs.temperature, rel=1e-4)
+        assert ours["temperature"] > 1.5  # over-confident: a real fit, not the identity
+    else:  # the objective is flat along some directions of (w, b): parameters to 5e-4, the NLL to 1e-6
+        state = theirs._get_state()
+        torch.testing.assert_close(torch.tensor(ours["weight"]), state["weight"], atol=5e-4, rtol=0)
+        torch.testing.assert_close(torch.tensor(ours["bias"]), state["bias"], atol=5e-4, rtol=0)
+    probs = theirs.transform(logits)
+    torch.testing.assert_close(torch.softmax(scale_logits(logits, ours), 1), probs, atol=5e-4, rtol=0)
+    assert ours["nll_after"] == pytest.approx(float(torch.nn.functional.nll_loss(probs.log(), target)), abs=1e-6)
