@@ -151,3 +151,68 @@ def test_mcsegs_temperature_and_vector_scaling_are_fiducios_ts_and_vs(kind):
     probs = theirs.transform(logits)
     torch.testing.assert_close(torch.softmax(scale_logits(logits, ours), 1), probs, atol=5e-4, rtol=0)
     assert ours["nll_after"] == pytest.approx(float(torch.nn.functional.nll_loss(probs.log(), target)), abs=1e-6)
+
+
+def _per_case(path) -> list[tuple]:
+    """(case, class, Dice, HD95) of every row of a per_case.csv, as written (bitwise)."""
+    import csv
+
+    with open(path, newline="") as f:
+        return [(r["case"], r["class_name"], r["dice"], r["hd95_mm"]) for r in csv.DictReader(f)]
+
+
+def test_a_run_fits_applies_and_reports_every_fiducio_calibrator_and_evaluate_reuses_them(make_cfg, tmp_path,
+                                                                                         one_thread):
+    """posthoc.fit/apply of a training run (about 18 s of CPU, the training and evaluations; the fits are cheap):
+    each fitted on the run's validation voxel sample (the temperature's),
+    saved as Fiducio reads it, applied to the test split; those that keep the arg-max move no voxel's label and
+    leave Dice and HD95 bitwise; the summary and the report say which changed the segmentation; evaluate.py
+    applies the recorded fits to another split without refitting."""
+    import json
+
+    from mcseg.evaluate import evaluate
+    from mcseg.report.collect import collect_runs
+    from mcseg.report.render import markdown
+    from mcseg.report.table import build_rows
+    from mcseg.train import train
+    from tests.conftest import TINY_2D
+
+    names = ["temperature", *NAMES]
+    listed = ",".join(names)
+    train(make_cfg([*TINY_2D, "dataset.split.val_fraction=0.3", f"posthoc.fit=[{listed}]",
+                    f"posthoc.apply=[{listed}]", "posthoc.voxels=balanced"]))
+    run = tmp_path / "run"
+    (sha, record), = json.loads((run / "calibration.json").read_text())["fits"].items()
+    for name in set(names) & set(NAMES):
+        fitted = record["scalers"][name]
+        assert fitted["guarantee"] == SCALER_TYPES[name].guarantee and fitted["n_voxels"] == record["n_voxels"] > 0
+        assert fitted["voxels"] == "balanced" and fitted["file"] == f"fiducio-{name}-{sha[:8]}.pt"
+        assert type(fiducio.load_calibrator(run / fitted["file"])).__name__ == fitted["calibrator"]
+    assert all(record["scalers"][name]["guarantee"] == SCALER_TYPES[name].guarantee for name in names)
+    test = run / "eval" / "test"
+    summary = json.loads((test / "summary.json").read_text())
+    raw = _per_case(test / "per_case.csv")
+    for name in names:
+        change = summary["posthoc"][name]["segmentation"]
+        assert change["voxels"] > 0 and change["cases"] == summary["n_cases"]
+        if SCALER_TYPES[name].preserves_argmax:
+            assert (change["changed"], change["scored_prediction"], change["voxels_changed"]) == (False, "raw", 0)
+            assert _per_case(test / name / "per_case.csv") == raw
+            assert set(change["difference"].values()) <= {0.0, None}
+        else:
+            assert change["scored_prediction"] == "calibrated"
+            assert change["changed"] == (change["voxels_changed"] > 0)
+    assert any(summary["posthoc"][n]["segmentation"]["changed"] for n in names)  # the check can see a change
+    text = markdown(build_rows(collect_runs([run]), baseline=None, n_boot=10), "t", [])
+    table = text[text.index("## Post-hoc scalers"):].split("\n## ")[0]
+    assert "| segmentation |" in table and "| raw |" in table
+    assert "cmsap (balanced, nll) |" in table and table.split("cmsap (balanced, nll) |")[1].split("\n")[0].endswith(
+        "| kept |")
+    # evaluate.py: the recorded fits, applied to the validation split, nothing refitted
+    stamp = {p.name: p.read_bytes() for p in run.glob("fiducio-*.pt")}, (run / "calibration.json").read_text()
+    evaluate(make_cfg([f"ckpt={run / 'checkpoints' / 'best.pt'}", "split=val", "posthoc.apply=[cmsap,ms]"],
+                      config_name="evaluate", output_dir=tmp_path / "eval_job"))
+    assert ({p.name: p.read_bytes() for p in run.glob("fiducio-*.pt")}, (run / "calibration.json").read_text()) == stamp
+    val = json.loads((run / "eval" / "val" / "summary.json").read_text())
+    assert set(val["posthoc"]) == {"cmsap", "ms"} and val["posthoc"]["cmsap"]["segmentation"]["voxels_changed"] == 0
+    assert _per_case(run / "eval" / "val" / "cmsap" / "per_case.csv") == _per_case(run / "eval" / "val" / "per_case.csv")
