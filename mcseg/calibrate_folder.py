@@ -16,6 +16,7 @@ from pathlib import Path
 
 from mcseg.calibration import PosthocConfig
 from mcseg.calibration.posthoc import OBJECTIVES, VOXEL_SAMPLES
+from mcseg.calibration.fiducio_scalers import softmax_only_message
 from mcseg.calibration.scalers import SCALER_TYPES
 from mcseg.data.io import VolumeError
 from mcseg.config import EvalProtocol
@@ -85,6 +86,8 @@ def calibrate(args: argparse.Namespace) -> tuple[dict, list[str]]:
         raise FolderError("--splits and --fold go together")
     cases = fold_cases(args.splits, args.fold) if args.splits else None
     kind = SCALER_TYPES[args.scaler]
+    if kind.softmax_only and reference.task.multilabel:
+        raise FolderError(softmax_only_message(args.scaler, f"--scaler {args.scaler}"))
     if not kind.preserves_argmax and args.voxels == "region":
         raise FolderError(f"--voxels region: {args.scaler} scaling can change the arg-max, so the region it would be "
                           f"fitted on is not where it is scored; pass --voxels balanced or all")

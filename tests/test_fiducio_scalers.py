@@ -216,3 +216,101 @@ def test_a_run_fits_applies_and_reports_every_fiducio_calibrator_and_evaluate_re
     val = json.loads((run / "eval" / "val" / "summary.json").read_text())
     assert set(val["posthoc"]) == {"cmsap", "ms"} and val["posthoc"]["cmsap"]["segmentation"]["voxels_changed"] == 0
     assert _per_case(run / "eval" / "val" / "cmsap" / "per_case.csv") == _per_case(run / "eval" / "val" / "per_case.csv")
+
+
+def test_a_multilabel_run_asking_for_one_is_refused_before_training(make_cfg, tmp_path, one_thread):
+    from mcseg.errors import ConfigError
+    from mcseg.train import train
+    from tests.data.data_helpers import TINY_RUN, fake_download
+
+    _, overrides = fake_download("brats_regions", tmp_path)
+    with pytest.raises(ConfigError, match=r"posthoc.fit.*'cmsop' calibrates a softmax only.*sigmoid per region"):
+        train(make_cfg([*overrides, *TINY_RUN, "loss=bce", "posthoc.fit=[temperature,cmsop]",
+                        "posthoc.apply=[temperature]", "posthoc.voxels=balanced"]))
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.fixture(scope="module")
+def nn(tmp_path_factory):
+    from tests.conftest import require
+    from tests.test_folder_posthoc import NNUNET_FILES
+
+    require("nnunetv2", NNUNET_FILES)
+    from tests.tool_outputs import make_nnunet
+
+    root = tmp_path_factory.mktemp("fiducio_nn")
+    return {"labels": make_nnunet(root / "labels", dims=3, noise=4.0, members=2),
+            "regions": make_nnunet(root / "regions", dims=3, regions=True, noise=4.0, n_cases=2)}
+
+
+@pytest.mark.parametrize("name", ["cmsap", "ms"])
+def test_calibrate_folder_fits_one_on_nnunet_files_and_writes_them_back(name, nn, tmp_path):
+    """The fit of the validation folder, saved as Fiducio reads it, applied to the test folder's npz: nnU-Net's
+    files written back (its label map rule on the calibrated probabilities), the probabilities Fiducio's own
+    transform of ln p; the arg-max keeper's label maps are nnU-Net's originals."""
+    import json
+
+    import numpy as np
+    from nnunetv2.imageio.simpleitk_reader_writer import SimpleITKIO
+
+    from mcseg.calibrate_folder import main as calibrate
+    from mcseg.evaluation.folder_posthoc import log_probabilities
+
+    folders = nn["labels"]
+    val, test = folders["members"]
+    out = tmp_path / "out"
+    voxels = [] if SCALER_TYPES[name].preserves_argmax else ["--voxels", "all"]
+    assert calibrate(["--fit", str(val), "--reference", str(folders["raw"]), "--apply", str(test), "-o", str(out),
+                      "--splits", str(folders["splits"]), "--fold", "0", "--allow-fit-cases", "--scaler", name,
+                      *voxels]) == 0
+    (key, fit), = json.loads((out / "calibration.json").read_text())["fits"].items()
+    fitted = fit["scalers"][name]
+    assert fitted["guarantee"] == SCALER_TYPES[name].guarantee and fitted["file"] == f"fiducio-{name}-{key[:8]}.pt"
+    theirs = fiducio.load_calibrator(out / fitted["file"])
+    for case in ("tiny_001", "tiny_003"):
+        old = np.load(test / f"{case}.npz")["probabilities"]
+        new = np.load(out / f"{case}.npz")["probabilities"]
+        expected = theirs.transform(log_probabilities(torch.from_numpy(old), False)[None])[0]
+        np.testing.assert_allclose(new, expected.numpy(), atol=1e-5)
+        seg, _ = SimpleITKIO().read_seg(str(out / f"{case}.nii.gz"))
+        np.testing.assert_array_equal(seg[0], new.argmax(0))  # nnU-Net's rule, on the calibrated file
+        if SCALER_TYPES[name].preserves_argmax:
+            np.testing.assert_array_equal(seg, SimpleITKIO().read_seg(str(test / f"{case}.nii.gz"))[0])
+
+
+def test_calibrate_folder_refuses_one_for_nnunet_region_files(nn, tmp_path, capsys):
+    from mcseg.calibrate_folder import main as calibrate
+
+    folders = nn["regions"]
+    out = tmp_path / "out"
+    assert calibrate(["--fit", str(folders["pred"]), "--reference", str(folders["raw"]), "-o", str(out),
+                      "--scaler", "cmsap"]) == 2
+    assert "--scaler cmsap: post-hoc scaler 'cmsap' calibrates a softmax only" in capsys.readouterr().err
+    assert not (out / "calibration.json").exists()
+
+
+def test_calibrate_folder_fits_one_on_monai_files(tmp_path):
+    import json
+
+    import nibabel as nib
+    import numpy as np
+
+    from mcseg.calibrate_folder import main as calibrate
+    from mcseg.evaluate_folder import main as evaluate
+    from mcseg.evaluation.folder_posthoc import log_probabilities
+    from tests.test_monai_folders import _labels
+    from tests.tool_outputs import make_monai
+
+    labels = _labels(tmp_path / "labels", (11, 9, 6))
+    pred = make_monai(tmp_path / "pred", labels, noise=3.0)
+    out = tmp_path / "out"
+    assert calibrate(["--fit", str(pred), "--reference", str(labels), "--apply", str(pred), "-o", str(out),
+                      "--allow-fit-cases", "--scaler", "ets"]) == 0
+    fitted = next(iter(json.loads((out / "calibration.json").read_text())["fits"].values()))["scalers"]["ets"]
+    theirs = fiducio.load_calibrator(out / fitted["file"])
+    old = np.moveaxis(nib.load(str(pred / "case_0" / "case_0_trans.nii.gz")).get_fdata(dtype=np.float32), -1, 0)
+    new = np.moveaxis(nib.load(str(out / "case_0" / "case_0_trans.nii.gz")).get_fdata(dtype=np.float32), -1, 0)
+    expected = theirs.transform(log_probabilities(torch.from_numpy(old), False)[None])[0]
+    np.testing.assert_allclose(new, expected.numpy(), atol=1e-5)
+    assert evaluate([str(out), str(labels), "-o", str(tmp_path / "e"), "--bootstrap-samples", "0",
+                     "--no-failure-detection", "--no-figures"]) == 0

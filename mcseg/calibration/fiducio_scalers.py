@@ -45,7 +45,7 @@ from torch import Tensor
 from mcseg.calibration.scalers import SCALER_TYPES, FitData, FitOptions, Scaler
 from mcseg.calibration.scaling import nll
 
-__all__ = ["CHUNK_VOXELS", "FIDUCIO_SCALERS", "FiducioScaler", "GUARANTEES"]
+__all__ = ["CHUNK_VOXELS", "FIDUCIO_SCALERS", "FiducioScaler", "GUARANTEES", "softmax_only_message"]
 
 GUARANTEES = ("order", "argmax", "none")
 KEEPS = {"order": "keeps the class order", "argmax": "keeps the arg-max", "none": "can change the arg-max"}
@@ -86,6 +86,7 @@ class FiducioScaler(Scaler):
 
     calibrator_class: ClassVar[type]
     guarantee: ClassVar[str]
+    softmax_only = True
 
     def __init__(self, calibrator=None, record: dict | None = None, path: Path | None = None) -> None:
         self.calibrator, self.record, self.path = calibrator, record, path
@@ -101,8 +102,7 @@ class FiducioScaler(Scaler):
 
     def fit(self, data: FitData) -> dict:
         if data.multilabel:
-            raise ValueError(f"config key 'posthoc.fit': {self.name!r} (Fiducio) calibrates a softmax; this model "
-                             f"has one sigmoid per region (multi-label): use temperature, vector or lts")
+            raise ValueError(softmax_only_message(self.name, "config key 'posthoc.fit'"))
         if data.voxels is None:
             raise ValueError(f"post-hoc scaler {self.name!r} is fitted on a voxel sample; none was given")
         logits, target = data.voxels
@@ -176,6 +176,12 @@ class FiducioScaler(Scaler):
         r = self.record or {}
         return (f"{self.label()} [Fiducio {r.get('calibrator', self.calibrator_class.__name__)}, "
                 f"{KEEPS[self.guarantee]}]")
+
+
+def softmax_only_message(name: str, key: str) -> str:
+    """Why ``name`` is refused for a multi-label model; ``key``: where it was asked for."""
+    return (f"{key}: post-hoc scaler {name!r} calibrates a softmax only; this model has one sigmoid per region "
+            f"(multi-label): use temperature, vector or lts")
 
 
 def _scaler_class(offered: Offered) -> type[FiducioScaler]:

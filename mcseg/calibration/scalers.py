@@ -60,6 +60,7 @@ class Scaler(ABC):
     # what it guarantees, recorded in calibration.json: "order" (the class order, hence the arg-max), "argmax"
     # (the arg-max only) or "none"; tests/test_fiducio_scalers.py checks it against preserves_argmax and the maps
     guarantee: ClassVar[str] = "none"
+    softmax_only: ClassVar[bool] = False  # refused for a multi-label (sigmoid per region) model, at start
     fitted_on: ClassVar[Literal["voxels", "cases"]] = "voxels"  # what FitData must hold for it
     objectives: ClassVar[tuple[str, ...]] = ("nll",)  # the posthoc.objective values it can be fitted by
     record: dict | None = None

@@ -89,6 +89,13 @@ def check_run_inputs(cfg: DictConfig, dataset: SegmentationDataset, splits: Spli
         raise ConfigError(f"config key 'posthoc.fit'={fit}: lts needs at least 2 validation cases (one is held out "
                           f"for early stopping), this run fits on {n_val}; give more validation cases "
                           f"(dataset.split.val_fraction, trainer.val_max_cases) or remove lts")
+    if dataset.multilabel:
+        from mcseg.calibration.fiducio_scalers import softmax_only_message
+        from mcseg.calibration.scalers import SCALER_TYPES
+
+        refused = [s for s in fit if s in SCALER_TYPES and SCALER_TYPES[s].softmax_only]
+        if refused:
+            raise ConfigError(softmax_only_message(refused[0], f"config key 'posthoc.fit'={fit}"))
     validate_cases(dataset, splits["all"], "training")
 
 
