@@ -1,7 +1,7 @@
 """``mcseg-calibrate-folder --fit VAL_DIR [...] --reference REF --apply TEST_DIR -o OUT_DIR``
 
 Post-hoc calibration of another tool's saved probabilities (:mod:`mcseg.evaluation.folder_posthoc`): a
-temperature (or vector scaling) is fitted on validation prediction folders (nnU-Net's ``fold_k/validation``
+temperature (or another scaler of ``--scaler``: vector scaling, Fiducio's calibrators) is fitted on validation prediction folders (nnU-Net's ``fold_k/validation``
 folders written with ``--npz``: together every training case once, out of fold; or any folder, or the
 validation cases of ``--splits splits_final.json --fold K``), recorded in ``OUT_DIR/calibration.json`` as mcseg
 records its fits, and applied to the test folder, written to ``OUT_DIR`` in the tool's own format (nnU-Net:
@@ -35,7 +35,8 @@ def _parser() -> argparse.ArgumentParser:
     defaults, posthoc = EvalProtocol(), PosthocConfig()
     p = argparse.ArgumentParser(
         prog="mcseg-calibrate-folder",
-        description="Fit a temperature (or vector scaling) on saved validation probabilities of nnU-Net, MONAI or "
+        description="Fit a post-hoc calibrator (a temperature by default; vector scaling or one of Fiducio's: "
+                    "--scaler) on saved validation probabilities of nnU-Net, MONAI or "
                     "mcseg and write the calibrated test probabilities in the tool's own format. "
                     f"Refused: {', '.join(f'{k} ({v})' for k, v in REFUSED.items())}.")
     p.add_argument("--fit", nargs="+", type=Path, required=True, metavar="VAL_DIR",
@@ -139,6 +140,8 @@ def _parameters(fitted: dict) -> str:
         return f"T={fitted['temperature']:.4g}"
     if "weight" in fitted and "bias" in fitted:
         return f"w={[round(w, 4) for w in fitted['weight']]} b={[round(b, 4) for b in fitted['bias']]}"
+    if "file" in fitted:  # a Fiducio calibrator: its own file, which fiducio.load_calibrator reads
+        return f"({fitted.get('calibrator')}, keeps {fitted.get('guarantee')}, saved as {fitted['file']})"
     return "(parameters in calibration.json)"
 
 

@@ -314,3 +314,6 @@ def test_calibrate_folder_fits_one_on_monai_files(tmp_path):
     np.testing.assert_allclose(new, expected.numpy(), atol=1e-5)
     assert evaluate([str(out), str(labels), "-o", str(tmp_path / "e"), "--bootstrap-samples", "0",
                      "--no-failure-detection", "--no-figures"]) == 0
+    # a calibration of the folder that replaces it (--overwrite) removes the calibrator file with the rest
+    assert calibrate(["--fit", str(pred), "--reference", str(labels), "-o", str(out), "--overwrite"]) == 0
+    assert not (out / fitted["file"]).exists()

@@ -19,6 +19,10 @@ softmax log-probabilities u = ln p = z - c(x) it is *not* (the per-voxel constan
 drop out unless all w_k are equal): it is then a calibration map of its own on the log-probabilities (a diagonal
 Dirichlet calibration, Kull et al. 2019), recorded as such.
 
+**Fiducio's calibrators** (:mod:`mcseg.calibration.fiducio_scalers`) take ln p as their logits: the
+translation-invariant ones (ETS, MSc) and those of the log-probabilities (Dirichlet, CMS, CMSap, CMSop) are then
+exactly the logits' own maps; matrix scaling (MS), like vector scaling, is a map of the log-probabilities.
+
 **Refused**: local temperature scaling (``lts``) is a network on the image and the logits themselves; the saved
 probabilities give the logits only up to a per-voxel constant its convolutions are not invariant to, and no image.
 
@@ -213,6 +217,10 @@ def take_over(out_dir: Path) -> list[dict]:
     applied = stored.get("applied") or {}
     for name in applied.get("files") or []:
         (Path(out_dir) / name).unlink(missing_ok=True)
+    for fit in (stored.get("fits") or {}).values():  # a fit's own files (Fiducio's calibrators)
+        for scaler in (fit.get("scalers") or {}).values():
+            if isinstance(scaler, dict) and scaler.get("file"):
+                (Path(out_dir) / Path(scaler["file"]).name).unlink(missing_ok=True)
     path.unlink(missing_ok=True)
     earlier = [{"fit": key, "scalers": {n: {k: v for k, v in r.items() if k in ("temperature", "weight", "bias")}
                                         for n, r in (fit.get("scalers") or {}).items()},
