@@ -17,6 +17,7 @@ import torch
 
 from mcseg.calibration.fiducio_scalers import FIDUCIO_SCALERS, GUARANTEES
 from mcseg.calibration.scalers import SCALER_TYPES, FitData, build_scaler, load_scaler
+from tests.test_folder_posthoc import nn  # noqa: F401  (its nnU-Net folders, made by nnU-Net's export)
 
 NAMES = [o.name for o in FIDUCIO_SCALERS]
 KEEPING = [o.name for o in FIDUCIO_SCALERS if o.guarantee != "none"]
@@ -228,19 +229,6 @@ def test_a_multilabel_run_asking_for_one_is_refused_before_training(make_cfg, tm
         train(make_cfg([*overrides, *TINY_RUN, "loss=bce", "posthoc.fit=[temperature,cmsop]",
                         "posthoc.apply=[temperature]", "posthoc.voxels=balanced"]))
     assert not (tmp_path / "run" / "checkpoints").exists()
-
-
-@pytest.fixture(scope="module")
-def nn(tmp_path_factory):
-    from tests.conftest import require
-    from tests.test_folder_posthoc import NNUNET_FILES
-
-    require("nnunetv2", NNUNET_FILES)
-    from tests.tool_outputs import make_nnunet
-
-    root = tmp_path_factory.mktemp("fiducio_nn")
-    return {"labels": make_nnunet(root / "labels", dims=3, noise=4.0, members=2),
-            "regions": make_nnunet(root / "regions", dims=3, regions=True, noise=4.0, n_cases=2)}
 
 
 @pytest.mark.parametrize("name", ["cmsap", "ms"])
