@@ -87,17 +87,17 @@ def test_mcsegs_probabilities_are_fiducios_own_transform_of_the_saved_calibrator
 
 
 def test_a_changed_or_foreign_calibrator_file_is_refused(tmp_path):
-    _, record = _fitted("cmsap", tmp_path)
-    other = build_scaler("cmsop")
+    _, record = _fitted("dirichlet", tmp_path)
+    other = build_scaler("ms")
     other.fit(FitData(_voxels(seed=3)))
     other.save(tmp_path, SHA)
-    with pytest.raises(ValueError, match="holds a OrderPreservingMatrixScaling, not the ArgmaxPreserving"):
-        load_scaler("cmsap", {**record, "file": f"fiducio-cmsop-{SHA[:8]}.pt", "file_sha256": None}, tmp_path)
+    with pytest.raises(ValueError, match="holds a MatrixScaling, not the DirichletCalibration"):
+        load_scaler("dirichlet", {**record, "file": f"fiducio-ms-{SHA[:8]}.pt", "file_sha256": None}, tmp_path)
     (tmp_path / record["file"]).write_bytes((tmp_path / record["file"]).read_bytes() + b"x")
     with pytest.raises(ValueError, match="does not match the sha256"):
-        load_scaler("cmsap", record, tmp_path)
+        load_scaler("dirichlet", record, tmp_path)
     with pytest.raises(ValueError, match="record of calibration.json is incomplete"):
-        load_scaler("cmsap", {"guarantee": "argmax"}, tmp_path)
+        load_scaler("dirichlet", {"guarantee": "none"}, tmp_path)
 
 
 @pytest.mark.parametrize("shape", [(9, 8), (6, 5, 7)], ids=["2D", "3D"])
