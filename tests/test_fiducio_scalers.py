@@ -305,3 +305,21 @@ def test_calibrate_folder_fits_one_on_monai_files(tmp_path):
     # a calibration of the folder that replaces it (--overwrite) removes the calibrator file with the rest
     assert calibrate(["--fit", str(pred), "--reference", str(labels), "-o", str(out), "--overwrite"]) == 0
     assert not (out / fitted["file"]).exists()
+
+
+def test_posthoc_fiducio_sets_how_they_are_fitted_and_a_bad_setting_is_refused_at_start():
+    from mcseg.calibration import PosthocConfig
+    from mcseg.calibration.scalers import FitOptions
+    from mcseg.errors import ConfigError
+
+    options = FitOptions(fiducio={"optimizer": "lbfgs", "max_iter": 20, "lambda_reg": 0.01})
+    cmsap, ets = build_scaler("cmsap", options), build_scaler("ets", options)
+    assert cmsap.fit(FitData(_voxels(500)))["config"] | {"optimizer": "lbfgs", "max_iter": 20, "lambda_reg": 0.01} \
+        == cmsap.record["config"]
+    assert "lambda_reg" not in ets.fit(FitData(_voxels(500)))["config"]  # ETS has no regulariser: not given it
+    assert ets.record["config"]["optimizer"] == "lbfgs"
+    assert build_scaler("ms").fit(FitData(_voxels(500)))["config"]["optimizer"] == "adam"  # {}: Fiducio's default
+    with pytest.raises(ConfigError, match=r"posthoc.fiducio.optimiser': not a Fiducio fit setting"):
+        PosthocConfig(fit=["cmsap"], apply=[], fiducio={"optimiser": "lbfgs"})
+    with pytest.raises(ConfigError, match=r"posthoc.fiducio'=\{'optimizer': 'sgd'\}: cmsap refuses it"):
+        PosthocConfig(fit=["temperature", "cmsap"], apply=[], fiducio={"optimizer": "sgd"})

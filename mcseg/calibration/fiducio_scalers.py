@@ -15,8 +15,10 @@ docs/posthoc.md), and mcseg's also serve what Fiducio does not: sigmoid (multi-l
 (SPA), the ECE objective, and the fall-back to the identity when a fit would raise the NLL.
 
 How they are fitted: on the voxel sample mcseg selects (``posthoc.voxels``, ``max_voxels``, ``seed``: the
-``voxels`` of :class:`~mcseg.calibration.scalers.FitData`), as an ``N x K`` table of logits, by the library's own
-defaults (Adam, 200 steps; learning rate 0.1, 0.01 for the class-conditional family; no regulariser), on the CPU.
+``voxels`` of :class:`~mcseg.calibration.scalers.FitData`), as an ``N x K`` table of logits, on the CPU, by the
+library's own defaults (Adam, 200 steps; learning rate 0.1, 0.01 for the class-conditional family; no
+regulariser) unless ``posthoc.fiducio`` sets some of :data:`SETTINGS` (each calibrator gets those its constructor
+takes; the constructor's arguments are recorded).
 Adam keeps the iterate of lowest training loss, the start (the identity map) included, so a fit never raises the
 NLL of its voxels. Softmax models only: Fiducio's maps are maps of a softmax's logits or log-probabilities, so a
 multi-label (sigmoid) model is refused. On saved probabilities (``mcseg-calibrate-folder``) the "logits" are
@@ -33,6 +35,7 @@ internal ``N x K`` copies never hold more than one slab.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,12 +48,15 @@ from torch import Tensor
 from mcseg.calibration.scalers import SCALER_TYPES, FitData, FitOptions, Scaler
 from mcseg.calibration.scaling import nll
 
-__all__ = ["CHUNK_VOXELS", "FIDUCIO_SCALERS", "FiducioScaler", "GUARANTEES", "softmax_only_message"]
+__all__ = ["CHUNK_VOXELS", "FIDUCIO_SCALERS", "FiducioScaler", "GUARANTEES", "SETTINGS", "check_fiducio_settings",
+           "softmax_only_message"]
 
 GUARANTEES = ("order", "argmax", "none")
 KEEPS = {"order": "keeps the class order", "argmax": "keeps the arg-max", "none": "can change the arg-max"}
 #: voxels per slab of :meth:`FiducioScaler.apply`
 CHUNK_VOXELS = 1 << 20
+#: the fit settings ``posthoc.fiducio`` may set (keyword arguments of Fiducio's constructors)
+SETTINGS = ("optimizer", "lr", "max_iter", "lambda_reg", "mu_reg")
 
 
 @dataclass(frozen=True)
@@ -88,12 +94,19 @@ class FiducioScaler(Scaler):
     guarantee: ClassVar[str]
     softmax_only = True
 
-    def __init__(self, calibrator=None, record: dict | None = None, path: Path | None = None) -> None:
-        self.calibrator, self.record, self.path = calibrator, record, path
+    def __init__(self, calibrator=None, record: dict | None = None, path: Path | None = None,
+                 settings: dict | None = None) -> None:
+        self.calibrator, self.record, self.path, self.settings = calibrator, record, path, dict(settings or {})
 
     @classmethod
     def configured(cls, options: FitOptions) -> Scaler:
-        return cls()
+        return cls(settings=options.fiducio)
+
+    @classmethod
+    def new_calibrator(cls, settings: dict, device: str = "cpu"):
+        """An unfitted calibrator of ``cls``, given the ``settings`` its constructor takes."""
+        taken = inspect.signature(cls.calibrator_class).parameters
+        return cls.calibrator_class(device=device, **{k: v for k, v in settings.items() if k in taken})
 
     @staticmethod
     def file_name(name: str, key: str = "") -> str:
@@ -107,7 +120,7 @@ class FiducioScaler(Scaler):
             raise ValueError(f"post-hoc scaler {self.name!r} is fitted on a voxel sample; none was given")
         logits, target = data.voxels
         logits, target = logits.detach().float().cpu(), target.long().cpu()
-        calibrator = self.calibrator_class(device="cpu")
+        calibrator = self.new_calibrator(self.settings)
         start = time.perf_counter()
         calibrator.fit(logits, target)
         seconds = time.perf_counter() - start
@@ -176,6 +189,22 @@ class FiducioScaler(Scaler):
         r = self.record or {}
         return (f"{self.label()} [Fiducio {r.get('calibrator', self.calibrator_class.__name__)}, "
                 f"{KEEPS[self.guarantee]}]")
+
+
+def check_fiducio_settings(settings: dict, names: list[str]) -> None:
+    """Refuse ``posthoc.fiducio`` settings outside :data:`SETTINGS`, or that a Fiducio calibrator of ``names`` (those
+    of ``posthoc.fit``) refuses (an unknown optimizer, a negative learning rate...), naming the key."""
+    from mcseg.errors import ConfigError
+
+    unknown = sorted(set(settings) - set(SETTINGS))
+    if unknown:
+        raise ConfigError(f"config key 'posthoc.fiducio.{unknown[0]}': not a Fiducio fit setting (expected "
+                          f"{', '.join(SETTINGS)})")
+    for name in names:
+        try:
+            SCALER_TYPES[name].new_calibrator(settings)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"config key 'posthoc.fiducio'={dict(settings)}: {name} refuses it ({exc})") from None
 
 
 def softmax_only_message(name: str, key: str) -> str:

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from mcseg.calibration.fiducio_scalers import check_fiducio_settings
 from mcseg.calibration.lts import CaseLogits, LTSConfig
 from mcseg.calibration.scalers import SCALER_TYPES, FitData, FitOptions, Scaler, build_scaler, load_scaler
 from mcseg.config import EvalProtocol
@@ -75,6 +76,9 @@ class PosthocConfig:
     voxels: str = "region"    # region (evaluation.region of the model's own prediction) | balanced | all
     objective: str = "nll"    # nll | ece (temperature only)
     lts: dict[str, Any] = field(default_factory=dict)  # LTSConfig fields; dims, patch_size, slice_axis: the model's
+    # how Fiducio's calibrators are fitted (fiducio_scalers.SETTINGS: optimizer, lr, max_iter, lambda_reg, mu_reg);
+    # {}: the library's defaults. A calibrator is given those its constructor takes (ETS has no regulariser)
+    fiducio: dict[str, Any] = field(default_factory=dict)
     # predictors of several members (ensembles, TTA, MC dropout): fit the scaler on the pooled prediction
     # (before) or apply each network's own fit to its members before pooling (after); Rahaman & Thiery 2021
     pool: str = "before"
@@ -109,6 +113,7 @@ class PosthocConfig:
                               f"change class; fit it on balanced or all voxels, or remove it from posthoc.fit")
         if self.max_voxels < 1 or self.max_iter < 1:
             raise ConfigError("config keys 'posthoc.max_voxels' and 'posthoc.max_iter' must be >= 1")
+        check_fiducio_settings(self.fiducio, [s for s in self.fit if hasattr(SCALER_TYPES[s], "calibrator_class")])
         known = {f.name for f in fields(LTSConfig)}
         unknown = sorted(set(self.lts) - known)
         if unknown:
@@ -129,7 +134,7 @@ class PosthocConfig:
         """How each scaler is fitted: ECE bins of the protocol, LTS in the model's geometry."""
         lts = (self.lts_config(predictor.model_dims, predictor.roi_size, predictor.slice_axis)
                if "lts" in self.fit else LTSConfig())
-        return FitOptions(self.max_iter, self.objective, protocol.n_bins, lts)
+        return FitOptions(self.max_iter, self.objective, protocol.n_bins, lts, dict(self.fiducio))
 
 
 def _sample_voxels(logits: torch.Tensor, label: torch.Tensor, multilabel: bool, generator: torch.Generator,

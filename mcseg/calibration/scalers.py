@@ -31,6 +31,7 @@ class FitOptions:
     objective: str = "nll"       # nll | ece (temperature only)
     n_bins: int = 15             # ECE bins of the ece objective (the protocol's evaluation.n_bins)
     lts: LTSConfig = field(default_factory=LTSConfig)
+    fiducio: dict = field(default_factory=dict)  # Fiducio's fit settings (posthoc.fiducio); {}: its defaults
 
 
 @dataclass

@@ -134,7 +134,7 @@ def fit_folders(folders: Sequence[PredictionFormat], reference: Reference, out_d
     try:
         cfg = PosthocConfig(fit=list(scalers), apply=list(scalers), max_voxels=posthoc.max_voxels,
                             max_iter=posthoc.max_iter, seed=posthoc.seed, voxels=posthoc.voxels,
-                            objective=posthoc.objective)
+                            objective=posthoc.objective, fiducio=dict(posthoc.fiducio))
     except ValueError as exc:
         raise FolderError(str(exc)) from None
     owners = _fit_owners(folders, cases)
