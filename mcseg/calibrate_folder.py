@@ -1,7 +1,8 @@
 """``mcseg-calibrate-folder --fit VAL_DIR [...] --reference REF --apply TEST_DIR -o OUT_DIR``
 
 Post-hoc calibration of another tool's saved probabilities (:mod:`mcseg.evaluation.folder_posthoc`): a
-temperature (or another scaler of ``--scaler``: vector scaling, Fiducio's calibrators) is fitted on validation prediction folders (nnU-Net's ``fold_k/validation``
+temperature (or another scaler of ``--scaler``: vector scaling, Fiducio's calibrators) is fitted on validation
+prediction folders (nnU-Net's ``fold_k/validation``
 folders written with ``--npz``: together every training case once, out of fold; or any folder, or the
 validation cases of ``--splits splits_final.json --fold K``), recorded in ``OUT_DIR/calibration.json`` as mcseg
 records its fits, and applied to the test folder, written to ``OUT_DIR`` in the tool's own format (nnU-Net:

@@ -216,7 +216,8 @@ def test_a_run_fits_applies_and_reports_every_fiducio_calibrator_and_evaluate_re
     assert ({p.name: p.read_bytes() for p in run.glob("fiducio-*.pt")}, (run / "calibration.json").read_text()) == stamp
     val = json.loads((run / "eval" / "val" / "summary.json").read_text())
     assert set(val["posthoc"]) == {"cmsap", "ms"} and val["posthoc"]["cmsap"]["segmentation"]["voxels_changed"] == 0
-    assert _per_case(run / "eval" / "val" / "cmsap" / "per_case.csv") == _per_case(run / "eval" / "val" / "per_case.csv")
+    val_dir = run / "eval" / "val"
+    assert _per_case(val_dir / "cmsap" / "per_case.csv") == _per_case(val_dir / "per_case.csv")
 
 
 def test_a_multilabel_run_asking_for_one_is_refused_before_training(make_cfg, tmp_path, one_thread):

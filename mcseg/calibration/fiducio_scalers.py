@@ -18,13 +18,13 @@ How they are fitted: on the voxel sample mcseg selects (``posthoc.voxels``, ``ma
 ``voxels`` of :class:`~mcseg.calibration.scalers.FitData`), as an ``N x K`` table of logits, on the CPU, by the
 library's own defaults (Adam, 200 steps; learning rate 0.1, 0.01 for the class-conditional family; no
 regulariser) unless ``posthoc.fiducio`` sets some of :data:`SETTINGS` (each calibrator gets those its constructor
-takes; the constructor's arguments are recorded).
-Adam keeps the iterate of lowest training loss, the start (the identity map) included, so a fit never raises the
-NLL of its voxels. Softmax models only: Fiducio's maps are maps of a softmax's logits or log-probabilities, so a
-multi-label (sigmoid) model is refused. On saved probabilities (``mcseg-calibrate-folder``) the "logits" are
-``ln p`` (:func:`mcseg.evaluation.folder_posthoc.log_probabilities`): the log-probability calibrators (DC, CMS,
-CMSap, CMSop) and the translation-invariant ones (ETS, MSc) are then the logits' own maps; MS is a map of the
-log-probabilities, not of the logits (trap 1 of the reference document).
+takes; the constructor's arguments are recorded). With the defaults Adam keeps the iterate of lowest training loss,
+the start (the identity map) included, so a fit never raises the NLL of its voxels; a fit that does (L-BFGS, a
+regulariser) is kept and its record says so (``warning``). Softmax models only: Fiducio's maps are maps of a
+softmax's logits or log-probabilities, so a multi-label (sigmoid) model is refused. On saved probabilities
+(``mcseg-calibrate-folder``) the "logits" are ``ln p`` (:func:`mcseg.evaluation.folder_posthoc.log_probabilities`):
+the log-probability calibrators (DC, CMS, CMSap, CMSop) and the translation-invariant ones (ETS, MSc) are then the
+logits' own maps; MS is a map of the log-probabilities, not of the logits (trap 1 of the reference document).
 
 Saved in Fiducio's own format (``fiducio.save_calibrator``) beside calibration.json as
 ``fiducio-<name>-<sha8>.pt`` (the checkpoint's sha256, as LTS weights are named), so that
@@ -128,10 +128,13 @@ class FiducioScaler(Scaler):
             before = float(nll(torch.softmax(logits, 1), target, False))
             after = float(nll(calibrator.transform(logits), target, False))
         self.calibrator, self.path = calibrator, None
+        # Adam keeps its best iterate (the identity start included); L-BFGS or a regulariser can end above it
+        rose = {"warning": f"the fit raised the NLL of its voxels ({before:.6g} -> {after:.6g}); kept as fitted, "
+                           f"not replaced by the identity"} if not after <= before else {}
         self.record = {"calibrator": type(calibrator).__name__, "fiducio_id": calibrator.calibrator_id,
                        "fiducio_version": fiducio.__version__, "config": calibrator.get_config(),
                        "guarantee": self.guarantee, "nll_before": before, "nll_after": after,
-                       "fit_seconds": seconds, **data.sample, "objective": "nll"}
+                       "fit_seconds": seconds, **data.sample, "objective": "nll", **rose}
         return self.record
 
     def _fitted(self):
