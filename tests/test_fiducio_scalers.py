@@ -46,6 +46,20 @@ def _fitted(name: str, directory, absent: int | None = None):
     return scaler, record
 
 
+@pytest.fixture(scope="module")
+def fits(tmp_path_factory):
+    """Each calibrator fitted once (class K - 1 absent from the fit) and saved, shared by the tests of this
+    module that only read it: ``fits(name) -> (scaler, record, directory)``."""
+    directory, cache = tmp_path_factory.mktemp("fits"), {}
+
+    def get(name: str):
+        if name not in cache:
+            cache[name] = (*_fitted(name, directory, absent=K - 1), directory)
+        return cache[name]
+
+    return get
+
+
 def _case(shape: tuple[int, ...], seed: int = 5) -> torch.Tensor:
     """``K x *S`` test logits with exact ties between the top classes on a quarter of the voxels and voxels
     whose top class is class K - 1 (absent from the fit of ``_fitted(..., absent=K - 1)``)."""
@@ -69,16 +83,16 @@ def test_every_scaler_says_what_it_guarantees():
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_mcsegs_probabilities_are_fiducios_own_transform_of_the_saved_calibrator(name, tmp_path, monkeypatch):
-    scaler, record = _fitted(name, tmp_path)
-    path = tmp_path / record["file"]
+def test_mcsegs_probabilities_are_fiducios_own_transform_of_the_saved_calibrator(name, fits, monkeypatch):
+    scaler, record, directory = fits(name)
+    path = directory / record["file"]
     assert record["file"] == f"fiducio-{name}-{SHA[:8]}.pt" and record["guarantee"] == SCALER_TYPES[name].guarantee
     assert record["calibrator"] == SCALER_TYPES[name].calibrator_class.__name__
     assert record["nll_after"] <= record["nll_before"] and record["fit_seconds"] > 0
     theirs = fiducio.load_calibrator(path)  # Fiducio reads mcseg's file
     z = _case((6, 7, 5))
     expected = theirs.transform(z[None])[0]
-    loaded = load_scaler(name, record, tmp_path)
+    loaded = load_scaler(name, record, directory)
     ours = torch.softmax(loaded.apply(z), 0)
     torch.testing.assert_close(ours, expected, atol=1e-5, rtol=0)
     monkeypatch.setattr("mcseg.calibration.fiducio_scalers.CHUNK_VOXELS", 7 * 5)  # one slice a slab
@@ -102,10 +116,10 @@ def test_a_changed_or_foreign_calibrator_file_is_refused(tmp_path):
 
 @pytest.mark.parametrize("shape", [(9, 8), (6, 5, 7)], ids=["2D", "3D"])
 @pytest.mark.parametrize("name", KEEPING)
-def test_a_calibrator_that_claims_to_keep_the_argmax_keeps_it(name, shape, tmp_path):
+def test_a_calibrator_that_claims_to_keep_the_argmax_keeps_it(name, shape, fits):
     """Ties (two classes, every class) and a class absent from the fit included; with the ``order`` claim, no
     pair of classes changes its order either."""
-    scaler, _ = _fitted(name, tmp_path, absent=K - 1)
+    scaler, _, _ = fits(name)
     z = _case(shape)
     raw = torch.softmax(z, 0)
     calibrated = torch.softmax(scaler.apply(z), 0)
@@ -117,9 +131,9 @@ def test_a_calibrator_that_claims_to_keep_the_argmax_keeps_it(name, shape, tmp_p
         assert not ((before > 0) & (after < 0)).any()  # a class above another stays at least level with it
 
 
-def test_a_calibrator_without_the_claim_does_move_the_argmax_here(tmp_path):
+def test_a_calibrator_without_the_claim_does_move_the_argmax_here(fits):
     """The claims are not vacuous: matrix scaling of the same data moves some voxels' arg-max."""
-    scaler, _ = _fitted("ms", tmp_path, absent=K - 1)
+    scaler, _, _ = fits("ms")
     z = _case((9, 8))
     assert not torch.equal(torch.softmax(scaler.apply(z), 0).argmax(0), torch.softmax(z, 0).argmax(0))
 
