@@ -1,8 +1,9 @@
 """``mcseg-calibrate-folder --fit VAL_DIR [...] --reference REF --apply TEST_DIR -o OUT_DIR``
 
 Post-hoc calibration of another tool's saved probabilities (:mod:`mcseg.evaluation.folder_posthoc`): a
-scaler of :data:`~mcseg.calibration.scalers.SCALER_TYPES` (a temperature by default; local temperature scaling on
-the log-probabilities, without the image) is fitted on validation prediction folders (nnU-Net's ``fold_k/validation``
+scaler of :data:`~mcseg.calibration.scalers.SCALER_TYPES` (a temperature by default; vector scaling, histogram
+binning, isotonic regression, Fiducio's calibrators; local temperature scaling on the log-probabilities, without the
+image) is fitted on validation prediction folders (nnU-Net's ``fold_k/validation``
 folders written with ``--npz``: together every training case once, out of fold; or any folder, or the
 validation cases of ``--splits splits_final.json --fold K``), recorded in ``OUT_DIR/calibration.json`` as mcseg
 records its fits, and applied to the test folder, written to ``OUT_DIR`` in the tool's own format (nnU-Net:
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from mcseg.calibration import PosthocConfig
 from mcseg.calibration.posthoc import OBJECTIVES, VOXEL_SAMPLES
+from mcseg.calibration.scalers import softmax_only_message
 from mcseg.calibration.scalers import SCALER_TYPES
 from mcseg.data.io import VolumeError
 from mcseg.config import EvalProtocol
@@ -35,9 +37,10 @@ def _parser() -> argparse.ArgumentParser:
     defaults, posthoc = EvalProtocol(), PosthocConfig()
     p = argparse.ArgumentParser(
         prog="mcseg-calibrate-folder",
-        description="Fit a post-hoc scaler (a temperature by default) on saved validation probabilities of nnU-Net, "
-                    "MONAI or mcseg and write the calibrated test probabilities in the tool's own format. "
-                    f"Refused: {NO_IMAGE}.")
+        description="Fit a post-hoc calibrator (a temperature by default; vector scaling, histogram binning, isotonic "
+                    "regression, Fiducio's calibrators, local temperature scaling: --scaler) on saved validation "
+                    "probabilities of nnU-Net, MONAI or mcseg and write the calibrated test probabilities in the "
+                    f"tool's own format. Refused: {NO_IMAGE}.")
     p.add_argument("--fit", nargs="+", type=Path, required=True, metavar="VAL_DIR",
                    help="validation prediction folders (e.g. nnU-Net's fold_0/validation ... fold_4/validation)")
     p.add_argument("--reference", type=Path, required=True,
@@ -90,6 +93,8 @@ def calibrate(args: argparse.Namespace) -> tuple[dict, list[str]]:
         raise FolderError("--splits and --fold go together")
     cases = fold_cases(args.splits, args.fold) if args.splits else None
     kind = SCALER_TYPES[args.scaler]
+    if kind.softmax_only and reference.task.multilabel:
+        raise FolderError(softmax_only_message(args.scaler, f"--scaler {args.scaler}"))
     if not kind.preserves_argmax and args.voxels == "region":
         raise FolderError(f"--voxels region: {args.scaler} scaling can change the arg-max, so the region it would be "
                           f"fitted on is not where it is scored; pass --voxels balanced or all")
@@ -155,6 +160,8 @@ def _parameters(fitted: dict) -> str:
         return f"T={fitted['temperature']:.4g}"
     if "weight" in fitted and "bias" in fitted:
         return f"w={[round(w, 4) for w in fitted['weight']]} b={[round(b, 4) for b in fitted['bias']]}"
+    if "file" in fitted:  # a Fiducio calibrator: its own file, which fiducio.load_calibrator reads
+        return f"({fitted.get('calibrator')}, keeps {fitted.get('guarantee')}, saved as {fitted['file']})"
     return "(parameters in calibration.json)"
 
 

@@ -47,7 +47,10 @@ def random_net(k: int, dims: int, image_channels: int = 0, seed: int = 0) -> LTS
 
 # ------------------------------------------------------------------ the interface
 def test_every_scaler_is_registered_under_its_name():
-    assert set(SCALER_TYPES) == {"temperature", "vector", "lts", "histogram", "histogram_top", "isotonic", "isotonic_top"}
+    from mcseg.calibration.fiducio_scalers import FIDUCIO_SCALERS
+
+    assert set(SCALER_TYPES) == {"temperature", "vector", "lts", "histogram", "histogram_top", "isotonic", "isotonic_top",
+                                 *(o.name for o in FIDUCIO_SCALERS)}
     with pytest.raises(ValueError, match="'bogus'"):
         build_scaler("bogus")
 

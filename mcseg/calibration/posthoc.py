@@ -41,8 +41,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from mcseg.calibration.fiducio_scalers import check_fiducio_settings
 from mcseg.calibration.lts import CaseLogits, LTSConfig
-from mcseg.calibration.scalers import SCALER_TYPES, FitData, FitOptions, Scaler, build_scaler, load_scaler
+from mcseg.calibration.scalers import (SCALER_TYPES, FitData, FitOptions, Scaler, build_scaler, load_scaler,
+                                      softmax_only_message)
 from mcseg.config import EvalProtocol
 from mcseg.data.cases import CaseData
 from mcseg.files import write_json
@@ -79,6 +81,9 @@ class PosthocConfig:
     objective: str = "nll"    # nll | ece (temperature only)
     lts: dict[str, Any] = field(default_factory=dict)  # LTSConfig fields; dims, patch_size, slice_axis: the model's
     histogram_bins: int = 15  # equal-width bins of histogram binning (histogram, histogram_top)
+    # how Fiducio's calibrators are fitted (fiducio_scalers.SETTINGS: optimizer, lr, max_iter, lambda_reg, mu_reg);
+    # {}: the library's defaults. A calibrator is given those its constructor takes (ETS has no regulariser)
+    fiducio: dict[str, Any] = field(default_factory=dict)
     # predictors of several members (ensembles, TTA, MC dropout): fit the scaler on the pooled prediction
     # (before) or apply each network's own fit to its members before pooling (after); Rahaman & Thiery 2021
     pool: str = "before"
@@ -114,6 +119,7 @@ class PosthocConfig:
         if self.max_voxels < 1 or self.max_iter < 1 or self.histogram_bins < 1:
             raise ConfigError("config keys 'posthoc.max_voxels', 'posthoc.max_iter' and 'posthoc.histogram_bins' "
                               "must be >= 1")
+        check_fiducio_settings(self.fiducio, [s for s in self.fit if hasattr(SCALER_TYPES[s], "calibrator_class")])
         known = {f.name for f in fields(LTSConfig)}
         unknown = sorted(set(self.lts) - known)
         if unknown:
@@ -123,10 +129,9 @@ class PosthocConfig:
     def check_outputs(self, multilabel: bool) -> None:
         """Refuse, before any work, a scaler of ``fit`` that a model of these outputs cannot take (the binning
         scalers calibrate a softmax's classes, not independent sigmoid regions)."""
-        unable = [s for s in self.fit if multilabel and getattr(SCALER_TYPES[s], "softmax_only", False)]
+        unable = [s for s in self.fit if multilabel and SCALER_TYPES[s].softmax_only]
         if unable:
-            raise ConfigError(f"config key 'posthoc.fit'={self.fit}: {unable[0]!r} calibrates the classes of a softmax; "
-                              f"this model predicts independent (sigmoid) regions: remove it from posthoc.fit")
+            raise ConfigError(softmax_only_message(unable[0], f"config key 'posthoc.fit'={self.fit}"))
 
     def lts_config(self, dims: int, patch_size: list[int] | None, slice_axis: int) -> LTSConfig:
         """The LTS settings: ``posthoc.lts``, with the model's geometry where it leaves one unset (null)."""
@@ -142,7 +147,7 @@ class PosthocConfig:
         """How each scaler is fitted: ECE bins of the protocol, LTS in the model's geometry."""
         lts = (self.lts_config(predictor.model_dims, predictor.roi_size, predictor.slice_axis)
                if "lts" in self.fit else LTSConfig())
-        return FitOptions(self.max_iter, self.objective, protocol.n_bins, lts, self.histogram_bins)
+        return FitOptions(self.max_iter, self.objective, protocol.n_bins, lts, self.histogram_bins, dict(self.fiducio))
 
 
 def _sample_voxels(logits: torch.Tensor, label: torch.Tensor, multilabel: bool, generator: torch.Generator,
@@ -269,7 +274,7 @@ def fit_posthoc(predictor, cases: Iterable[CaseData], cfg: PosthocConfig, where:
                        f"{scaler.record['argmax_changes']['count']} fit voxel(s)")
             log.warning(message)
             record["warnings"].append(message)
-        record["scalers"][scaler.name] = scaler.save(where, checkpoint["sha256"])
+        record["scalers"][scaler.name] = {**scaler.save(where, checkpoint["sha256"]), "guarantee": scaler.guarantee}
         log.info("post-hoc %s: NLL %.5g -> %.5g", scaler.describe(), scaler.record.get("nll_before", float("nan")),
                  scaler.record.get("nll_after", float("nan")))
         t = scaler.record.get("temperature")

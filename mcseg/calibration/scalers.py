@@ -32,6 +32,7 @@ class FitOptions:
     n_bins: int = 15             # ECE bins of the ece objective (the protocol's evaluation.n_bins)
     lts: LTSConfig = field(default_factory=LTSConfig)
     histogram_bins: int = 15     # equal-width bins of histogram binning (mcseg.calibration.binning_scalers)
+    fiducio: dict = field(default_factory=dict)  # Fiducio's fit settings (posthoc.fiducio); {}: its defaults
 
 
 @dataclass
@@ -58,6 +59,10 @@ class Scaler(ABC):
 
     name: ClassVar[str]
     preserves_argmax: ClassVar[bool]
+    # what it guarantees, recorded in calibration.json: "order" (the class order, hence the arg-max), "argmax"
+    # (the arg-max only) or "none"; tests/test_fiducio_scalers.py checks it against preserves_argmax and the maps
+    guarantee: ClassVar[str] = "none"
+    softmax_only: ClassVar[bool] = False  # refused for a multi-label (sigmoid per region) model, at start
     fitted_on: ClassVar[Literal["voxels", "cases"]] = "voxels"  # what FitData must hold for it
     objectives: ClassVar[tuple[str, ...]] = ("nll",)  # the posthoc.objective values it can be fitted by
     record: dict | None = None
@@ -160,6 +165,7 @@ class TemperatureScaler(_VoxelScaler):
 
     name = kind = "temperature"
     preserves_argmax = True
+    guarantee = "order"
     objectives = ("nll", "ece")
 
     def describe(self) -> str:
@@ -178,6 +184,7 @@ class LTSScaler(Scaler):
 
     name = "lts"
     preserves_argmax = True
+    guarantee = "order"  # z / T(x) with T(x) > 0 per voxel
     fitted_on = "cases"
 
     def __init__(self, cfg: LTSConfig | None = None, net: LTSNet | None = None, record: dict | None = None) -> None:
@@ -247,6 +254,16 @@ SCALER_TYPES: dict[str, type[Scaler]] = {s.name: s for s in (TemperatureScaler, 
                                                              *BINNING_SCALERS)}
 
 
+from mcseg.calibration import fiducio_scalers  # noqa: E402,F401  (adds Fiducio's calibrators to SCALER_TYPES)
+
+
+def softmax_only_message(name: str, key: str) -> str:
+    """Why ``name`` (a scaler whose ``softmax_only`` is set) is refused for a multi-label model; ``key``: where it
+    was asked for."""
+    return (f"{key}: post-hoc scaler {name!r} calibrates a softmax only; this model predicts independent (sigmoid) "
+            f"regions, one sigmoid per region (multi-label): use temperature, vector or lts")
+
+
 def build_scaler(name: str, options: FitOptions | None = None) -> Scaler:
     """A new, unfitted scaler ``name`` set up by ``options`` (defaults: :class:`FitOptions`)."""
     if name not in SCALER_TYPES:
@@ -263,4 +280,4 @@ def load_scaler(name: str, record: dict, directory: Path) -> Scaler:
 
 
 __all__ = ["FitData", "FitOptions", "LTSScaler", "SCALER_TYPES", "Scaler", "TemperatureScaler", "VectorScaler",
-           "build_scaler", "load_scaler"]
+           "build_scaler", "load_scaler", "softmax_only_message"]

@@ -14,6 +14,12 @@ consistently with how it is evaluated.
 Temperature scaling can also be fitted by minimising the ECE of the fitting voxels
 (``fit_temperature_ece``: the protocol's equal-width top-label ECE, a deterministic bounded 1-D
 search over log T), as some segmentation papers do.
+
+These are the one implementation of temperature and vector scaling in mcseg: Fiducio's TS and VS
+(:mod:`mcseg.calibration.fiducio_scalers`) fit the same objective on the same voxels and give the same
+maps (tests/test_fiducio_scalers.py; measured in docs/posthoc.md), but they calibrate a softmax only, so
+mcseg keeps its own for what Fiducio lacks: sigmoid (multi-label) and other inverse links (SPA), the ECE
+objective, and the identity kept when a fit would raise the NLL.
 """
 from __future__ import annotations
 

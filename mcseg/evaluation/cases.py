@@ -26,7 +26,7 @@ def evaluate_cases(
     posthoc: Mapping[str, tuple[Callable[[torch.Tensor, CaseData], torch.Tensor], Evaluator, bool]] | None = None,
     failure: FailureDetection | None = None, restore_maps: Callable | None = None,
     raters: Callable[[CaseData], np.ndarray | None] | None = None,
-    rater_image: Callable[[CaseData], np.ndarray] | None = None,
+    rater_image: Callable[[CaseData], np.ndarray] | None = None, changes: ArgmaxChanges | None = None,
 ) -> list[tuple[CaseData, torch.Tensor]]:
     """Segment each case, add it to ``evaluator`` and write the requested NIfTI files.
 
@@ -37,7 +37,9 @@ def evaluate_cases(
     the case's logits, transformed (``transform(logits, case)``, e.g. divided by a temperature), also go to
     that evaluator, one probability tensor at a time; with ``keeps_argmax`` it scores the raw prediction
     (with a large T, float32 probabilities of nearly equal classes can round to a tie and move the arg-max). Returns the first ``keep`` cases with their predicted label
-    maps and normalised predictive entropy (for image logging).
+    maps and normalised predictive entropy (for image logging). ``changes`` counts, per post-hoc entry, the scored
+    voxels whose label the transformed probabilities give differently from the raw prediction (for every entry,
+    also those that keep the arg-max by construction: it is measured, not assumed).
 
     ``failure`` receives each case's normalised uncertainty maps (:func:`uncertainty_maps` on the label's grid:
     ``restore_maps`` maps several members' back, as ``restore`` does probabilities), its error voxels inside
@@ -98,6 +100,8 @@ def evaluate_cases(
         for name, (transform, extra_evaluator, keeps_argmax) in (posthoc or {}).items():
             z = pooled_after[name] if name in pooled_after else transform(logits, case)
             scaled, label, spacing, _ = restore(case, predictor.probabilities(z))
+            if changes is not None:
+                changes.add(name, predictor.label_map(scaled), pred)
             scaled_against = against if keeps_argmax else {**against, "samples": None}  # members' maps: unscaled
             extra_evaluator.add_case(case.case_id, scaled, torch.as_tensor(label, device=scaled.device), spacing,
                                      prediction=pred if keeps_argmax else None, **scaled_against)
@@ -155,6 +159,26 @@ def member_labels(case: CaseData, members: MemberAccumulator | None, restore_map
             labels = restore_maps(case, onehot).argmax(0)
         out.append(labels)
     return torch.stack(out)
+
+
+class ArgmaxChanges:
+    """Per post-hoc entry: how many scored voxels (and cases) a transform gave another label than the raw
+    prediction (``multilabel``: ``R x *S`` maps, a voxel counts once if any region's label differs)."""
+
+    def __init__(self, multilabel: bool = False) -> None:
+        self.multilabel = multilabel
+        self.counts: dict[str, dict[str, int]] = {}
+
+    def add(self, name: str, labels: torch.Tensor, raw: torch.Tensor) -> None:
+        differs = labels != raw
+        if self.multilabel:
+            differs = differs.any(0)
+        n = int(differs.sum())
+        count = self.counts.setdefault(name, {"voxels_changed": 0, "voxels": 0, "cases_changed": 0, "cases": 0})
+        count["voxels_changed"] += n
+        count["voxels"] += differs.numel()
+        count["cases_changed"] += int(n > 0)
+        count["cases"] += 1
 
 
 @dataclasses.dataclass

@@ -19,6 +19,10 @@ softmax log-probabilities u = ln p = z - c(x) it is *not* (the per-voxel constan
 drop out unless all w_k are equal): it is then a calibration map of its own on the log-probabilities (a diagonal
 Dirichlet calibration, Kull et al. 2019), recorded as such.
 
+**Fiducio's calibrators** (:mod:`mcseg.calibration.fiducio_scalers`) take ln p as their logits: the
+translation-invariant ones (ETS, MSc) and those of the log-probabilities (Dirichlet, CMS, CMSap, CMSop) are then
+exactly the logits' own maps; matrix scaling (MS), like vector scaling, is a map of the log-probabilities.
+
 **Local temperature scaling** (``lts``) is a network that maps a case's logits to a temperature per voxel. Fed the
 saved ln p = z - logsumexp(z) instead of z (Fiducio's "LTS(log S)", ../shared/reference/posthoc_and_conformal.md
 A7), it depends on the probabilities only: adding any per-voxel constant to the logits changes neither its input
@@ -136,7 +140,8 @@ def fit_folders(folders: Sequence[PredictionFormat], reference: Reference, out_d
     try:
         cfg = PosthocConfig(fit=list(scalers), apply=list(scalers), max_voxels=posthoc.max_voxels,
                             max_iter=posthoc.max_iter, seed=posthoc.seed, voxels=posthoc.voxels,
-                            objective=posthoc.objective, lts=dict(posthoc.lts), histogram_bins=posthoc.histogram_bins)
+                            objective=posthoc.objective, lts=dict(posthoc.lts), histogram_bins=posthoc.histogram_bins,
+                            fiducio=dict(posthoc.fiducio))
     except ValueError as exc:
         raise FolderError(str(exc)) from None
     owners = _fit_owners(folders, cases)
@@ -220,9 +225,10 @@ def take_over(out_dir: Path) -> list[dict]:
     except json.JSONDecodeError:
         stored = {}
     applied = stored.get("applied") or {}
-    weights = [r.get("weights") for fit in (stored.get("fits") or {}).values()
-               for r in (fit.get("scalers") or {}).values() if isinstance(r, dict)]
-    for name in [*(applied.get("files") or []), *filter(None, weights)]:  # and the LTS weights beside it
+    own_files = [r.get(key) for fit in (stored.get("fits") or {}).values()
+                 for r in (fit.get("scalers") or {}).values() if isinstance(r, dict)
+                 for key in ("weights", "file")]  # LTS weights, Fiducio's calibrator files
+    for name in [*(applied.get("files") or []), *filter(None, own_files)]:
         (Path(out_dir) / Path(name).name).unlink(missing_ok=True)
     path.unlink(missing_ok=True)
     earlier = [{"fit": key, "scalers": {n: {k: v for k, v in r.items() if k in ("temperature", "weight", "bias")}

@@ -19,10 +19,10 @@ from mcseg.data.base import SegmentationDataset
 from mcseg.files import write_csv, write_json
 from mcseg.evaluation.evaluator import Evaluator
 from mcseg.config import EvalProtocol
-from mcseg.evaluation.cases import PerNetwork, evaluate_cases, failure_detection
+from mcseg.evaluation.cases import ArgmaxChanges, PerNetwork, evaluate_cases, failure_detection
 from mcseg.evaluation.raters import RELIABILITY_FILE as RATER_RELIABILITY
 from mcseg.inference.predict import SegmentationPredictor
-from mcseg.evaluation.figures import shown_in
+from mcseg.evaluation.figures import shown_in, summary_value
 
 from mcseg.text import plural
 
@@ -68,13 +68,15 @@ def evaluate_split(
     described = {name: fits[0] for name, fits in (per_network or {}).items()}
     dataset.prepare(refs)
     failure = failure_detection(protocol)
+    changes = ArgmaxChanges(predictor.multilabel)
     cases = (dataset.load(ref) for ref in tqdm(refs, desc=f"evaluating {len(refs)} cases", leave=False,
                                                 dynamic_ncols=True, disable=not progress))  # one in memory at a time
     evaluate_cases(predictor, cases, evaluator, dataset.restore, out_dir, save_predictions, save_probabilities,
                    protocol.save_uncertainty, posthoc=posthoc, failure=failure, restore_maps=dataset.restore_maps,
                    raters=dataset.original_raters if any(r.raters for r in refs) else None,
-                   rater_image=raw_ct(dataset) if protocol.rater_crop == "curvas2024" else None)
+                   rater_image=raw_ct(dataset) if protocol.rater_crop == "curvas2024" else None, changes=changes)
     after = {}
+    raw = evaluator.summary() if posthoc else {}
     for name, (_, scaled_evaluator, _) in posthoc.items():
         if name in described:  # pooled after: each network's own fit
             fits = per_network[name]
@@ -87,7 +89,8 @@ def evaluate_split(
         scaled = scaled_evaluator.write(out_dir / name, extra={"posthoc": {"scaler": name, **fitted}, **origin})
         # each scaler's figures of the table of figures' "posthoc", and those pooled over the voxels
         after[name] = {**fitted, **{f.summary_key: scaled.get(f.summary_key) for f in shown_in("posthoc")},
-                       "pooled": {f.key: scaled["pooled"].get(f.key) for f in shown_in("posthoc") if f.pooled}}
+                       "pooled": {f.key: scaled["pooled"].get(f.key) for f in shown_in("posthoc") if f.pooled},
+                       "segmentation": segmentation_change(raw, scaled, changes.counts.get(name, {}), posthoc[name][2])}
     members = {"members": predictor.n_members, "pooled": "probabilities"} if predictor.pooled else {}
     detection = {"failure_detection": failure.summary()} if failure is not None else {}
     summary = evaluator.write(out_dir, extra={**({"posthoc": after} if after else {}), **origin, **detection,
@@ -98,6 +101,37 @@ def evaluate_split(
         write_json(out_dir / PROVENANCE_FILE, provenance)
     log.info("evaluation of %s written to %s", plural(len(refs), "case"), out_dir)
     return summary
+
+
+def segmentation_change(raw: dict, scaled: dict, counted: dict, keeps_argmax: bool) -> dict:
+    """How a post-hoc scaler changed the segmentation (``summary.posthoc.<name>.segmentation``): the scored voxels
+    whose arg-max it moved (``counted``: :class:`~mcseg.evaluation.cases.ArgmaxChanges`), which prediction its
+    segmentation figures score (``raw`` for a scaler that keeps the arg-max: float32 can still round a near-tie
+    the other way, counted here), and per segmentation figure of the post-hoc block (the table of figures) its
+    value minus the raw one. ``changed``: the scored segmentation differs from the raw one."""
+    differences = {}
+    for f in shown_in("posthoc"):
+        if f.kind == "segmentation":
+            after, before = summary_value(scaled, f), summary_value(raw, f)
+            differences[f.summary_key] = None if after is None or before is None else after - before
+    scored = "raw" if keeps_argmax else "calibrated"
+    moved = any(d is not None and not math.isnan(d) and d != 0 for d in differences.values())
+    changed = scored == "calibrated" and (counted.get("voxels_changed", 0) > 0 or moved)
+    return {"changed": changed, "scored_prediction": scored, **counted,
+            "fraction_changed": counted["voxels_changed"] / counted["voxels"] if counted.get("voxels") else None,
+            "difference": differences}
+
+
+def segmentation_text(change: dict | None) -> str:
+    """:func:`segmentation_change` in a phrase: ``kept``, ``kept (the arg-max of 3 voxels rounded otherwise in
+    float32; ...)`` or ``changed: 1.2% of voxels, 2/3 cases``; '?' for an evaluation without it."""
+    if not change:
+        return "?"
+    n, fraction = change.get("voxels_changed", 0), change.get("fraction_changed") or 0.0
+    if not change.get("changed"):
+        return "kept" + (f" (the arg-max of {plural(n, 'voxel')} rounded otherwise in float32; the raw prediction "
+                         f"is scored)" if n else "")
+    return f"changed: {100 * fraction:.3g}% of voxels, {change.get('cases_changed')}/{change.get('cases')} cases"
 
 
 def _transform(scaler: Scaler):
@@ -157,7 +191,8 @@ def format_summary(summary: dict, class_names: list[str], title: str) -> str:
         shown = after.get("description") or name
         lines.append(f"post-hoc {shown}: Dice {_fmt(after.get('mean_foreground_dice'))}   "
                      f"ECE {_fmt(after.get('mean_ece'))}   classwise ECE {_fmt(after.get('mean_classwise_ece'))}   "
-                     f"NLL {_fmt(summary.get('mean_nll'))} -> {_fmt(after.get('mean_nll'))}")
+                     f"NLL {_fmt(summary.get('mean_nll'))} -> {_fmt(after.get('mean_nll'))}   "
+                     f"segmentation {segmentation_text(after.get('segmentation'))}")
     return "\n".join(lines)
 
 
@@ -170,7 +205,7 @@ def clear_evaluation(out: Path, refits: bool = True) -> None:
         (out / name).unlink(missing_ok=True)
     if refits:
         (out / CALIBRATION_FILE).unlink(missing_ok=True)
-        for weights in out.glob("lts-*.pt"):
+        for weights in [*out.glob("lts-*.pt"), *out.glob("fiducio-*.pt")]:  # files of LTS and Fiducio fits
             weights.unlink()
     for name in ("predictions", *SCALER_TYPES):
         if (out / name).is_dir():

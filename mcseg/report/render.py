@@ -122,7 +122,8 @@ def markdown(rows: list[ConfigRow], title: str, protocol_lines: list[str]) -> st
 
 def posthoc_table(rows: list[ConfigRow]) -> list[str]:
     """One pre_T row and one post_T row per post-hoc scaler of each selected configuration, each scaler
-    labelled with how it was fitted (e.g. ``temperature (region, ece)``); nothing without scalers."""
+    labelled with how it was fitted (e.g. ``temperature (region, ece)``), with whether it changed the
+    segmentation and by how much (``segmentation_cell``); nothing without scalers."""
     selected = [r for r in rows if r.selected and r.posthoc]
     if not selected:
         return []
@@ -130,14 +131,15 @@ def posthoc_table(rows: list[ConfigRow]) -> list[str]:
     several = several_datasets(rows)
     out = ["## Post-hoc scalers of the selected configurations (fitted on the validation split)", "",
            ("| dataset " if several else "") + "| loss | hyperparameters | scaler (voxels, objective) | "
-           + " | ".join(headers()[n].replace(" pre_T", "") for n in names) + " |",
-           ("|---" if several else "") + "|---|---|---|" + "---|" * len(names)]
+           + " | ".join(headers()[n].replace(" pre_T", "") for n in names) + " | segmentation |",
+           ("|---" if several else "") + "|---|---|---|" + "---|" * (len(names) + 1)]
     for row in selected:
         head = (f"| {row.dataset} " if several else "") + f"| {row.loss_name} | {row.hyperparameters} | "
-        out.append(head + "none (pre_T) | " + " | ".join(cell_text(row.cells.get(n), n) for n in names) + " |")
+        out.append(head + "none (pre_T) | " + " | ".join(cell_text(row.cells.get(n), n) for n in names)
+                   + " | raw |")
         for scaler, label in row.posthoc_labels.items():
             out.append(head + f"{label} | " + " | ".join(cell_text(row.posthoc[scaler].get(n), n) for n in names)
-                       + " |")
+                       + f" | {row.posthoc_segmentation.get(scaler, '–')} |")
     return [*out, ""]
 
 
