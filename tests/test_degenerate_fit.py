@@ -60,7 +60,7 @@ def test_a_sound_fit_gets_no_degenerate_field(tmp_path):
     fit = record["scalers"]["temperature"]
     assert 0.5 < fit["temperature"] < 5
     assert set(fit) == {"temperature", "nll_before", "nll_after", "voxels", "n_voxels", "n_cases", "objective",
-                        "argmax_changes"}  # and, since issue #45, how many fit voxels changed class: none
+                        "argmax_changes", "guarantee"}  # since issue #45: fit voxels that changed class, what it keeps
     assert fit["argmax_changes"]["count"] == 0
     assert not record["warnings"]
 
