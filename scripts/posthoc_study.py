@@ -18,6 +18,11 @@ lts                       LTS               whole cases (patches)   NLL
 lts-image                 LTS (+ image)     whole cases (patches)   NLL
 ========================  ================  ======================  =========
 
+and every other scaler of ``SCALER_TYPES`` under its own name (issue #45: Fiducio's calibrators, histogram binning,
+isotonic regression), fitted by NLL on the region when it keeps the arg-max and on the balanced voxels when it may
+move it. The figures are the evaluation's post-hoc figures (``shown_in("posthoc")`` of the table of figures), with
+the change of Dice and HD95 against the raw outputs and in how many runs both stayed exactly as they were.
+
 The fits go to ``<out>/runs/<run>/fits/<voxels>-<objective>/calibration.json`` (LTS weights beside),
 the evaluation to ``<out>/runs/<run>/`` (``summary.json``, ``<variant>/summary.json``; a run studied
 before with every variant asked for is read from there, so a study resumes); the tables to
@@ -45,6 +50,8 @@ sys.path.insert(0, str(ROOT))
 from omegaconf import OmegaConf  # noqa: E402
 
 from mcseg.calibration import PosthocConfig, fit_posthoc, scalers_to_apply  # noqa: E402
+from mcseg.calibration.scalers import SCALER_TYPES  # noqa: E402
+from mcseg.evaluation.figures import shown_in  # noqa: E402
 from mcseg.config import EvalProtocol, InferenceConfig, typed  # noqa: E402
 from mcseg.inference.build import build_predictor, load_checkpoint, restore_model  # noqa: E402
 from mcseg.evaluation.checkpoint import SELECTED, own_splits  # noqa: E402
@@ -67,9 +74,17 @@ VARIANTS = {
     "lts": ("lts", "balanced", "nll", {}),
     "lts-image": ("lts", "balanced", "nll", {"use_image": True}),
 }
-METRICS = ("mean_foreground_dice", "mean_foreground_hd95_mm", "mean_ece", "mean_classwise_ece", "mean_nll")
-SHORT = {"mean_foreground_dice": "Dice", "mean_foreground_hd95_mm": "HD95 mm", "mean_ece": "ECE",
-         "mean_classwise_ece": "CECE", "mean_nll": "NLL"}
+# Every other scaler mcseg offers (issue #45: Fiducio's calibrators, histogram binning, isotonic regression) is a
+# variant under its own name, fitted by NLL where it is scored (the region) when it keeps the arg-max, and on the
+# balanced voxels when it may move it (posthoc.voxels=region is refused for those: the region would move).
+VARIANTS.update({name: (name, "region" if scaler.preserves_argmax else "balanced", "nll", {})
+                 for name, scaler in SCALER_TYPES.items()
+                 if name not in {v[0] for v in VARIANTS.values()} and scaler.fitted_on == "voxels"})
+# the figures of the post-hoc comparison, from the evaluation's table of figures (mcseg/evaluation/figures.py)
+METRICS = tuple(f.summary_key for f in shown_in("posthoc"))
+SHORT = {f.summary_key: f.label for f in shown_in("posthoc")}
+# the segmentation figures whose change against the raw outputs the table shows (0 for a calibrator keeping the arg-max)
+CHANGES = ("mean_foreground_dice", "mean_foreground_hd95_mm")
 
 
 def configuration(run_dir: Path) -> tuple[str, str]:
@@ -160,7 +175,9 @@ def rows_of(run_dir: Path, summary: dict) -> list[dict]:
 
 
 def table(rows: list[dict]) -> str:
-    """Markdown: per configuration and variant, mean ± std over seeds; wins against the raw outputs."""
+    """Markdown: per configuration and variant, mean ± std over seeds; the change of Dice and HD95 against the
+    raw outputs (and in how many runs both stayed exactly as they were: the segmentation kept); wins against the
+    raw outputs on ECE and classwise ECE; fit seconds."""
     def cell(values):
         values = [float(v) for v in values if v not in (None, "")]
         if not values:
@@ -169,22 +186,32 @@ def table(rows: list[dict]) -> str:
             else f"{values[0]:.3f}"
 
     raw = {(r["configuration"], r["seed"]): r for r in rows if r["variant"] == "raw (pre_T)"}
+
+    def change(r, m):
+        base = raw[(r["configuration"], r["seed"])][m]
+        return "" if r[m] in (None, "") or base in (None, "") else float(r[m]) - float(base)
+
     configs = list(dict.fromkeys(r["configuration"] for r in rows))
     variants = list(dict.fromkeys(r["variant"] for r in rows))
-    head = ["configuration", "variant", "T", *(SHORT[m] for m in METRICS), "ECE lower", "CECE lower"]
+    head = ["configuration", "variant", "T", *(SHORT[m] for m in METRICS), *(f"Δ {SHORT[m]}" for m in CHANGES),
+            "segmentation kept", "ECE lower", "CECE lower", "fit s"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for scope in [*configs, "all"]:
         for variant in variants:
             sel = [r for r in rows if r["variant"] == variant and scope in ("all", r["configuration"])]
             if not sel:
                 continue
-            wins = {m: sum(float(r[m]) < float(raw[(r["configuration"], r["seed"])][m]) for r in sel)
-                    for m in ("mean_ece", "mean_classwise_ece")}
-            won = ("", "") if variant == "raw (pre_T)" else \
-                tuple(f"{wins[m]}/{len(sel)}" for m in ("mean_ece", "mean_classwise_ece"))
+            if variant == "raw (pre_T)":
+                derived = [""] * (len(CHANGES) + 4)
+            else:
+                kept = sum(all(r[m] == raw[(r["configuration"], r["seed"])][m] for m in CHANGES) for r in sel)
+                wins = [sum(float(r[m]) < float(raw[(r["configuration"], r["seed"])][m]) for r in sel)
+                        for m in ("mean_ece", "mean_classwise_ece")]
+                derived = [*(cell(change(r, m) for r in sel) for m in CHANGES), f"{kept}/{len(sel)}",
+                           *(f"{w}/{len(sel)}" for w in wins), cell(r["fit_s"] for r in sel)]
             lines.append("| " + " | ".join([scope if scope != "all" else f"**all {len(sel)} runs**", variant,
                                             cell(r["temperature"] for r in sel),
-                                            *(cell(r[m] for r in sel) for m in METRICS), *won]) + " |")
+                                            *(cell(r[m] for r in sel) for m in METRICS), *derived]) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -32,6 +32,12 @@ def test_study_scores_each_variant_in_one_pass_and_writes_nothing_into_the_run(m
     assert (tmp_path / "study/runs/run/fits/balanced-nll/calibration.json").is_file()
     table = (tmp_path / "study/table.md").read_text()
     assert "**all 1 runs**" in table and "temperature-region-ece" in table
+    head, _, *body = [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines() if line.startswith("|")]
+    kept = {row[1]: row[head.index("segmentation kept")] for row in body if row[0] == "run"}
+    assert kept["temperature-balanced"] == "1/1" and kept["temperature-region-ece"] == "1/1"
+    seg_same = all(rows["vector-balanced"][m] == rows["raw (pre_T)"][m]
+                   for m in ("mean_foreground_dice", "mean_foreground_hd95_mm"))
+    assert kept["vector-balanced"] == ("1/1" if seg_same else "0/1")
     # a second study of the same run reads the first one's results instead of fitting again
     first = (tmp_path / "study/runs/run/summary.json").stat().st_mtime_ns
     assert posthoc_study.main([str(run), "--out", str(tmp_path / "study"), "--variants", variants[0]]) == 0
