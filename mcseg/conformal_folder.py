@@ -1,0 +1,309 @@
+"""``mcseg-conformal-folder --fit VAL_DIR [...] --reference REF [--apply TEST_DIR] -o OUT_DIR``
+
+Conformal guarantees on another tool's (or mcseg's) saved probabilities (:mod:`mcseg.conformal`): per class, a
+threshold t_k whose set {p_k >= t_k} controls the false-negative rate (or, with Learn-then-Test, the false-discovery
+rate) of a new case, and outer / inner margins in mm, fitted on the cases of validation prediction folders
+(nnU-Net's out-of-fold ``fold_k/validation``, a MONAI or mcseg folder, or the validation cases of ``--splits
+--fold``) against their labels. Applied to a test folder, it writes per case and class the masks
+``<case>_set_<class>.nii.gz``, ``<case>_possible_<class>.nii.gz`` (grown) and ``<case>_sure_<class>.nii.gz``
+(shrunk) on the label's grid, and, the test labels being in the reference, what they achieve
+(``per_case.csv``, ``conformal.json`` ``test``). Everything is recorded in ``OUT_DIR/conformal.json``. The output
+folder follows :mod:`mcseg.evaluation.folder_outputs` (never another tool's folder; an earlier fit replaced only
+with ``--overwrite``; ``status.json`` while written).
+
+The guarantee is per case and needs the test cases to be exchangeable with the calibration cases: a test folder
+holding calibration cases is refused.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from mcseg.conformal import (ABSENT_POLICIES, LOSSES, METHODS, CaseSummary, ConformalSettings, case_sets, case_test,
+                             default_thresholds, fit_margins, fit_thresholds, predicted_masks, summarise)
+from mcseg.conformal.control import FWER_METHODS, RCPS_BOUNDS
+from mcseg.conformal.risks import class_masks
+from mcseg.data.io import VolumeError, write_nifti
+from mcseg.data.reference import FolderError, Reference, fold_cases, read_reference
+from mcseg.evaluation.folder_outputs import (CONFORMAL_TOOL, EXIT_INTERRUPTED, FolderInterrupted, claim_output,
+                                             writing)
+from mcseg.evaluation.folder_posthoc import _fit_owners
+from mcseg.evaluation.folders import read_case
+from mcseg.evaluation.formats import PredictionFormat, declared_classes, format_names, open_folder, prediction_files
+from mcseg.evaluation.provenance import file_sha256
+from mcseg.files import write_csv, write_json
+from mcseg.rundir import RunDirBusy
+
+__all__ = ["CONFORMAL_FILE", "KINDS", "conformal", "main"]
+
+CONFORMAL_FILE = "conformal.json"
+KINDS = ("set", "possible", "sure")  # the masks written per case and class
+GUARANTEE = ("per case, for a new case exchangeable with the calibration cases (cases, never voxels, are the "
+             "units): CRC: E[loss of the class's set] <= alpha; RCPS and LTT: P(expected loss <= alpha) >= 1 - delta "
+             "over the calibration draw; margins: P(the grown mask covers >= tau of the class) >= 1 - alpha, and "
+             "separately P(the shrunk mask lies inside it) >= 1 - alpha. Under absent='skip' the threshold's and "
+             "the margins' guarantees hold for cases that contain the class")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=CONFORMAL_TOOL,
+        description="Fit per-class conformal thresholds (CRC, RCPS or Learn-then-Test on the per-case false-negative "
+                    "or false-discovery rate) and margins in mm on saved validation probabilities of nnU-Net, MONAI "
+                    "or mcseg, and write the set, grown and shrunk masks of a test folder.")
+    p.add_argument("--fit", nargs="+", type=Path, required=True, metavar="VAL_DIR",
+                   help="validation prediction folders holding different cases (e.g. nnU-Net's fold_k/validation)")
+    p.add_argument("--reference", type=Path, required=True,
+                   help="their labels (and the test cases'): an nnU-Net raw dataset, an MSD folder or <case>.nii.gz")
+    p.add_argument("--apply", type=Path, metavar="TEST_DIR", help="the prediction folder to give sets and margins")
+    p.add_argument("-o", "--output-dir", type=Path, required=True,
+                   help="where conformal.json and the masks go: a new folder (never an input folder or another "
+                        "tool's; an earlier conformal fit only with --overwrite)")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier conformal fit in OUT_DIR")
+    p.add_argument("--alpha", type=float, default=0.1, help="the risk level (default 0.1)")
+    p.add_argument("--method", choices=METHODS, default="crc")
+    p.add_argument("--loss", choices=tuple(LOSSES), default="fnr",
+                   help="fnr (monotone: crc, rcps, ltt) or fdr (not monotone: ltt only)")
+    p.add_argument("--delta", type=float, help="failure probability of rcps and ltt (default 0.1 for them)")
+    p.add_argument("--rcps-bound", choices=RCPS_BOUNDS, default="wsr")
+    p.add_argument("--fwer", choices=FWER_METHODS, default="bonferroni_holm", help="LTT's multiple testing")
+    p.add_argument("--absent", choices=tuple(ABSENT_POLICIES), default="skip",
+                   help="a calibration case without the class: " + "; ".join(f"{k}: {v}" for k, v in
+                                                                           ABSENT_POLICIES.items()))
+    p.add_argument("--grid-size", type=int, default=101, help="thresholds 0, ..., 1 (default 101)")
+    p.add_argument("--tau", type=float, default=1.0, help="the outer margin covers this fraction of the class")
+    p.add_argument("--classes", nargs="+", help="class names to fit (default: every class but the background)")
+    p.add_argument("--splits", type=Path, help="nnU-Net's splits_final.json: fit on the validation cases of --fold")
+    p.add_argument("--fold", help="a fold of --splits, or 'all'")
+    p.add_argument("--format", dest="fmt", default="auto", choices=("auto", *format_names()))
+    p.add_argument("--monai-postfix", default="trans")
+    p.add_argument("--dataset-json", type=Path, help="the dataset.json that gives the classes")
+    p.add_argument("--num-classes", type=int, help="number of classes K, background included, when nothing says")
+    p.add_argument("--class-names", nargs="+", help="K class names, background first, when nothing else says")
+    return p
+
+
+def settings_of(args: argparse.Namespace, reference: Reference) -> ConformalSettings:
+    """The fit's settings from the command line: the classes by name (default every non-background channel)."""
+    task = reference.task
+    if args.classes:
+        unknown = [c for c in args.classes if c not in task.class_names]
+        if unknown:
+            raise FolderError(f"--classes {' '.join(unknown)}: the task's classes are {', '.join(task.class_names)}")
+        classes = [task.class_names.index(c) for c in args.classes]
+    else:
+        classes = list(range(task.channels)) if task.multilabel else list(range(1, task.channels))
+    delta = args.delta if args.delta is not None or args.method == "crc" else 0.1
+    if args.method == "crc" and args.delta is not None:
+        raise FolderError("--delta belongs to --method rcps or ltt; CRC controls the expected loss")
+    return ConformalSettings(alpha=args.alpha, delta=delta, method=args.method, loss=args.loss, absent=args.absent,
+                             rcps_bound=args.rcps_bound, fwer=args.fwer, tau=args.tau, classes=classes)
+
+
+def _finite(value: float) -> float | None:
+    """JSON has no inf or NaN: null (the record says what null means)."""
+    return float(value) if math.isfinite(value) else None
+
+
+def _file_name(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+def summarise_fit(owners: dict[str, PredictionFormat], reference: Reference, settings: ConformalSettings,
+                  thresholds) -> tuple[CaseSummary, list[Path]]:
+    """Every fit case read once and summarised (counts on the grid, margins); the files read."""
+    task, summaries, read = reference.task, [], []
+    for case, folder in owners.items():
+        label_vol, label, probs, prediction, files = read_case([folder], reference, case)
+        if probs is None:
+            raise FolderError(f"case {case}: {folder.path} has label maps only; a conformal fit needs probabilities")
+        truth = class_masks(label, task.channels, task.multilabel)
+        pred = predicted_masks(probs, task.multilabel, prediction)
+        summaries.append(summarise(case, probs, truth, pred, label_vol.spacing, thresholds, settings.tau,
+                                   settings.classes))
+        read += files
+    return CaseSummary.stack(summaries), read
+
+
+def apply_folder(target: PredictionFormat, reference: Reference, settings: ConformalSettings, thresholds: dict,
+                 margins: dict, out: Path) -> tuple[list[str], list[dict], list[Path]]:
+    """Each test case's masks written to ``out``; its per-class test rows; the files read."""
+    task, written, rows, read = reference.task, [], [], []
+    for case in target.cases():
+        label_vol, label, probs, prediction, files = read_case([target], reference, case)
+        if probs is None:
+            raise FolderError(f"case {case}: {target.path} has label maps only; sets need probabilities")
+        read += files
+        pred = predicted_masks(probs, task.multilabel, prediction)
+        sets = case_sets(probs, pred, label_vol.spacing, thresholds, margins)
+        truth = class_masks(label, task.channels, task.multilabel).numpy()
+        for k, result in case_test(sets, truth, pred, settings.loss, settings.tau).items():
+            rows.append({"case": case, "class": task.class_names[k], **result})
+        for k, masks in sets.items():
+            for kind in KINDS:
+                name = f"{case}_{kind}_{_file_name(task.class_names[k])}.nii.gz"
+                write_nifti(out / name, masks[kind].astype(np.uint8), label_vol.affine, reference.labels[case])
+                written.append(name)
+    return written, rows, read
+
+
+def test_figures(rows: list[dict], settings: ConformalSettings) -> dict:
+    """Per class over the test cases: mean loss (FNR over the cases that contain the class), the sets' and grown
+    masks' volume relative to the prediction, the fraction covered and the fraction whose shrunk mask is inside."""
+    out = {}
+    for name in dict.fromkeys(r["class"] for r in rows):
+        mine = [r for r in rows if r["class"] == name]
+        present = [r for r in mine if r["present"]]
+        scored = present if settings.loss == "fnr" and settings.absent == "skip" else mine
+        losses = np.array([0.0 if math.isnan(r["loss"]) else r["loss"] for r in scored], np.float64)
+
+        def mean(key: str, among=present) -> float | None:
+            values = np.array([r[key] for r in among], np.float64)
+            values = values[np.isfinite(values)]
+            return _finite(values.mean()) if len(values) else None
+
+        out[name] = {"n_cases": len(scored), "n_cases_with_class": len(present),
+                     "mean_loss": _finite(losses.mean()) if len(losses) else None,
+                     "loss_above_alpha": int((losses > settings.alpha).sum()),
+                     "mean_set_over_prediction": mean("set_over_prediction"),
+                     "mean_possible_over_prediction": mean("possible_over_prediction"),
+                     "covered": mean("covered"), "sure_inside": mean("sure_inside")}
+    return out
+
+
+def _earlier_files(out: Path) -> tuple[str, ...]:
+    """What an earlier conformal fit of ``out`` wrote (its conformal.json, masks and per_case.csv)."""
+    try:
+        stored = json.loads((out / CONFORMAL_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return ()
+    return (CONFORMAL_FILE, "per_case.csv", *((stored.get("applied") or {}).get("files") or []))
+
+
+def _refuse_fit_cases(target: PredictionFormat, fit_cases: Sequence[str]) -> None:
+    both = sorted(set(target.cases()) & set(fit_cases))
+    if both:
+        raise FolderError(f"--apply {target.path} holds {len(both)} calibration case(s) ({', '.join(both[:10])}): "
+                          f"the guarantee is for new cases exchangeable with the calibration cases; pass --apply a "
+                          f"folder of other cases (or --splits/--fold to fit on a fold's validation cases only)")
+
+
+def conformal(args: argparse.Namespace) -> dict:
+    """Fit, apply and record (module docstring); returns the record written to conformal.json."""
+    out = args.output_dir.resolve()
+    inputs = [d.resolve() for d in [*args.fit, *([args.apply] if args.apply else [])]]
+    if out in inputs:
+        raise FolderError(f"-o {args.output_dir}: write the conformal fit to a new folder, not an input folder")
+    earlier = claim_output(args.output_dir, CONFORMAL_TOOL, args.overwrite,
+                           lambda folder: prediction_files(folder, monai_postfix=args.monai_postfix))
+    reference = read_reference(args.reference, args.class_names, args.num_classes, args.dataset_json,
+                               declared=declared_classes(args.fit[0]))
+    settings = settings_of(args, reference)
+    fit = [open_folder(d, reference.task, args.fmt, args.monai_postfix) for d in args.fit]
+    if (args.splits is None) != (args.fold is None):
+        raise FolderError("--splits and --fold go together")
+    owners = _fit_owners(fit, fold_cases(args.splits, args.fold) if args.splits else None)
+    unlabelled = [c for c in owners if c not in reference.labels]
+    if unlabelled:
+        raise FolderError(f"{len(unlabelled)} fit case(s) without a label in {reference.root}: "
+                          f"{', '.join(unlabelled[:10])}")
+    target = open_folder(args.apply, reference.task, args.fmt, args.monai_postfix) if args.apply else None
+    if target is not None:
+        _refuse_fit_cases(target, list(owners))
+        untested = [c for c in target.cases() if c not in reference.labels]
+        if untested:
+            raise FolderError(f"{len(untested)} --apply case(s) without a label in {reference.root} "
+                              f"({', '.join(untested[:10])}): their files are checked against the label's grid")
+    grid = default_thresholds(args.grid_size)
+    record = {"fit": [str(d.resolve()) for d in args.fit], "apply": str(args.apply.resolve()) if args.apply else None}
+    with writing(out, CONFORMAL_TOOL, record, _earlier_files(out) if earlier is not None else ()):
+        summaries, read = summarise_fit(owners, reference, settings, grid)
+        thresholds = fit_thresholds(summaries, settings)
+        margins = fit_margins(summaries, settings)
+        stored = _record(args, reference, settings, summaries, thresholds, margins, fit, read)
+        if target is not None:
+            files, rows, applied_read = apply_folder(target, reference, settings, thresholds, margins, out)
+            write_csv(out / "per_case.csv", rows)
+            stored["applied"] = {"to": str(Path(target.path).resolve()), "format": target.format,
+                                 "cases": target.cases(), "files": files,
+                                 "input_files_sha256": {str(p.resolve()): file_sha256(p)
+                                                        for p in dict.fromkeys(applied_read)}}
+            stored["test"] = test_figures(rows, settings)
+        write_json(out / CONFORMAL_FILE, stored)
+    return stored
+
+
+def _record(args, reference: Reference, settings: ConformalSettings, summaries: CaseSummary, thresholds: dict,
+            margins: dict, fit: list[PredictionFormat], read: list[Path]) -> dict:
+    """conformal.json before the test folder: settings, per class the threshold and margins, provenance."""
+    from importlib.metadata import version
+
+    names = reference.task.class_names
+    classes = {}
+    for k in settings.classes:
+        t, m = thresholds[k], margins[k]
+        classes[names[k]] = {
+            "channel": k, "threshold": t["threshold"], "calibration_risk": t["risk"], "bound": t["bound"],
+            "controlled": t["controlled"], "n_cases": t["n_cases"], "cases_without_class": t["cases_without_class"],
+            "margin": {"outer_mm": _finite(m["outer_mm"]), "inner_mm": _finite(m["inner_mm"]), "tau": m["tau"],
+                       "n_cases": m["n_cases"]}}
+    files = [*reference.files, *dict.fromkeys(f for folder in fit for f in folder.config_files()), *read]
+    return {
+        "tool": CONFORMAL_TOOL, "guarantee": GUARANTEE, "alpha": settings.alpha, "delta": settings.delta,
+        "method": settings.method, "loss": settings.loss, "loss_text": LOSSES[settings.loss].text,
+        **({"rcps_bound": settings.rcps_bound} if settings.method == "rcps" else {}),
+        **({"fwer": settings.fwer} if settings.method == "ltt" else {}),
+        "bound_compared": {"crc": "(n/(n+1)) R_n(t) + B/(n+1) <= alpha, B = 1; the largest such grid threshold",
+                           "rcps": "MAPIE's upper confidence bound < alpha; the last grid threshold before the first "
+                                   "that is not", "ltt": "the Hoeffding-Bentkus p-value of the threshold"}[settings.method],
+        "absent": {"policy": settings.absent, "text": ABSENT_POLICIES[settings.absent]},
+        "sets": "{v : p_k(v) >= t_k}, p the saved probabilities (softmax channel or region sigmoid)",
+        "grid": {"size": int(len(summaries.thresholds)), "first": float(summaries.thresholds[0]),
+                 "last": float(summaries.thresholds[-1])},
+        "margins": {"distance": "Euclidean, mm, with each case's voxel spacing (scipy.ndimage.distance_transform_edt)",
+                    "predicted_structure": "the tool's label map where it wrote one, else the arg-max (regions: "
+                                           "p > 0.5)",
+                    "outer": "possible = voxels within outer_mm of the predicted structure",
+                    "inner": "sure = voxels of the predicted structure deeper than inner_mm (the volume border counts "
+                             "as outside)",
+                    "null": "no finite margin: alpha < 1/(n+1), or a calibration case with an empty prediction"},
+        "classes": classes,
+        "fit_cases": summaries.cases,
+        "provenance": {"predictions": [f.identity() for f in fit],
+                       "reference": {"path": str(reference.root.resolve()), "kind": reference.kind},
+                       "input_files_sha256": {str(p.resolve()): file_sha256(p) for p in dict.fromkeys(files)},
+                       "versions": {"mcseg": version("mcseg"), "mapie": version("mapie")}},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        stored = conformal(args)
+    except (FolderError, VolumeError, ValueError, RunDirBusy) as exc:
+        print(f"{CONFORMAL_TOOL}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as exc:
+        print(str(exc) if isinstance(exc, FolderInterrupted) else
+              f"{CONFORMAL_TOOL}: interrupted (Ctrl-C) before anything was written", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    for name, fit in stored["classes"].items():
+        margin = fit["margin"]
+        test = (stored.get("test") or {}).get(name)
+        print(f"{name}: t = {fit['threshold']:.4g} ({stored['method']}, {stored['loss']} <= {stored['alpha']}; "
+              f"calibration risk {fit['calibration_risk']:.4g}, n = {fit['n_cases']}"
+              f"{'' if fit['controlled'] else ', NOT controlled: the most conservative threshold'}); margins "
+              f"{margin['outer_mm']} mm out, {margin['inner_mm']} mm in"
+              + (f"; test {stored['loss']} {test['mean_loss']}, covered {test['covered']}" if test else ""))
+    print(f"recorded in {args.output_dir / CONFORMAL_FILE}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

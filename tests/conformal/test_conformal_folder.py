@@ -1,0 +1,133 @@
+"""mcseg-conformal-folder on real nnU-Net files (made by nnU-Net's export code) and MONAI SaveImage folders: fit on a
+fold's validation cases, apply to the other fold's; the recorded thresholds satisfy the CRC bound on the
+calibration cases and are the largest that do, the masks are {p >= t} of the saved probabilities on the label's
+grid, the test FNR equals a recomputation from the written masks and the labels; the output folder's refusals."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import nibabel as nib
+import numpy as np
+import pytest
+
+from mcseg.conformal_folder import main as conformal
+from tests.conftest import require
+
+NNUNET_FILES = "nnU-Net's export code makes the real nnU-Net files (README, 'nnU-Net and MONAI prediction folders')"
+FOLD0 = [f"tiny_{i:03d}" for i in range(0, 16, 2)]
+FOLD1 = [f"tiny_{i:03d}" for i in range(1, 16, 2)]
+
+
+@pytest.fixture(scope="module")
+def nn(tmp_path_factory):
+    require("nnunetv2", NNUNET_FILES)
+    from tests.tool_outputs import make_nnunet
+
+    folders = make_nnunet(tmp_path_factory.mktemp("conformal"), dims=3, n_cases=16, members=2, noise=1.5)
+    test = folders["trainer"] / "fold_1" / "test"  # fold 1's cases only, predicted by member 1
+    test.mkdir()
+    for case in FOLD1:
+        for path in folders["members"][1].glob(f"{case}.*"):
+            shutil.copy2(path, test / path.name)
+    return {**folders, "test": test}
+
+
+def _labels(raw, case):
+    return np.asarray(nib.load(str(raw / "labelsTr" / f"{case}.nii.gz")).dataobj).astype(int)
+
+
+def _fnr(probs_file_order, label, k, t):
+    g = label == k
+    return 1 - ((probs_file_order[k] >= t) & g).sum() / g.sum()
+
+
+def test_nnunet_fit_on_fold_0_apply_to_fold_1(nn, tmp_path):
+    out = tmp_path / "conformal"
+    assert conformal(["--fit", str(nn["members"][0]), "--reference", str(nn["raw"]), "--splits", str(nn["splits"]),
+                      "--fold", "0", "--apply", str(nn["test"]), "-o", str(out), "--alpha", "0.2"]) == 0
+    record = json.loads((out / "conformal.json").read_text())
+    assert record["fit_cases"] == FOLD0 and record["applied"]["cases"] == FOLD1
+    assert record["method"] == "crc" and record["alpha"] == 0.2 and set(record["classes"]) == {"left", "right"}
+    assert json.loads((out / "status.json").read_text())["status"] == "completed"
+    grid = np.linspace(0, 1, 101)
+
+    def file_order(folder, case):  # SimpleITKIO: the npz is the file's array reversed
+        return np.load(folder / f"{case}.npz")["probabilities"].transpose(0, 3, 2, 1).astype(np.float64)
+
+    for name, fit in record["classes"].items():
+        k = fit["channel"]
+        assert fit["n_cases"] == 8 and fit["cases_without_class"] == [] and fit["controlled"]
+        assert 0 < fit["threshold"] < 1  # not an end of the grid
+        # recomputed from the calibration files: the bound holds at t and fails at the next grid value
+        curves = np.array([[_fnr(file_order(nn["members"][0], c), _labels(nn["raw"], c), k, t) for t in grid]
+                           for c in FOLD0])
+        bound = 8 / 9 * curves.mean(0) + 1 / 9
+        j = int(np.flatnonzero(np.isclose(grid, fit["threshold"]))[0])
+        assert bound[j] <= 0.2 < bound[j + 1]
+        assert fit["calibration_risk"] == pytest.approx(curves[:, j].mean())
+        assert fit["margin"]["outer_mm"] > 0 and fit["margin"]["n_cases"] == 8
+        # the test cases: masks are {p >= t} on the label's grid; the test FNR recomputed from them and the labels
+        fnrs = []
+        for case in FOLD1:
+            label_img = nib.load(str(nn["raw"] / "labelsTr" / f"{case}.nii.gz"))
+            mask_img = nib.load(str(out / f"{case}_set_{name}.nii.gz"))
+            np.testing.assert_allclose(mask_img.affine, label_img.affine, atol=1e-4)
+            mask = np.asarray(mask_img.dataobj).astype(bool)
+            np.testing.assert_array_equal(mask, file_order(nn["test"], case)[k] >= fit["threshold"])
+            g = _labels(nn["raw"], case) == k
+            fnrs.append(1 - (mask & g).sum() / g.sum())
+            possible = np.asarray(nib.load(str(out / f"{case}_possible_{name}.nii.gz")).dataobj).astype(bool)
+            sure = np.asarray(nib.load(str(out / f"{case}_sure_{name}.nii.gz")).dataobj).astype(bool)
+            assert sure.sum() <= possible.sum()
+        assert record["test"][name]["mean_loss"] == pytest.approx(np.mean(fnrs))
+        assert record["test"][name]["n_cases"] == 8
+
+
+def test_refusals_and_overwrite(nn, tmp_path, capsys):
+    out = tmp_path / "conformal"
+    base = ["--fit", str(nn["members"][0]), "--reference", str(nn["raw"]), "--splits", str(nn["splits"]),
+            "--fold", "0", "-o", str(out)]
+    # alpha = 0.1 < 1 / (n + 1) with 8 calibration cases: nothing controls, the whole volume, said so
+    assert conformal(base) == 0
+    assert "NOT controlled" in capsys.readouterr().out
+    assert not json.loads((out / "conformal.json").read_text())["classes"]["left"]["controlled"]
+    shutil.rmtree(out)
+    # the test folder holds the calibration cases: no guarantee for them
+    assert conformal([*base, "--apply", str(nn["members"][1])]) == 2
+    assert "holds 8 calibration case(s) (tiny_000" in capsys.readouterr().err and not out.exists()
+    # CRC of the FDR: not monotone
+    assert conformal([*base, "--loss", "fdr"]) == 2
+    assert "use method 'ltt'" in capsys.readouterr().err
+    assert conformal([*base, "--loss", "fdr", "--method", "ltt", "--alpha", "0.5"]) == 0
+    assert json.loads((out / "conformal.json").read_text())["fwer"] == "bonferroni_holm"
+    # an earlier fit is replaced only when asked; never into a prediction folder
+    assert conformal([*base, "--apply", str(nn["test"])]) == 2
+    assert "pass --overwrite" in capsys.readouterr().err
+    assert conformal([*base, "--apply", str(nn["test"]), "--overwrite"]) == 0
+    assert len(list(out.glob("*_set_left.nii.gz"))) == 8
+    assert conformal([*base[:-1], str(nn["test"])]) == 2
+    assert "never writes into another tool's folder" in capsys.readouterr().err
+    assert conformal([*base[:-1], str(nn["test"]), "--apply", str(nn["test"])]) == 2
+    assert "not an input folder" in capsys.readouterr().err
+
+
+def test_monai_folders(nn, tmp_path):
+    from tests.tool_outputs import make_monai
+
+    fit_labels, test_labels = tmp_path / "fit_labels", tmp_path / "test_labels"
+    for folder, cases in ((fit_labels, FOLD0), (test_labels, FOLD1)):
+        folder.mkdir()
+        for case in cases:
+            shutil.copy2(nn["raw"] / "labelsTr" / f"{case}.nii.gz", folder)
+    fit = make_monai(tmp_path / "monai_fit", fit_labels, noise=1.0, seed=1)
+    test = make_monai(tmp_path / "monai_test", test_labels, noise=1.0, seed=2)
+    out = tmp_path / "conformal"
+    assert conformal(["--fit", str(fit), "--reference", str(nn["raw"]), "--apply", str(test), "-o", str(out),
+                      "--alpha", "0.2", "--method", "rcps", "--rcps-bound", "hoeffding", "--delta", "0.2",
+                      "--classes", "right"]) == 0
+    record = json.loads((out / "conformal.json").read_text())
+    assert list(record["classes"]) == ["right"] and record["delta"] == 0.2 and record["rcps_bound"] == "hoeffding"
+    assert record["provenance"]["predictions"][0]["format"] == "monai"
+    assert sorted(p.name for p in out.glob("*_right.nii.gz"))[:3] == [
+        "tiny_001_possible_right.nii.gz", "tiny_001_set_right.nii.gz", "tiny_001_sure_right.nii.gz"]
