@@ -14,7 +14,7 @@ import numpy as np
 from mcseg.conformal.fit import CaseSummary, ConformalSettings, fit_margins, fit_thresholds
 from mcseg.conformal.risks import loss_table
 
-__all__ = ["over_splits", "split_once", "summarise_splits"]
+__all__ = ["over_splits", "split_once", "summarise_splits", "validity_rows"]
 
 
 def split_once(calibration: CaseSummary, test: CaseSummary, settings: ConformalSettings) -> dict[int, dict]:
@@ -71,3 +71,16 @@ def summarise_splits(rows: list[dict], alpha: float) -> dict:
     for key in ("covered", "sure_inside", "outer_mm", "inner_mm"):
         out[f"mean_{key}"], out[f"mean_{key}_se"] = _mean_se(np.array([r[key] for r in rows], np.float64))
     return out
+
+
+def validity_rows(summaries: CaseSummary, settings: ConformalSettings, class_names: list[str], n_calibration: int,
+                  repeats: int = 200, seed: int = 0) -> list[dict]:
+    """One table row per class: the settings, n calibration / test cases, and :func:`summarise_splits` of
+    :func:`over_splits`."""
+    rows = []
+    for k, split_rows in over_splits(summaries, settings, n_calibration, repeats, seed).items():
+        rows.append({"class": class_names[k], "method": settings.method, "loss": settings.loss,
+                     "alpha": settings.alpha, "delta": settings.delta, "absent": settings.absent,
+                     "n_calibration": n_calibration, "n_test": len(summaries) - n_calibration, "seed": seed,
+                     **summarise_splits(split_rows, settings.alpha)})
+    return rows

@@ -131,3 +131,25 @@ def test_monai_folders(nn, tmp_path):
     assert record["provenance"]["predictions"][0]["format"] == "monai"
     assert sorted(p.name for p in out.glob("*_right.nii.gz"))[:3] == [
         "tiny_001_possible_right.nii.gz", "tiny_001_set_right.nii.gz", "tiny_001_sure_right.nii.gz"]
+
+
+def test_validity_script_over_random_splits_of_a_folder(nn, tmp_path, capsys):
+    import csv
+    import sys
+
+    from tests.conftest import ROOT
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from conformal_validity import main as validity
+
+    table = tmp_path / "validity.csv"
+    assert validity(["--predictions", str(nn["members"][0]), "--reference", str(nn["raw"]), "--alpha", "0.05", "0.2",
+                     "--calibration", "10", "--repeats", "20", "-o", str(table)]) == 0
+    rows = list(csv.DictReader(table.open()))
+    assert [(r["class"], r["alpha"]) for r in rows] == [("left", "0.05"), ("right", "0.05"), ("left", "0.2"),
+                                                        ("right", "0.2")]
+    assert all(r["n_calibration"] == "10" and r["n_test"] == "6" and r["splits"] == "20" for r in rows)
+    # alpha = 0.05 < 1 / 11: no split can control it; 0.2 can
+    assert [r["uncontrolled_splits"] for r in rows] == ["20", "20", "0", "0"]
+    assert all(float(r["mean_test_risk"]) <= 0.2 for r in rows[2:])
+    assert "| left | crc | fnr | 0.2 |" in capsys.readouterr().out

@@ -52,3 +52,11 @@ def test_high_probability_methods_violate_at_most_delta_of_the_splits(coarse, me
         assert s["uncontrolled_splits"] < SPLITS / 4, (k, s)
         assert s["violation_rate"] <= delta + 3 * max(s["violation_rate_se"], np.sqrt(delta * (1 - delta) / SPLITS))
         assert s["mean_test_risk"] <= alpha, (k, s)
+
+
+def test_validity_rows_name_the_classes_and_settings(pool):
+    from mcseg.conformal.validity import validity_rows
+
+    rows = validity_rows(pool, ConformalSettings(classes=[2], alpha=0.2), ["bg", "a", "b"], 40, repeats=5, seed=3)
+    assert len(rows) == 1 and rows[0]["class"] == "b" and rows[0]["n_test"] == 560 and rows[0]["splits"] == 5
+    assert rows[0]["mean_test_risk"] <= 0.2 + 3 * rows[0]["mean_test_risk_se"]
