@@ -8,7 +8,8 @@ to choose) is read once and summarised (:func:`mcseg.conformal_folder.summarise_
 grid, margins in mm); then, for each alpha, ``--repeats`` random splits into ``--calibration`` (a fraction, or a
 number of cases) calibration cases and the others as test cases (:func:`mcseg.conformal.validity.validity_rows`):
 per class the mean test risk with its Monte-Carlo standard error (<= alpha for CRC), the violation rate (test risk
-> alpha; <= delta for RCPS and LTT), the mean threshold, and the margins' coverage and mean size. Re-splitting one
+> alpha; <= delta for RCPS and LTT), the mean threshold, the set's volume over the predicted structure's (what
+the guarantee costs), and the margins' coverage and mean size. Re-splitting one
 pool gives dependent repeats: the spread is a sanity check, not an exact test (reference B8). Writes a CSV and
 prints a Markdown table.
 """
@@ -21,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 COLUMNS = ("class", "method", "loss", "alpha", "delta", "n_calibration", "n_test", "splits", "mean_test_risk",
            "mean_test_risk_se", "violation_rate", "violation_rate_se", "mean_threshold", "uncontrolled_splits",
-           "mean_covered", "mean_sure_inside", "mean_outer_mm", "mean_inner_mm")
+           "mean_set_over_prediction", "mean_covered", "mean_sure_inside", "mean_outer_mm", "mean_inner_mm")
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -40,14 +40,15 @@ class ConformalSettings:
 
 @dataclass
 class CaseSummary:
-    """Calibration cases, summarised: their names, counts on the threshold grid ``thresholds`` and ``C x 2``
-    (outer, inner) margins in mm; one case (:func:`summarise`) or n stacked on a leading axis (:meth:`stack`,
-    :meth:`take`)."""
+    """Calibration cases, summarised: their names, counts on the threshold grid ``thresholds``, ``C x 2``
+    (outer, inner) margins in mm and the ``C`` voxel counts of the predicted structures (the reference of a set's
+    volume); one case (:func:`summarise`) or n stacked on a leading axis (:meth:`stack`, :meth:`take`)."""
 
     cases: list[str]
     thresholds: np.ndarray
     counts: CaseCounts
     margins: np.ndarray
+    predicted: np.ndarray
 
     @staticmethod
     def stack(summaries: Sequence[CaseSummary]) -> CaseSummary:
@@ -55,12 +56,13 @@ class CaseSummary:
         if any(not np.array_equal(s.thresholds, grid) for s in summaries):
             raise ValueError("case summaries on different threshold grids cannot be stacked")
         return CaseSummary([c for s in summaries for c in s.cases], grid,
-                           CaseCounts.stack([s.counts for s in summaries]), np.stack([s.margins for s in summaries]))
+                           CaseCounts.stack([s.counts for s in summaries]), np.stack([s.margins for s in summaries]),
+                           np.stack([s.predicted for s in summaries]))
 
     def take(self, cases: np.ndarray) -> CaseSummary:
         """The stacked summaries of ``cases`` (indices)."""
         return CaseSummary([self.cases[i] for i in cases], self.thresholds, self.counts.take(cases),
-                           self.margins[cases])
+                           self.margins[cases], self.predicted[cases])
 
     def __len__(self) -> int:
         return len(self.cases)
@@ -85,7 +87,8 @@ def summarise(case: str, probs: torch.Tensor, truth: torch.Tensor, pred: np.ndar
     margins = np.full((probs.shape[0], 2), np.nan)
     for k in classes:
         margins[k] = outer_score(pred[k], truth_np[k], spacing, tau), inner_score(pred[k], truth_np[k], spacing)
-    return CaseSummary([case], np.asarray(thresholds, np.float64), case_counts(probs, truth, thresholds), margins)
+    return CaseSummary([case], np.asarray(thresholds, np.float64), case_counts(probs, truth, thresholds), margins,
+                       pred.reshape(pred.shape[0], -1).sum(1))
 
 
 def fit_thresholds(summaries: CaseSummary, settings: ConformalSettings) -> dict[int, dict]:

@@ -2,7 +2,8 @@
 over many random calibration / test splits of the cases (../shared/reference/posthoc_and_conformal.md, B8).
 
 Per class and split: the test risk (mean loss of the test cases at the fitted threshold; CRC promises its
-expectation <= alpha, RCPS and LTT that it exceeds alpha in at most a fraction delta of the splits), and the
+expectation <= alpha, RCPS and LTT that it exceeds alpha in at most a fraction delta of the splits), what the
+guarantee costs (the mean over test cases of the set's volume over the predicted structure's), and the
 fractions of test cases whose grown mask covers the truth and whose shrunk mask lies inside it (each >= 1 - alpha
 in expectation). Re-splitting one finite pool gives dependent repeats: the spread printed is the Monte-Carlo
 standard error of the repeats, a sanity check rather than an exact test.
@@ -25,8 +26,11 @@ def split_once(calibration: CaseSummary, test: CaseSummary, settings: ConformalS
     for k in settings.classes:
         table, _ = loss_table(test.counts, k, settings.loss, settings.absent)
         present = test.margins[test.counts.positives[:, k] > 0, k]
+        index, predicted = thresholds[k]["index"], test.predicted[:, k]
+        stretch = test.counts.selected[predicted > 0, k, index] / predicted[predicted > 0]
         rows[k] = {"threshold": thresholds[k]["threshold"], "controlled": thresholds[k]["controlled"],
-                   "test_risk": float(table[:, thresholds[k]["index"]].mean()) if len(table) else float("nan"),
+                   "test_risk": float(table[:, index].mean()) if len(table) else float("nan"),
+                   "set_over_prediction": float(stretch.mean()) if len(stretch) else float("nan"),
                    "outer_mm": margins[k]["outer_mm"], "inner_mm": margins[k]["inner_mm"],
                    "covered": float((present[:, 0] <= margins[k]["outer_mm"]).mean()) if len(present) else float("nan"),
                    "sure_inside": float((present[:, 1] <= margins[k]["inner_mm"]).mean()) if len(present) else float("nan")}
@@ -68,7 +72,7 @@ def summarise_splits(rows: list[dict], alpha: float) -> dict:
     out["violation_rate"], out["violation_rate_se"] = _mean_se(violated)
     out["mean_threshold"] = float(np.mean([r["threshold"] for r in rows]))
     out["uncontrolled_splits"] = int(sum(not r["controlled"] for r in rows))
-    for key in ("covered", "sure_inside", "outer_mm", "inner_mm"):
+    for key in ("set_over_prediction", "covered", "sure_inside", "outer_mm", "inner_mm"):
         out[f"mean_{key}"], out[f"mean_{key}_se"] = _mean_se(np.array([r[key] for r in rows], np.float64))
     return out
 

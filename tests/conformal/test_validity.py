@@ -60,3 +60,25 @@ def test_validity_rows_name_the_classes_and_settings(pool):
     rows = validity_rows(pool, ConformalSettings(classes=[2], alpha=0.2), ["bg", "a", "b"], 40, repeats=5, seed=3)
     assert len(rows) == 1 and rows[0]["class"] == "b" and rows[0]["n_test"] == 560 and rows[0]["splits"] == 5
     assert rows[0]["mean_test_risk"] <= 0.2 + 3 * rows[0]["mean_test_risk_se"]
+
+
+def test_split_once_test_risk_and_volume_recomputed_from_the_probabilities():
+    from mcseg.conformal import predicted_masks, summarise
+    from mcseg.conformal.fit import CaseSummary
+    from mcseg.conformal.risks import class_masks
+    from mcseg.conformal.validity import split_once
+    from tests.conformal.synthetic import synthetic_case
+
+    rng = np.random.default_rng(7)
+    cases = [synthetic_case(rng, shape=(10, 11)) for _ in range(24)]
+    summaries = CaseSummary.stack([summarise(f"c{i}", p, class_masks(y, 3, False), predicted_masks(p, False),
+                                             (1.0, 2.0), default_thresholds(), classes=[1, 2])
+                                   for i, (p, y) in enumerate(cases)])
+    rows = split_once(summaries.take(np.arange(18)), summaries.take(np.arange(18, 24)),
+                      ConformalSettings(classes=[1, 2], alpha=0.2))
+    for k, row in rows.items():
+        t = row["threshold"]
+        fnr = [1 - float(((p[k].double() >= t) & (y == k)).sum() / (y == k).sum()) for p, y in cases[18:]]
+        stretch = [float((p[k].double() >= t).sum() / (p.argmax(0) == k).sum()) for p, _ in cases[18:]]
+        assert row["test_risk"] == pytest.approx(np.mean(fnr))
+        assert row["set_over_prediction"] == pytest.approx(np.mean(stretch)) and row["set_over_prediction"] > 1
