@@ -6,8 +6,8 @@ rate) of a new case, and outer / inner margins in mm, fitted on the cases of val
 (nnU-Net's out-of-fold ``fold_k/validation``, a MONAI or mcseg folder, or the validation cases of ``--splits
 --fold``) against their labels. Applied to a test folder, it writes per case and class the masks
 ``<case>_set_<class>.nii.gz``, ``<case>_possible_<class>.nii.gz`` (grown) and ``<case>_sure_<class>.nii.gz``
-(shrunk) on the label's grid, and, the test labels being in the reference, what they achieve
-(``per_case.csv``, ``conformal.json`` ``test``). Everything is recorded in ``OUT_DIR/conformal.json``. The output
+(shrunk) on the label's grid (with ``--figures`` an overlay ``<case>_conformal.png``), and, the test labels being
+in the reference, what they achieve (``per_case.csv``, ``conformal.json`` ``test``). Everything is recorded in ``OUT_DIR/conformal.json``. The output
 folder follows :mod:`mcseg.evaluation.folder_outputs` (never another tool's folder; an earlier fit replaced only
 with ``--overwrite``; ``status.json`` while written).
 
@@ -79,6 +79,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--grid-size", type=int, default=101, help="thresholds 0, ..., 1 (default 101)")
     p.add_argument("--tau", type=float, default=1.0, help="the outer margin covers this fraction of the class")
     p.add_argument("--classes", nargs="+", help="class names to fit (default: every class but the background)")
+    p.add_argument("--figures", action="store_true", help="also <case>_conformal.png per test case: per class, on "
+                   "its largest predicted slice, the prediction, the possible and sure masks and the ground truth")
+    p.add_argument("--images", type=Path, help="with --figures: the images drawn beneath (<case>_0000.nii.gz or "
+                   "<case>.nii.gz, e.g. an nnU-Net imagesTr); default: the class's probability")
     p.add_argument("--splits", type=Path, help="nnU-Net's splits_final.json: fit on the validation cases of --fold")
     p.add_argument("--fold", help="a fold of --splits, or 'all'")
     p.add_argument("--format", dest="fmt", default="auto", choices=("auto", *format_names()))
@@ -131,9 +135,42 @@ def summarise_fit(owners: dict[str, PredictionFormat], reference: Reference, set
     return CaseSummary.stack(summaries), read
 
 
+def _image(images: Path, case: str, shape: tuple[int, ...]) -> np.ndarray:
+    """A case's image (first channel) from ``images``, checked against the label's grid."""
+    from mcseg.data.io import read_volume
+
+    path = next((images / f"{case}{tag}{suffix}" for tag in ("_0000", "") for suffix in (".nii.gz", ".nii")
+                 if (images / f"{case}{tag}{suffix}").is_file()), None)
+    if path is None:
+        raise FolderError(f"--images {images}: no {case}_0000.nii.gz or {case}.nii.gz")
+    array = np.asarray(read_volume(path).array, np.float32)
+    array = array[..., 0] if array.ndim == len(shape) + 1 else array
+    if array.shape != tuple(shape):
+        raise FolderError(f"--images {path.name} has shape {array.shape}, the label {tuple(shape)}")
+    return array
+
+
+def case_figure(case: str, probs, sets: dict, pred: np.ndarray, truth: np.ndarray, names: list[str],
+                images: Path | None, out: Path) -> str:
+    """``<case>_conformal.png`` (:func:`mcseg.conformal.plots.overlay_figure`); its name."""
+    from mcseg.conformal.plots import overlay_figure
+    from mcseg.files import atomic_write
+
+    masks = {names[k]: {"prediction": pred[k], **{kind: m[kind] for kind in ("sure", "possible")}}
+             for k, m in sets.items()}
+    background = (_image(images, case, truth.shape[1:]) if images is not None else
+                  [probs[k].numpy() for k in sets])
+    fig = overlay_figure(background, masks, {names[k]: truth[k] for k in sets}, title=case)
+    name = f"{case}_conformal.png"
+    atomic_write(out / name, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
+    return name
+
+
 def apply_folder(target: PredictionFormat, reference: Reference, settings: ConformalSettings, thresholds: dict,
-                 margins: dict, out: Path) -> tuple[list[str], list[dict], list[Path]]:
-    """Each test case's masks written to ``out``; its per-class test rows; the files read."""
+                 margins: dict, out: Path, images: Path | None = None,
+                 figures: bool = False) -> tuple[list[str], list[dict], list[Path]]:
+    """Each test case's masks (and with ``figures`` its overlay) written to ``out``; its per-class test rows;
+    the files read."""
     task, written, rows, read = reference.task, [], [], []
     for case in target.cases():
         label_vol, label, probs, prediction, files = read_case([target], reference, case)
@@ -150,6 +187,8 @@ def apply_folder(target: PredictionFormat, reference: Reference, settings: Confo
                 name = f"{case}_{kind}_{_file_name(task.class_names[k])}.nii.gz"
                 write_nifti(out / name, masks[kind].astype(np.uint8), label_vol.affine, reference.labels[case])
                 written.append(name)
+        if figures:
+            written.append(case_figure(case, probs, sets, pred, truth, task.class_names, images, out))
     return written, rows, read
 
 
@@ -197,6 +236,8 @@ def _refuse_fit_cases(target: PredictionFormat, fit_cases: Sequence[str]) -> Non
 def conformal(args: argparse.Namespace) -> dict:
     """Fit, apply and record (module docstring); returns the record written to conformal.json."""
     out = args.output_dir.resolve()
+    if args.images is not None and not (args.figures and args.apply):
+        raise FolderError("--images is the background of --figures, which draws the --apply cases")
     inputs = [d.resolve() for d in [*args.fit, *([args.apply] if args.apply else [])]]
     if out in inputs:
         raise FolderError(f"-o {args.output_dir}: write the conformal fit to a new folder, not an input folder")
@@ -228,7 +269,8 @@ def conformal(args: argparse.Namespace) -> dict:
         margins = fit_margins(summaries, settings)
         stored = _record(args, reference, settings, summaries, thresholds, margins, fit, read)
         if target is not None:
-            files, rows, applied_read = apply_folder(target, reference, settings, thresholds, margins, out)
+            files, rows, applied_read = apply_folder(target, reference, settings, thresholds, margins, out,
+                                                     args.images, args.figures)
             write_csv(out / "per_case.csv", rows)
             stored["applied"] = {"to": str(Path(target.path).resolve()), "format": target.format,
                                  "cases": target.cases(), "files": files,

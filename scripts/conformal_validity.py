@@ -11,7 +11,8 @@ per class the mean test risk with its Monte-Carlo standard error (<= alpha for C
 > alpha; <= delta for RCPS and LTT), the mean threshold, the set's volume over the predicted structure's (what
 the guarantee costs), and the margins' coverage and mean size. Re-splitting one
 pool gives dependent repeats: the spread is a sanity check, not an exact test (reference B8). Writes a CSV and
-prints a Markdown table.
+prints a Markdown table (``--figure``: the mean test risk against alpha and the margins' coverage against
+1 - alpha, :func:`mcseg.conformal.plots.coverage_figure`).
 """
 from __future__ import annotations
 
@@ -53,6 +54,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--num-classes", type=int)
     p.add_argument("--class-names", nargs="+")
     p.add_argument("-o", "--output", type=Path, required=True, help="the CSV table")
+    p.add_argument("--figure", type=Path, help="also the figure of the mean test risk against alpha and the "
+                   "margins' coverage against 1 - alpha (PNG)")
     return p
 
 
@@ -92,6 +95,12 @@ def main(argv: list[str] | None = None) -> int:
                               args.repeats, args.seed)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     write_csv(args.output, rows)
+    if args.figure is not None:
+        from mcseg.conformal.plots import coverage_figure
+
+        args.figure.parent.mkdir(parents=True, exist_ok=True)
+        coverage_figure(rows, f"{settings.method.upper()} of the {settings.loss.upper()}, {len(summaries)} cases, "
+                              f"{n_cal} to calibrate, {args.repeats} splits").savefig(args.figure, dpi=100)
     print(f"{len(summaries)} cases, {n_cal} to calibrate, {args.repeats} random splits; {args.output}")
     print(markdown(rows))
     return 0

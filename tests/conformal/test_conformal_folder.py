@@ -45,9 +45,12 @@ def _fnr(probs_file_order, label, k, t):
 def test_nnunet_fit_on_fold_0_apply_to_fold_1(nn, tmp_path):
     out = tmp_path / "conformal"
     assert conformal(["--fit", str(nn["members"][0]), "--reference", str(nn["raw"]), "--splits", str(nn["splits"]),
-                      "--fold", "0", "--apply", str(nn["test"]), "-o", str(out), "--alpha", "0.2"]) == 0
+                      "--fold", "0", "--apply", str(nn["test"]), "-o", str(out), "--alpha", "0.2", "--figures",
+                      "--images", str(nn["raw"] / "imagesTr")]) == 0
     record = json.loads((out / "conformal.json").read_text())
     assert record["fit_cases"] == FOLD0 and record["applied"]["cases"] == FOLD1
+    assert [f for f in record["applied"]["files"] if f.endswith(".png")] == [f"{c}_conformal.png" for c in FOLD1]
+    assert (out / "tiny_001_conformal.png").read_bytes()[:4] == b"\x89PNG"
     assert record["method"] == "crc" and record["alpha"] == 0.2 and set(record["classes"]) == {"left", "right"}
     assert json.loads((out / "status.json").read_text())["status"] == "completed"
     grid = np.linspace(0, 1, 101)
@@ -106,6 +109,8 @@ def test_refusals_and_overwrite(nn, tmp_path, capsys):
     assert "pass --overwrite" in capsys.readouterr().err
     assert conformal([*base, "--apply", str(nn["test"]), "--overwrite"]) == 0
     assert len(list(out.glob("*_set_left.nii.gz"))) == 8
+    assert conformal([*base, "--images", str(nn["raw"] / "imagesTr")]) == 2
+    assert "--images is the background of --figures" in capsys.readouterr().err
     assert conformal([*base[:-1], str(nn["test"])]) == 2
     assert "never writes into another tool's folder" in capsys.readouterr().err
     assert conformal([*base[:-1], str(nn["test"]), "--apply", str(nn["test"])]) == 2
@@ -144,7 +149,9 @@ def test_validity_script_over_random_splits_of_a_folder(nn, tmp_path, capsys):
 
     table = tmp_path / "validity.csv"
     assert validity(["--predictions", str(nn["members"][0]), "--reference", str(nn["raw"]), "--alpha", "0.05", "0.2",
-                     "--calibration", "10", "--repeats", "20", "-o", str(table)]) == 0
+                     "--calibration", "10", "--repeats", "20", "-o", str(table),
+                     "--figure", str(tmp_path / "validity.png")]) == 0
+    assert (tmp_path / "validity.png").read_bytes()[:4] == b"\x89PNG"
     rows = list(csv.DictReader(table.open()))
     assert [(r["class"], r["alpha"]) for r in rows] == [("left", "0.05"), ("right", "0.05"), ("left", "0.2"),
                                                         ("right", "0.2")]
