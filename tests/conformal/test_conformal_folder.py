@@ -160,3 +160,78 @@ def test_validity_script_over_random_splits_of_a_folder(nn, tmp_path, capsys):
     assert [r["uncontrolled_splits"] for r in rows] == ["20", "20", "0", "0"]
     assert all(float(r["mean_test_risk"]) <= 0.2 for r in rows[2:])
     assert "| left | crc | fnr | 0.2 |" in capsys.readouterr().out
+
+
+def test_mcseg_maps_margins_in_world_mm_of_a_permuted_anisotropic_affine(tmp_path):
+    """mcseg's <case>_probs maps (as evaluate.py save_probabilities=true writes them) with the labels' affine:
+    spacing 1.1, 0.9 and 2.0 mm on permuted axes. The recorded outer and inner margins are the conformal quantiles of
+    scores computed here by brute force from the voxels' world coordinates."""
+    import math
+
+    import torch
+
+    from tests.test_monai_folders import AFFINE, _labels
+
+    labels = _labels(tmp_path / "labels", (11, 9, 6), n=14)
+    fit, test = tmp_path / "fit", tmp_path / "test"
+    g = torch.Generator().manual_seed(5)
+    for i in range(14):
+        folder = fit if i < 10 else test
+        folder.mkdir(exist_ok=True)
+        label = torch.from_numpy(np.asarray(nib.load(str(labels / f"case_{i}.nii.gz")).dataobj).astype(np.int64))
+        probs = torch.softmax(torch.nn.functional.one_hot(label, 3).movedim(-1, 0) * 3.0
+                              + torch.randn(3, *label.shape, generator=g) * 2.0, 0)
+        nib.save(nib.Nifti1Image(np.moveaxis(probs.numpy(), 0, -1), AFFINE), str(folder / f"case_{i}_probs.nii.gz"))
+        nib.save(nib.Nifti1Image(probs.argmax(0).numpy().astype(np.uint8), AFFINE), str(folder / f"case_{i}.nii.gz"))
+    out = tmp_path / "out"
+    assert conformal(["--fit", str(fit), "--reference", str(labels), "--apply", str(test), "-o", str(out),
+                      "--alpha", "0.2"]) == 0
+    record = json.loads((out / "conformal.json").read_text())
+    assert record["provenance"]["predictions"][0]["format"] == "mcseg"
+
+    def world(mask):
+        idx = np.argwhere(mask)
+        return idx @ AFFINE[:3, :3].T
+
+    for name, k in (("outer", 1), ("inner", 2)):
+        outer, inner = [], []
+        for i in range(10):
+            truth = np.asarray(nib.load(str(labels / f"case_{i}.nii.gz")).dataobj) == k
+            pred = np.asarray(nib.load(str(fit / f"case_{i}.nii.gz")).dataobj) == k
+            d = np.sqrt(((world(truth)[:, None] - world(pred)[None]) ** 2).sum(-1))
+            outer.append(d.min(1).max())
+            # depth of a predicted voxel: distance to the nearest voxel outside the prediction (or the volume)
+            padded = np.pad(pred, 1)
+            outside = np.argwhere(~padded) - 1
+            wrong = np.argwhere(pred & ~truth)
+            depth = np.sqrt((((wrong[:, None] - outside[None]) @ AFFINE[:3, :3].T) ** 2).sum(-1)).min(1)
+            inner.append(depth.max() if len(depth) else 0.0)
+        q = math.ceil(11 * 0.8)  # the 9th smallest of 10
+        margin = record["classes"][name]["margin"]
+        assert margin["outer_mm"] == pytest.approx(sorted(outer)[q - 1])
+        assert margin["inner_mm"] == pytest.approx(sorted(inner)[q - 1])
+    assert len(list(out.glob("case_1?_sure_inner.nii.gz"))) == 4
+
+
+def test_nnunet_region_model(tmp_path):
+    require("nnunetv2", NNUNET_FILES)
+    from tests.tool_outputs import make_nnunet
+
+    folders = make_nnunet(tmp_path / "regions", dims=3, regions=True, n_cases=12, noise=1.5)
+    out = tmp_path / "out"
+    assert conformal(["--fit", str(folders["pred"]), "--reference", str(folders["raw"]), "--splits",
+                      str(folders["splits"]), "--fold", "0", "-o", str(out), "--alpha", "0.2"]) == 0
+    record = json.loads((out / "conformal.json").read_text())
+    assert list(record["classes"]) == ["whole", "core"]  # every region: a region model has no background channel
+    for name, fit in record["classes"].items():
+        k = fit["channel"]
+        cases = record["fit_cases"]
+        grid = np.linspace(0, 1, 101)
+        curves = []
+        for case in cases:
+            p = np.load(folders["pred"] / f"{case}.npz")["probabilities"][k].transpose(2, 1, 0).astype(np.float64)
+            truth = np.isin(_labels(folders["raw"], case), [1, 2] if name == "whole" else [2])
+            curves.append([1 - ((p >= t) & truth).sum() / truth.sum() for t in grid])
+        bound = 6 / 7 * np.mean(curves, 0) + 1 / 7
+        j = int(np.flatnonzero(np.isclose(grid, fit["threshold"]))[0])
+        assert fit["controlled"] and bound[j] <= 0.2 < bound[j + 1]
