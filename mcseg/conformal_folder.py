@@ -51,6 +51,37 @@ GUARANTEE = ("per case, for a new case exchangeable with the calibration cases (
              "the margins' guarantees hold for cases that contain the class")
 
 
+def add_input_options(p: argparse.ArgumentParser) -> None:
+    """How the prediction folders and their reference are read (as mcseg-evaluate-folder reads them)."""
+    p.add_argument("--splits", type=Path, help="nnU-Net's splits_final.json: take the validation cases of --fold")
+    p.add_argument("--fold", help="a fold of --splits, or 'all'")
+    p.add_argument("--format", dest="fmt", default="auto", choices=("auto", *format_names()))
+    p.add_argument("--monai-postfix", default="trans")
+    p.add_argument("--dataset-json", type=Path, help="the dataset.json that gives the classes")
+    p.add_argument("--num-classes", type=int, help="number of classes K, background included, when nothing says")
+    p.add_argument("--class-names", nargs="+", help="K class names, background first, when nothing else says")
+
+
+def add_method_options(p: argparse.ArgumentParser, alphas: bool = False) -> None:
+    """What is controlled and how (:class:`mcseg.conformal.ConformalSettings`); ``alphas``: several levels."""
+    if alphas:
+        p.add_argument("--alpha", nargs="+", type=float, default=[0.05, 0.1, 0.2], help="the risk levels")
+    else:
+        p.add_argument("--alpha", type=float, default=0.1, help="the risk level (default 0.1)")
+    p.add_argument("--method", choices=METHODS, default="crc")
+    p.add_argument("--loss", choices=tuple(LOSSES), default="fnr",
+                   help="fnr (monotone: crc, rcps, ltt) or fdr (not monotone: ltt only)")
+    p.add_argument("--delta", type=float, help="failure probability of rcps and ltt (default 0.1 for them)")
+    p.add_argument("--rcps-bound", choices=RCPS_BOUNDS, default="wsr")
+    p.add_argument("--fwer", choices=FWER_METHODS, default="bonferroni_holm", help="LTT's multiple testing")
+    p.add_argument("--absent", choices=tuple(ABSENT_POLICIES), default="skip",
+                   help="a calibration case without the class: " + "; ".join(f"{k}: {v}" for k, v in
+                                                                           ABSENT_POLICIES.items()))
+    p.add_argument("--grid-size", type=int, default=101, help="thresholds 0, ..., 1 (default 101)")
+    p.add_argument("--tau", type=float, default=1.0, help="the outer margin covers this fraction of the class")
+    p.add_argument("--classes", nargs="+", help="class names to fit (default: every class but the background)")
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=CONFORMAL_TOOL,
@@ -66,30 +97,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="where conformal.json and the masks go: a new folder (never an input folder or another "
                         "tool's; an earlier conformal fit only with --overwrite)")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier conformal fit in OUT_DIR")
-    p.add_argument("--alpha", type=float, default=0.1, help="the risk level (default 0.1)")
-    p.add_argument("--method", choices=METHODS, default="crc")
-    p.add_argument("--loss", choices=tuple(LOSSES), default="fnr",
-                   help="fnr (monotone: crc, rcps, ltt) or fdr (not monotone: ltt only)")
-    p.add_argument("--delta", type=float, help="failure probability of rcps and ltt (default 0.1 for them)")
-    p.add_argument("--rcps-bound", choices=RCPS_BOUNDS, default="wsr")
-    p.add_argument("--fwer", choices=FWER_METHODS, default="bonferroni_holm", help="LTT's multiple testing")
-    p.add_argument("--absent", choices=tuple(ABSENT_POLICIES), default="skip",
-                   help="a calibration case without the class: " + "; ".join(f"{k}: {v}" for k, v in
-                                                                           ABSENT_POLICIES.items()))
-    p.add_argument("--grid-size", type=int, default=101, help="thresholds 0, ..., 1 (default 101)")
-    p.add_argument("--tau", type=float, default=1.0, help="the outer margin covers this fraction of the class")
-    p.add_argument("--classes", nargs="+", help="class names to fit (default: every class but the background)")
+    add_method_options(p)
     p.add_argument("--figures", action="store_true", help="also <case>_conformal.png per test case: per class, on "
                    "its largest predicted slice, the prediction, the possible and sure masks and the ground truth")
     p.add_argument("--images", type=Path, help="with --figures: the images drawn beneath (<case>_0000.nii.gz or "
                    "<case>.nii.gz, e.g. an nnU-Net imagesTr); default: the class's probability")
-    p.add_argument("--splits", type=Path, help="nnU-Net's splits_final.json: fit on the validation cases of --fold")
-    p.add_argument("--fold", help="a fold of --splits, or 'all'")
-    p.add_argument("--format", dest="fmt", default="auto", choices=("auto", *format_names()))
-    p.add_argument("--monai-postfix", default="trans")
-    p.add_argument("--dataset-json", type=Path, help="the dataset.json that gives the classes")
-    p.add_argument("--num-classes", type=int, help="number of classes K, background included, when nothing says")
-    p.add_argument("--class-names", nargs="+", help="K class names, background first, when nothing else says")
+    add_input_options(p)
     return p
 
 

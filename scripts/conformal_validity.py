@@ -27,32 +27,16 @@ COLUMNS = ("class", "method", "loss", "alpha", "delta", "n_calibration", "n_test
 
 
 def _parser() -> argparse.ArgumentParser:
-    from mcseg.conformal import ABSENT_POLICIES, LOSSES, METHODS
-    from mcseg.conformal.control import FWER_METHODS, RCPS_BOUNDS
+    from mcseg.conformal_folder import add_input_options, add_method_options
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--predictions", nargs="+", type=Path, required=True, help="prediction folders, disjoint cases")
     p.add_argument("--reference", type=Path, required=True)
-    p.add_argument("--splits", type=Path)
-    p.add_argument("--fold")
-    p.add_argument("--alpha", nargs="+", type=float, default=[0.05, 0.1, 0.2])
-    p.add_argument("--method", choices=METHODS, default="crc")
-    p.add_argument("--loss", choices=tuple(LOSSES), default="fnr")
-    p.add_argument("--delta", type=float, help="rcps and ltt (default 0.1 for them)")
-    p.add_argument("--rcps-bound", choices=RCPS_BOUNDS, default="wsr")
-    p.add_argument("--fwer", choices=FWER_METHODS, default="bonferroni_holm")
-    p.add_argument("--absent", choices=tuple(ABSENT_POLICIES), default="skip")
-    p.add_argument("--tau", type=float, default=1.0)
-    p.add_argument("--grid-size", type=int, default=101)
-    p.add_argument("--classes", nargs="+")
+    add_method_options(p, alphas=True)
     p.add_argument("--calibration", type=float, default=0.5, help="a fraction (< 1) or a number of cases")
     p.add_argument("--repeats", type=int, default=200)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--format", dest="fmt", default="auto")
-    p.add_argument("--monai-postfix", default="trans")
-    p.add_argument("--dataset-json", type=Path)
-    p.add_argument("--num-classes", type=int)
-    p.add_argument("--class-names", nargs="+")
+    add_input_options(p)
     p.add_argument("-o", "--output", type=Path, required=True, help="the CSV table")
     p.add_argument("--figure", type=Path, help="also the figure of the mean test risk against alpha and the "
                    "margins' coverage against 1 - alpha (PNG)")
