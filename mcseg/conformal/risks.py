@@ -84,24 +84,33 @@ class CaseCounts:
         return CaseCounts(self.positives[cases], self.selected[cases], self.hits[cases])
 
 
+CHUNK = 1 << 22  # voxels binned at a time: a case's extra memory stays ~CHUNK x 16 bytes whatever its size
+
+
 def case_counts(probs: torch.Tensor, truth: torch.Tensor, thresholds: torch.Tensor) -> CaseCounts:
-    """Counts of one case for every class and grid threshold in one pass: each voxel's bin (how many thresholds
-    are <= p_k) is counted once, and ``|{p_k >= t_j}|`` is the number of voxels in bins above j."""
+    """Counts of one case for every class and grid threshold in one pass over its voxels: each voxel's bin (how
+    many thresholds are <= p_k, in float64, so a float32 p is compared exactly) is counted once, and
+    ``|{p_k >= t_j}|`` is the number of voxels in bins above j."""
     t = torch.as_tensor(thresholds, dtype=torch.float64)
     if t.ndim != 1 or (t.numel() > 1 and not bool((t[1:] > t[:-1]).all())):
         raise ValueError("thresholds must be a 1-D strictly increasing grid")
     if probs.shape != truth.shape:
         raise ValueError(f"probabilities {tuple(probs.shape)} and ground truth {tuple(truth.shape)} differ in shape")
     c, size = probs.shape[0], t.numel() + 1
-    bins = torch.bucketize(probs.reshape(c, -1).double(), t, right=True)  # = #{j : t_j <= p}
-    flat = (bins + torch.arange(c)[:, None] * size).reshape(-1)
-    inside = truth.reshape(-1).bool()
+    t = t.to(probs.device)
+    every = torch.zeros(c, size, dtype=torch.int64, device=probs.device)
+    inside = torch.zeros_like(every)
+    for k in range(c):
+        p, g = probs[k].reshape(-1), truth[k].reshape(-1).bool()
+        for start in range(0, p.numel(), CHUNK):
+            bins = torch.bucketize(p[start:start + CHUNK].double(), t, right=True)  # = #{j : t_j <= p}
+            every[k] += torch.bincount(bins, minlength=size)
+            inside[k] += torch.bincount(bins[g[start:start + CHUNK]], minlength=size)
 
-    def above(found: torch.Tensor) -> np.ndarray:
-        hist = torch.bincount(found, minlength=c * size).reshape(c, size)
-        return hist.flip(1).cumsum(1).flip(1)[:, 1:].numpy()  # voxels whose bin is > j, i.e. p >= t_j
+    def above(hist: torch.Tensor) -> np.ndarray:
+        return hist.flip(1).cumsum(1).flip(1)[:, 1:].cpu().numpy()  # voxels whose bin is > j, i.e. p >= t_j
 
-    return CaseCounts(truth.reshape(c, -1).sum(1).long().numpy(), above(flat), above(flat[inside]))
+    return CaseCounts(truth.reshape(c, -1).sum(1).long().cpu().numpy(), above(every), above(inside))
 
 
 def loss_table(counts: CaseCounts, k: int, loss: Loss | str, absent: str = "skip") -> tuple[np.ndarray, list[int]]:

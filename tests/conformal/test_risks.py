@@ -57,3 +57,16 @@ def test_regions_and_a_bad_grid():
     assert counts.positives.tolist() == regions.reshape(2, -1).sum(1).tolist()
     with pytest.raises(ValueError, match="strictly increasing"):
         case_counts(probs, regions.bool(), torch.tensor([0.5, 0.2]))
+
+
+def test_counts_do_not_depend_on_the_chunk_of_voxels_binned_at_a_time(monkeypatch):
+    from mcseg.conformal import risks
+
+    rng = np.random.default_rng(2)
+    probs, label = synthetic_case(rng, shape=(7, 9, 5))
+    truth, grid = class_masks(label, 3, False), default_thresholds(11)
+    whole = case_counts(probs, truth, grid)
+    monkeypatch.setattr(risks, "CHUNK", 17)  # 315 voxels in 19 chunks, the last one short
+    chunked = case_counts(probs, truth, grid)
+    for field in ("positives", "selected", "hits"):
+        np.testing.assert_array_equal(getattr(whole, field), getattr(chunked, field))
