@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,6 +27,8 @@ import numpy as np
 from mcseg.conformal import (ABSENT_POLICIES, LOSSES, METHODS, CaseSummary, ConformalSettings, case_sets, case_test,
                              default_thresholds, fit_margins, fit_thresholds, predicted_masks, summarise)
 from mcseg.conformal.control import FWER_METHODS, RCPS_BOUNDS
+from mcseg.conformal.fit import class_indices
+from mcseg.conformal.record import class_records, settings_record, test_figures, versions
 from mcseg.conformal.risks import class_masks
 from mcseg.data.io import VolumeError, write_nifti
 from mcseg.data.reference import FolderError, Reference, fold_cases, read_reference
@@ -44,13 +45,6 @@ __all__ = ["CONFORMAL_FILE", "KINDS", "conformal", "main"]
 
 CONFORMAL_FILE = "conformal.json"
 KINDS = ("set", "possible", "sure")  # the masks written per case and class
-GUARANTEE = ("per case, for a new case exchangeable with the calibration cases (cases, never voxels, are the "
-             "units): CRC: E[loss of the class's set] <= alpha; RCPS and LTT: P(expected loss <= alpha) >= 1 - delta "
-             "over the calibration draw; margins: P(the grown mask covers >= tau of the class) >= 1 - alpha, and "
-             "separately P(the shrunk mask lies inside it) >= 1 - alpha. Under absent='skip' the threshold's and "
-             "the margins' guarantees hold for cases that contain the class")
-
-
 def add_input_options(p: argparse.ArgumentParser) -> None:
     """How the prediction folders and their reference are read (as mcseg-evaluate-folder reads them)."""
     p.add_argument("--splits", type=Path, help="nnU-Net's splits_final.json: take the validation cases of --fold")
@@ -108,24 +102,15 @@ def _parser() -> argparse.ArgumentParser:
 
 def settings_of(args: argparse.Namespace, reference: Reference) -> ConformalSettings:
     """The fit's settings from the command line: the classes by name (default every non-background channel)."""
-    task = reference.task
-    if args.classes:
-        unknown = [c for c in args.classes if c not in task.class_names]
-        if unknown:
-            raise FolderError(f"--classes {' '.join(unknown)}: the task's classes are {', '.join(task.class_names)}")
-        classes = [task.class_names.index(c) for c in args.classes]
-    else:
-        classes = list(range(task.channels)) if task.multilabel else list(range(1, task.channels))
+    try:
+        classes = class_indices(args.classes, reference.task.class_names, reference.task.multilabel)
+    except ValueError as exc:
+        raise FolderError(f"--classes: {exc}") from None
     delta = args.delta if args.delta is not None or args.method == "crc" else 0.1
     if args.method == "crc" and args.delta is not None:
         raise FolderError("--delta belongs to --method rcps or ltt; CRC controls the expected loss")
     return ConformalSettings(alpha=args.alpha, delta=delta, method=args.method, loss=args.loss, absent=args.absent,
                              rcps_bound=args.rcps_bound, fwer=args.fwer, tau=args.tau, classes=classes)
-
-
-def _finite(value: float) -> float | None:
-    """JSON has no inf or NaN: null (the record says what null means)."""
-    return float(value) if math.isfinite(value) else None
 
 
 def _file_name(name: str) -> str:
@@ -205,30 +190,6 @@ def apply_folder(target: PredictionFormat, reference: Reference, settings: Confo
     return written, rows, read
 
 
-def test_figures(rows: list[dict], settings: ConformalSettings) -> dict:
-    """Per class over the test cases: mean loss (FNR over the cases that contain the class), the sets' and grown
-    masks' volume relative to the prediction, the fraction covered and the fraction whose shrunk mask is inside."""
-    out = {}
-    for name in dict.fromkeys(r["class"] for r in rows):
-        mine = [r for r in rows if r["class"] == name]
-        present = [r for r in mine if r["present"]]
-        scored = present if settings.loss == "fnr" and settings.absent == "skip" else mine
-        losses = np.array([0.0 if math.isnan(r["loss"]) else r["loss"] for r in scored], np.float64)
-
-        def mean(key: str, among=present) -> float | None:
-            values = np.array([r[key] for r in among], np.float64)
-            values = values[np.isfinite(values)]
-            return _finite(values.mean()) if len(values) else None
-
-        out[name] = {"n_cases": len(scored), "n_cases_with_class": len(present),
-                     "mean_loss": _finite(losses.mean()) if len(losses) else None,
-                     "loss_above_alpha": int((losses > settings.alpha).sum()),
-                     "mean_set_over_prediction": mean("set_over_prediction"),
-                     "mean_possible_over_prediction": mean("possible_over_prediction"),
-                     "covered": mean("covered"), "sure_inside": mean("sure_inside")}
-    return out
-
-
 def _earlier_files(out: Path) -> tuple[str, ...]:
     """What an earlier conformal fit of ``out`` wrote (its conformal.json, masks and per_case.csv)."""
     try:
@@ -297,44 +258,15 @@ def conformal(args: argparse.Namespace) -> dict:
 def _record(args, reference: Reference, settings: ConformalSettings, summaries: CaseSummary, thresholds: dict,
             margins: dict, fit: list[PredictionFormat], read: list[Path]) -> dict:
     """conformal.json before the test folder: settings, per class the threshold and margins, provenance."""
-    from importlib.metadata import version
-
-    names = reference.task.class_names
-    classes = {}
-    for k in settings.classes:
-        t, m = thresholds[k], margins[k]
-        classes[names[k]] = {
-            "channel": k, "threshold": t["threshold"], "calibration_risk": t["risk"], "bound": t["bound"],
-            "controlled": t["controlled"], "n_cases": t["n_cases"], "cases_without_class": t["cases_without_class"],
-            "margin": {"outer_mm": _finite(m["outer_mm"]), "inner_mm": _finite(m["inner_mm"]), "tau": m["tau"],
-                       "n_cases": m["n_cases"]}}
     files = [*reference.files, *dict.fromkeys(f for folder in fit for f in folder.config_files()), *read]
-    return {
-        "tool": CONFORMAL_TOOL, "guarantee": GUARANTEE, "alpha": settings.alpha, "delta": settings.delta,
-        "method": settings.method, "loss": settings.loss, "loss_text": LOSSES[settings.loss].text,
-        **({"rcps_bound": settings.rcps_bound} if settings.method == "rcps" else {}),
-        **({"fwer": settings.fwer} if settings.method == "ltt" else {}),
-        "bound_compared": {"crc": "(n/(n+1)) R_n(t) + B/(n+1) <= alpha, B = 1; the largest such grid threshold",
-                           "rcps": "MAPIE's upper confidence bound < alpha; the last grid threshold before the first "
-                                   "that is not", "ltt": "the Hoeffding-Bentkus p-value of the threshold"}[settings.method],
-        "absent": {"policy": settings.absent, "text": ABSENT_POLICIES[settings.absent]},
-        "sets": "{v : p_k(v) >= t_k}, p the saved probabilities (softmax channel or region sigmoid)",
-        "grid": {"size": int(len(summaries.thresholds)), "first": float(summaries.thresholds[0]),
-                 "last": float(summaries.thresholds[-1])},
-        "margins": {"distance": "Euclidean, mm, with each case's voxel spacing (scipy.ndimage.distance_transform_edt)",
-                    "predicted_structure": "the tool's label map where it wrote one, else the arg-max (regions: "
-                                           "p > 0.5)",
-                    "outer": "possible = voxels within outer_mm of the predicted structure",
-                    "inner": "sure = voxels of the predicted structure deeper than inner_mm (the volume border counts "
-                             "as outside)",
-                    "null": "no finite margin: alpha < 1/(n+1), or a calibration case with an empty prediction"},
-        "classes": classes,
-        "fit_cases": summaries.cases,
-        "provenance": {"predictions": [f.identity() for f in fit],
-                       "reference": {"path": str(reference.root.resolve()), "kind": reference.kind},
-                       "input_files_sha256": {str(p.resolve()): file_sha256(p) for p in dict.fromkeys(files)},
-                       "versions": {"mcseg": version("mcseg"), "mapie": version("mapie")}},
-    }
+    return {"tool": CONFORMAL_TOOL, **settings_record(settings, summaries),
+            "sets": "{v : p_k(v) >= t_k}, p the saved probabilities (softmax channel or region sigmoid)",
+            "classes": class_records(settings, thresholds, margins, reference.task.class_names),
+            "fit_cases": summaries.cases,
+            "provenance": {"predictions": [f.identity() for f in fit],
+                           "reference": {"path": str(reference.root.resolve()), "kind": reference.kind},
+                           "input_files_sha256": {str(p.resolve()): file_sha256(p) for p in dict.fromkeys(files)},
+                           "versions": versions()}}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,7 +17,7 @@ from mcseg.conformal.control import control
 from mcseg.conformal.margins import conformal_quantile, grown, inner_score, outer_score, shrunk
 from mcseg.conformal.risks import LOSSES, CaseCounts, case_counts, class_masks, loss_table
 
-__all__ = ["CaseSummary", "ConformalSettings", "case_sets", "case_test", "fit_margins", "fit_thresholds",
+__all__ = ["CaseSummary", "ConformalSettings", "case_sets", "class_indices", "case_test", "fit_margins", "fit_thresholds",
            "predicted_masks", "summarise"]
 
 
@@ -36,6 +36,16 @@ class ConformalSettings:
     fwer: str = "bonferroni_holm"
     tau: float = 1.0
     classes: Sequence[int] = ()
+
+
+def class_indices(names: Sequence[str] | None, class_names: Sequence[str], multilabel: bool) -> list[int]:
+    """The channels of ``names`` (default: every class but the background; every region of a region model)."""
+    if not names:
+        return list(range(len(class_names))) if multilabel else list(range(1, len(class_names)))
+    unknown = [c for c in names if c not in class_names]
+    if unknown:
+        raise ValueError(f"{' '.join(unknown)}: the task's classes are {', '.join(class_names)}")
+    return [list(class_names).index(c) for c in names]
 
 
 @dataclass
