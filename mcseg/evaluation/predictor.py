@@ -191,6 +191,10 @@ def evaluate_predictor(cfg: DictConfig, ev: Evaluation, plans: list[PosthocPlan]
             name: {c: {**{k: r[k] for k in ("threshold", "controlled", "n_cases")},
                        "test_mean_loss": (record["test"].get(c) or {}).get("mean_loss")}
                    for c, r in record["classes"].items()} for name, record in records.items()}}
+        for name, classes in summary["conformal"].items():
+            print(f"conformal ({conformal.method}, {conformal.loss} <= {conformal.alpha}, {name}): " + ", ".join(
+                f"{c} t={r['threshold']:.3g}{'' if r['controlled'] else ' NOT controlled'} test {r['test_mean_loss']}"
+                for c, r in classes.items()) + f" -> {ev.out_dir / 'conformal' / name}")
     if shift is not None:
         summary = {**summary, "shift": evaluate_shift(shift, ev.predictor, ev.dataset, ev.refs, protocol, ev.out_dir,
                                                       summary, {**provenance, **ev.shift_extra}, scalers, per_network,
