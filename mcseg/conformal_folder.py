@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from mcseg.conformal import (ABSENT_POLICIES, LOSSES, METHODS, CaseSummary, ConformalSettings, case_sets, case_test,
                              default_thresholds, fit_margins, fit_thresholds, predicted_masks, summarise)
@@ -30,7 +31,7 @@ from mcseg.conformal.control import FWER_METHODS, RCPS_BOUNDS
 from mcseg.conformal.fit import class_indices
 from mcseg.conformal.record import class_records, settings_record, test_figures, versions
 from mcseg.conformal.risks import class_masks
-from mcseg.data.io import VolumeError, write_nifti
+from mcseg.data.io import Volume, VolumeError, read_volume, write_nifti
 from mcseg.data.reference import FolderError, Reference, fold_cases, read_reference
 from mcseg.evaluation.folder_outputs import (CONFORMAL_TOOL, EXIT_INTERRUPTED, FolderInterrupted, claim_output,
                                              writing)
@@ -94,8 +95,9 @@ def _parser() -> argparse.ArgumentParser:
     add_method_options(p)
     p.add_argument("--figures", action="store_true", help="also <case>_conformal.png per test case: per class, on "
                    "its largest predicted slice, the prediction, the possible and sure masks and the ground truth")
-    p.add_argument("--images", type=Path, help="with --figures: the images drawn beneath (<case>_0000.nii.gz or "
-                   "<case>.nii.gz, e.g. an nnU-Net imagesTr); default: the class's probability")
+    p.add_argument("--images", type=Path, help="the --apply cases' images (<case>_0000.nii.gz or <case>.nii.gz, e.g. "
+                   "an nnU-Net imagesTs): the grid of a case without a label, and what --figures draws beneath "
+                   "(default: the class's probability)")
     add_input_options(p)
     return p
 
@@ -133,32 +135,51 @@ def summarise_fit(owners: dict[str, PredictionFormat], reference: Reference, set
     return CaseSummary.stack(summaries), read
 
 
-def _image(images: Path, case: str, shape: tuple[int, ...]) -> np.ndarray:
-    """A case's image (first channel) from ``images``, checked against the label's grid."""
-    from mcseg.data.io import read_volume
-
+def image_path(images: Path, case: str) -> Path:
+    """A case's image in ``images``: ``<case>_0000`` (nnU-Net's first channel) or ``<case>``, NIfTI."""
     path = next((images / f"{case}{tag}{suffix}" for tag in ("_0000", "") for suffix in (".nii.gz", ".nii")
                  if (images / f"{case}{tag}{suffix}").is_file()), None)
     if path is None:
         raise FolderError(f"--images {images}: no {case}_0000.nii.gz or {case}.nii.gz")
+    return path
+
+
+def _image(images: Path, case: str, shape: tuple[int, ...]) -> np.ndarray:
+    """A case's image (first channel) from ``images``, checked against the prediction's grid."""
+    path = image_path(images, case)
     array = np.asarray(read_volume(path).array, np.float32)
     array = array[..., 0] if array.ndim == len(shape) + 1 else array
     if array.shape != tuple(shape):
-        raise FolderError(f"--images {path.name} has shape {array.shape}, the label {tuple(shape)}")
+        raise FolderError(f"--images {path.name} has shape {array.shape}, the prediction {tuple(shape)}")
     return array
 
 
-def case_figure(case: str, probs, sets: dict, pred: np.ndarray, truth: np.ndarray, names: list[str],
+def read_unlabelled(target: PredictionFormat, case: str, images: Path):
+    """A test case without a label: its prediction read and checked against its image's grid (the image of
+    ``images`` in place of the label); ``(grid volume, its file, probabilities, tool's label map, files)``."""
+    path = image_path(images, case)
+    grid = read_volume(path)
+    array = np.asarray(grid.array)
+    if array.ndim == len(grid.spacing) + 1:  # channels last: the first
+        grid = Volume(array[..., 0], grid.spacing, grid.affine)
+    pred = target.read(case, grid, path)
+    probs = torch.from_numpy(pred.probs) if pred.probs is not None else None
+    return grid, path, probs, pred.prediction, [path, *pred.files]
+
+
+def case_figure(case: str, probs, sets: dict, pred: np.ndarray, truth: np.ndarray | None, names: list[str],
                 images: Path | None, out: Path) -> str:
-    """``<case>_conformal.png`` (:func:`mcseg.conformal.plots.overlay_figure`); its name."""
+    """``<case>_conformal.png`` (:func:`mcseg.conformal.plots.overlay_figure`; the truth where there is a label);
+    its name."""
     from mcseg.conformal.plots import overlay_figure
     from mcseg.files import atomic_write
 
     masks = {names[k]: {"prediction": pred[k], **{kind: m[kind] for kind in ("sure", "possible")}}
              for k, m in sets.items()}
-    background = (_image(images, case, truth.shape[1:]) if images is not None else
+    background = (_image(images, case, pred.shape[1:]) if images is not None else
                   [probs[k].numpy() for k in sets])
-    fig = overlay_figure(background, masks, {names[k]: truth[k] for k in sets}, title=case)
+    fig = overlay_figure(background, masks, {names[k]: truth[k] for k in sets} if truth is not None else None,
+                         title=case)
     name = f"{case}_conformal.png"
     atomic_write(out / name, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
     return name
@@ -171,19 +192,25 @@ def apply_folder(target: PredictionFormat, reference: Reference, settings: Confo
     the files read."""
     task, written, rows, read = reference.task, [], [], []
     for case in target.cases():
-        label_vol, label, probs, prediction, files = read_case([target], reference, case)
+        labelled = case in reference.labels
+        if labelled:
+            grid, label, probs, prediction, files = read_case([target], reference, case)
+            source = reference.labels[case]
+        else:  # checked by conformal(): --images gives its grid
+            grid, source, probs, prediction, files = read_unlabelled(target, case, images)
         if probs is None:
             raise FolderError(f"case {case}: {target.path} has label maps only; sets need probabilities")
         read += files
         pred = predicted_masks(probs, task.multilabel, prediction)
-        sets = case_sets(probs, pred, label_vol.spacing, thresholds, margins)
-        truth = class_masks(label, task.channels, task.multilabel).numpy()
-        for k, result in case_test(sets, truth, pred, settings.loss, settings.tau).items():
-            rows.append({"case": case, "class": task.class_names[k], **result})
+        sets = case_sets(probs, pred, grid.spacing, thresholds, margins)
+        truth = class_masks(label, task.channels, task.multilabel).numpy() if labelled else None
+        if labelled:
+            for k, result in case_test(sets, truth, pred, settings.loss, settings.tau).items():
+                rows.append({"case": case, "class": task.class_names[k], **result})
         for k, masks in sets.items():
             for kind in KINDS:
                 name = f"{case}_{kind}_{_file_name(task.class_names[k])}.nii.gz"
-                write_nifti(out / name, masks[kind].astype(np.uint8), label_vol.affine, reference.labels[case])
+                write_nifti(out / name, masks[kind].astype(np.uint8), grid.affine, source)
                 written.append(name)
         if figures:
             written.append(case_figure(case, probs, sets, pred, truth, task.class_names, images, out))
@@ -210,8 +237,8 @@ def _refuse_fit_cases(target: PredictionFormat, fit_cases: Sequence[str]) -> Non
 def conformal(args: argparse.Namespace) -> dict:
     """Fit, apply and record (module docstring); returns the record written to conformal.json."""
     out = args.output_dir.resolve()
-    if args.images is not None and not (args.figures and args.apply):
-        raise FolderError("--images is the background of --figures, which draws the --apply cases")
+    if args.images is not None and not args.apply:
+        raise FolderError("--images gives the --apply cases' grid (and the background of --figures): pass --apply")
     inputs = [d.resolve() for d in [*args.fit, *([args.apply] if args.apply else [])]]
     if out in inputs:
         raise FolderError(f"-o {args.output_dir}: write the conformal fit to a new folder, not an input folder")
@@ -232,9 +259,10 @@ def conformal(args: argparse.Namespace) -> dict:
     if target is not None:
         _refuse_fit_cases(target, list(owners))
         untested = [c for c in target.cases() if c not in reference.labels]
-        if untested:
+        if untested and args.images is None:
             raise FolderError(f"{len(untested)} --apply case(s) without a label in {reference.root} "
-                              f"({', '.join(untested[:10])}): their files are checked against the label's grid")
+                              f"({', '.join(untested[:10])}): pass --images (their images, whose grid the files are "
+                              f"checked against), or a reference with their labels")
     grid = default_thresholds(args.grid_size)
     record = {"fit": [str(d.resolve()) for d in args.fit], "apply": str(args.apply.resolve()) if args.apply else None}
     with writing(out, CONFORMAL_TOOL, record, _earlier_files(out) if earlier is not None else ()):
@@ -245,9 +273,11 @@ def conformal(args: argparse.Namespace) -> dict:
         if target is not None:
             files, rows, applied_read = apply_folder(target, reference, settings, thresholds, margins, out,
                                                      args.images, args.figures)
-            write_csv(out / "per_case.csv", rows)
+            if rows:
+                write_csv(out / "per_case.csv", rows)
             stored["applied"] = {"to": str(Path(target.path).resolve()), "format": target.format,
                                  "cases": target.cases(), "files": files,
+                                 "cases_without_label": [c for c in target.cases() if c not in reference.labels],
                                  "input_files_sha256": {str(p.resolve()): file_sha256(p)
                                                         for p in dict.fromkeys(applied_read)}}
             stored["test"] = test_figures(rows, settings)

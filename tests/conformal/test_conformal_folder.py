@@ -110,7 +110,7 @@ def test_refusals_and_overwrite(nn, tmp_path, capsys):
     assert conformal([*base, "--apply", str(nn["test"]), "--overwrite"]) == 0
     assert len(list(out.glob("*_set_left.nii.gz"))) == 8
     assert conformal([*base, "--images", str(nn["raw"] / "imagesTr")]) == 2
-    assert "--images is the background of --figures" in capsys.readouterr().err
+    assert "--images gives the --apply cases' grid" in capsys.readouterr().err
     assert conformal([*base[:-1], str(nn["test"])]) == 2
     assert "never writes into another tool's folder" in capsys.readouterr().err
     assert conformal([*base[:-1], str(nn["test"]), "--apply", str(nn["test"])]) == 2
@@ -235,3 +235,27 @@ def test_nnunet_region_model(tmp_path):
         bound = 6 / 7 * np.mean(curves, 0) + 1 / 7
         j = int(np.flatnonzero(np.isclose(grid, fit["threshold"]))[0])
         assert fit["controlled"] and bound[j] <= 0.2 < bound[j + 1]
+
+
+def test_test_cases_without_labels_get_their_masks_on_their_images_grid(nn, tmp_path, capsys):
+    """A deployment's new cases: no label, the grid checked against their image (nnU-Net's imagesTs)."""
+    labels = tmp_path / "labels"  # the calibration cases' labels only
+    labels.mkdir()
+    for case in FOLD0:
+        shutil.copy2(nn["raw"] / "labelsTr" / f"{case}.nii.gz", labels)
+    shutil.copy2(nn["raw"] / "dataset.json", labels)
+    out = tmp_path / "out"
+    base = ["--fit", str(nn["members"][0]), "--reference", str(labels), "--splits", str(nn["splits"]), "--fold", "0",
+            "--apply", str(nn["test"]), "-o", str(out), "--alpha", "0.2"]
+    assert conformal(base) == 2
+    assert "8 --apply case(s) without a label" in capsys.readouterr().err and not out.exists()
+    assert conformal([*base, "--images", str(nn["raw"] / "imagesTr"), "--figures"]) == 0
+    record = json.loads((out / "conformal.json").read_text())
+    assert record["applied"]["cases_without_label"] == FOLD1 and record["test"] == {}
+    assert not (out / "per_case.csv").exists()
+    image = nib.load(str(nn["raw"] / "imagesTr" / "tiny_001_0000.nii.gz"))
+    mask = nib.load(str(out / "tiny_001_set_left.nii.gz"))
+    np.testing.assert_allclose(mask.affine, image.affine, atol=1e-4)
+    probs = np.load(nn["test"] / "tiny_001.npz")["probabilities"].transpose(0, 3, 2, 1)
+    np.testing.assert_array_equal(np.asarray(mask.dataobj).astype(bool),
+                                  probs[1].astype(np.float64) >= record["classes"]["left"]["threshold"])
