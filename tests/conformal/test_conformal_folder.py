@@ -45,12 +45,9 @@ def _fnr(probs_file_order, label, k, t):
 def test_nnunet_fit_on_fold_0_apply_to_fold_1(nn, tmp_path):
     out = tmp_path / "conformal"
     assert conformal(["--fit", str(nn["members"][0]), "--reference", str(nn["raw"]), "--splits", str(nn["splits"]),
-                      "--fold", "0", "--apply", str(nn["test"]), "-o", str(out), "--alpha", "0.2", "--figures",
-                      "--images", str(nn["raw"] / "imagesTr")]) == 0
+                      "--fold", "0", "--apply", str(nn["test"]), "-o", str(out), "--alpha", "0.2"]) == 0
     record = json.loads((out / "conformal.json").read_text())
     assert record["fit_cases"] == FOLD0 and record["applied"]["cases"] == FOLD1
-    assert [f for f in record["applied"]["files"] if f.endswith(".png")] == [f"{c}_conformal.png" for c in FOLD1]
-    assert (out / "tiny_001_conformal.png").read_bytes()[:4] == b"\x89PNG"
     assert record["method"] == "crc" and record["alpha"] == 0.2 and set(record["classes"]) == {"left", "right"}
     assert json.loads((out / "status.json").read_text())["status"] == "completed"
     grid = np.linspace(0, 1, 101)
@@ -253,6 +250,8 @@ def test_test_cases_without_labels_get_their_masks_on_their_images_grid(nn, tmp_
     record = json.loads((out / "conformal.json").read_text())
     assert record["applied"]["cases_without_label"] == FOLD1 and record["test"] == {}
     assert not (out / "per_case.csv").exists()
+    assert [f for f in record["applied"]["files"] if f.endswith(".png")] == [f"{c}_conformal.png" for c in FOLD1]
+    assert (out / "tiny_001_conformal.png").read_bytes()[:4] == b"\x89PNG"
     image = nib.load(str(nn["raw"] / "imagesTr" / "tiny_001_0000.nii.gz"))
     mask = nib.load(str(out / "tiny_001_set_left.nii.gz"))
     np.testing.assert_allclose(mask.affine, image.affine, atol=1e-4)
