@@ -6,6 +6,10 @@ risk control of per-class thresholded sets (CRC, RCPS, Learn-then-Test) and conf
 * :mod:`~mcseg.conformal.margins`: outer / inner margins in mm, their conformal quantile, grown and shrunk masks.
 * :mod:`~mcseg.conformal.fit`: per class, from case summaries; the sets of a new case and their test figures.
 * :mod:`~mcseg.conformal.validity`: the guarantee checked over many random calibration / test splits.
+* :mod:`~mcseg.conformal.record`: what conformal.json says; :mod:`~mcseg.conformal.plots`: the figures.
+
+Entry points: ``mcseg-conformal-folder`` (:mod:`mcseg.conformal_folder`), ``evaluate.py conformal.enabled=true``
+(:mod:`mcseg.evaluation.conformal`), ``scripts/conformal_validity.py``; docs/conformal.md.
 """
 from mcseg.conformal.control import METHODS, NotMonotone, ThresholdFit, control
 from mcseg.conformal.fit import (CaseSummary, ConformalSettings, case_sets, case_test, fit_margins, fit_thresholds,
