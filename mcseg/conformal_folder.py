@@ -7,9 +7,9 @@ rate) of a new case, and outer / inner margins in mm, fitted on the cases of val
 --fold``) against their labels. Applied to a test folder, it writes per case and class the masks
 ``<case>_set_<class>.nii.gz``, ``<case>_possible_<class>.nii.gz`` (grown) and ``<case>_sure_<class>.nii.gz``
 (shrunk) on the label's grid (with ``--figures`` an overlay ``<case>_conformal.png``), and, the test labels being
-in the reference, what they achieve (``per_case.csv``, ``conformal.json`` ``test``). Everything is recorded in ``OUT_DIR/conformal.json``. The output
-folder follows :mod:`mcseg.evaluation.folder_outputs` (never another tool's folder; an earlier fit replaced only
-with ``--overwrite``; ``status.json`` while written).
+in the reference, what they achieve (``per_case.csv``, ``conformal.json`` ``test``). Everything is recorded in
+``OUT_DIR/conformal.json``. The output folder follows :mod:`mcseg.evaluation.folder_outputs` (never another
+tool's folder; an earlier fit replaced only with ``--overwrite``; ``status.json`` while written).
 
 The guarantee is per case and needs the test cases to be exchangeable with the calibration cases: a test folder
 holding calibration cases is refused.
@@ -29,9 +29,9 @@ from mcseg.conformal import (ABSENT_POLICIES, LOSSES, METHODS, CaseSummary, Conf
                              default_thresholds, fit_margins, fit_thresholds, predicted_masks, summarise)
 from mcseg.conformal.control import FWER_METHODS, RCPS_BOUNDS
 from mcseg.conformal.fit import class_indices
-from mcseg.conformal.record import class_records, settings_record, test_figures, versions
+from mcseg.conformal.record import class_records, settings_record, test_figures, versions, write_masks
 from mcseg.conformal.risks import class_masks
-from mcseg.data.io import Volume, VolumeError, read_volume, write_nifti
+from mcseg.data.io import Volume, VolumeError, read_volume
 from mcseg.data.reference import FolderError, Reference, fold_cases, read_reference
 from mcseg.evaluation.folder_outputs import (CONFORMAL_TOOL, EXIT_INTERRUPTED, FolderInterrupted, claim_output,
                                              writing)
@@ -42,10 +42,11 @@ from mcseg.evaluation.provenance import file_sha256
 from mcseg.files import write_csv, write_json
 from mcseg.rundir import RunDirBusy
 
-__all__ = ["CONFORMAL_FILE", "KINDS", "conformal", "main"]
+__all__ = ["CONFORMAL_FILE", "conformal", "main"]
 
 CONFORMAL_FILE = "conformal.json"
-KINDS = ("set", "possible", "sure")  # the masks written per case and class
+
+
 def add_input_options(p: argparse.ArgumentParser) -> None:
     """How the prediction folders and their reference are read (as mcseg-evaluate-folder reads them)."""
     p.add_argument("--splits", type=Path, help="nnU-Net's splits_final.json: take the validation cases of --fold")
@@ -113,10 +114,6 @@ def settings_of(args: argparse.Namespace, reference: Reference) -> ConformalSett
         raise FolderError("--delta belongs to --method rcps or ltt; CRC controls the expected loss")
     return ConformalSettings(alpha=args.alpha, delta=delta, method=args.method, loss=args.loss, absent=args.absent,
                              rcps_bound=args.rcps_bound, fwer=args.fwer, tau=args.tau, classes=classes)
-
-
-def _file_name(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
 
 
 def summarise_fit(owners: dict[str, PredictionFormat], reference: Reference, settings: ConformalSettings,
@@ -207,11 +204,7 @@ def apply_folder(target: PredictionFormat, reference: Reference, settings: Confo
         if labelled:
             for k, result in case_test(sets, truth, pred, settings.loss, settings.tau).items():
                 rows.append({"case": case, "class": task.class_names[k], **result})
-        for k, masks in sets.items():
-            for kind in KINDS:
-                name = f"{case}_{kind}_{_file_name(task.class_names[k])}.nii.gz"
-                write_nifti(out / name, masks[kind].astype(np.uint8), grid.affine, source)
-                written.append(name)
+        written += write_masks(out, case, sets, task.class_names, grid.affine, source)
         if figures:
             written.append(case_figure(case, probs, sets, pred, truth, task.class_names, images, out))
     return written, rows, read

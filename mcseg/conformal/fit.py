@@ -17,7 +17,8 @@ from mcseg.conformal.control import control
 from mcseg.conformal.margins import conformal_quantile, grown, inner_score, outer_score, shrunk
 from mcseg.conformal.risks import LOSSES, CaseCounts, case_counts, class_masks, loss_table
 
-__all__ = ["CaseSummary", "ConformalSettings", "case_sets", "class_indices", "case_test", "fit_margins", "fit_thresholds",
+__all__ = ["CaseSummary", "ConformalSettings", "case_sets", "class_indices", "case_test", "fit_margins",
+           "fit_thresholds",
            "predicted_masks", "summarise"]
 
 
@@ -147,14 +148,15 @@ def case_test(sets: dict[int, dict[str, np.ndarray]], truth: np.ndarray, pred: n
     for k, masks in sets.items():
         g, s = truth[k].astype(bool), masks["set"]
         predicted = int(pred[k].sum())
+        per_prediction = (lambda voxels: float(voxels / predicted)) if predicted else (lambda voxels: float("nan"))
         if LOSSES[loss].name == "fdr":
             value = float((s & ~g).sum() / s.sum()) if s.any() else 0.0
         else:
             value = float(1 - (s & g).sum() / g.sum()) if g.any() else float("nan")
         rows[k] = {"loss": value, "present": bool(g.any()),
                    "set_voxels": int(s.sum()), "predicted_voxels": predicted,
-                   "set_over_prediction": float(s.sum() / predicted) if predicted else float("nan"),
-                   "possible_over_prediction": float(masks["possible"].sum() / predicted) if predicted else float("nan"),
+                   "set_over_prediction": per_prediction(s.sum()),
+                   "possible_over_prediction": per_prediction(masks["possible"].sum()),
                    "covered": bool(not g.any() or (masks["possible"] & g).sum() / g.sum() >= tau),
                    "sure_inside": bool(not (masks["sure"] & ~g).any())}
     return rows

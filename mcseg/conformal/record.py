@@ -1,16 +1,21 @@
-"""What conformal.json says, shared by ``mcseg-conformal-folder`` and a checkpoint's evaluation: the settings and
-the guarantee they give, per class the threshold and margins, and the test figures of the cases they were applied
-to. JSON has no inf or NaN: such values are null, and the record says what null means."""
+"""What a conformal fit writes, shared by ``mcseg-conformal-folder`` and a checkpoint's evaluation: conformal.json
+(the settings and the guarantee they give, per class the threshold and margins, the test figures of the cases they
+were applied to; JSON has no inf or NaN: such values are null, and the record says what null means) and each
+case's masks (:func:`write_masks`)."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 
 from mcseg.conformal.fit import CaseSummary, ConformalSettings
 from mcseg.conformal.risks import ABSENT_POLICIES, LOSSES
 
-__all__ = ["GUARANTEE", "class_records", "finite", "settings_record", "test_figures", "versions"]
+__all__ = ["GUARANTEE", "KINDS", "class_records", "finite", "settings_record", "test_figures", "versions",
+           "write_masks"]
+
+KINDS = ("set", "possible", "sure")  # the masks written per case and class
 
 GUARANTEE = ("per case, for a new case exchangeable with the calibration cases (cases, never voxels, are the "
              "units): CRC: E[loss of the class's set] <= alpha; RCPS and LTT: P(expected loss <= alpha) >= 1 - delta "
@@ -89,3 +94,22 @@ def test_figures(rows: list[dict], settings: ConformalSettings) -> dict:
                      "mean_possible_over_prediction": mean("possible_over_prediction"),
                      "covered": mean("covered"), "sure_inside": mean("sure_inside")}
     return out
+
+
+def _file_name(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+def write_masks(folder: Path, case: str, sets: dict, names: list[str], affine, source: Path | None = None) -> list[str]:
+    """``<case>_<set|possible|sure>_<class>.nii.gz`` (uint8) of :func:`mcseg.conformal.fit.case_sets` with
+    ``affine`` (the header of ``source``, the case's label or image, copied where it matches); the names."""
+    from mcseg.data.io import write_nifti
+
+    folder.mkdir(parents=True, exist_ok=True)
+    files = []
+    for k, masks in sets.items():
+        for kind in KINDS:
+            file = f"{case}_{kind}_{_file_name(names[k])}.nii.gz"
+            write_nifti(folder / file, masks[kind].astype(np.uint8), affine, source)
+            files.append(file)
+    return files

@@ -32,9 +32,13 @@ def split_once(calibration: CaseSummary, test: CaseSummary, settings: ConformalS
                    "test_risk": float(table[:, index].mean()) if len(table) else float("nan"),
                    "set_over_prediction": float(stretch.mean()) if len(stretch) else float("nan"),
                    "outer_mm": margins[k]["outer_mm"], "inner_mm": margins[k]["inner_mm"],
-                   "covered": float((present[:, 0] <= margins[k]["outer_mm"]).mean()) if len(present) else float("nan"),
-                   "sure_inside": float((present[:, 1] <= margins[k]["inner_mm"]).mean()) if len(present) else float("nan")}
+                   "covered": _fraction(present[:, 0] <= margins[k]["outer_mm"]),
+                   "sure_inside": _fraction(present[:, 1] <= margins[k]["inner_mm"])}
     return rows
+
+
+def _fraction(hits: np.ndarray) -> float:
+    return float(hits.mean()) if len(hits) else float("nan")
 
 
 def over_splits(summaries: CaseSummary, settings: ConformalSettings, n_calibration: int,

@@ -22,15 +22,12 @@ from mcseg.conformal import (ABSENT_POLICIES, LOSSES, METHODS, CaseSummary, Conf
                              default_thresholds, fit_margins, fit_thresholds, predicted_masks, summarise)
 from mcseg.conformal.control import FWER_METHODS, RCPS_BOUNDS
 from mcseg.conformal.fit import class_indices
-from mcseg.conformal.record import class_records, settings_record, test_figures, versions
+from mcseg.conformal.record import class_records, settings_record, test_figures, versions, write_masks
 from mcseg.conformal.risks import class_masks
-from mcseg.data.io import write_nifti
 from mcseg.errors import ConfigError
 from mcseg.files import write_csv, write_json
 
 __all__ = ["ConformalConfig", "check_conformal", "conformal_of_predictor"]
-
-KINDS = ("set", "possible", "sure")
 
 
 @dataclass
@@ -140,21 +137,10 @@ def conformal_of_predictor(config: ConformalConfig, predictor, own_dataset, val_
                 rows[name] += [{"case": case.case_id, "class": names[k], **r}
                                for k, r in case_test(sets, truth, pred, settings.loss, settings.tau).items()]
                 if config.masks:
-                    written[name] += _write_masks(out_dir / name, case.case_id, sets, names, affine)
+                    written[name] += write_masks(out_dir / name, case.case_id, sets, names, affine)
     return {name: _write_record(out_dir / name, name, settings, *fits[name], rows[name], written[name], provenance,
                                 names, [r.case_id for r in refs])
             for name in sources}
-
-
-def _write_masks(folder: Path, case: str, sets: dict, names: list[str], affine) -> list[str]:
-    folder.mkdir(parents=True, exist_ok=True)
-    files = []
-    for k, masks in sets.items():
-        for kind in KINDS:
-            file = f"{case}_{kind}_{names[k]}.nii.gz"
-            write_nifti(folder / file, masks[kind].astype(np.uint8), affine)
-            files.append(file)
-    return files
 
 
 def _write_record(folder: Path, source: str, settings: ConformalSettings, summaries: CaseSummary, thresholds: dict,

@@ -42,7 +42,8 @@ def test_fnr_fdr_tables_and_the_absent_class_policies():
     zero, _ = loss_table(counts, 1, "fnr", "zero")
     np.testing.assert_allclose(zero, [[0.0, 0.25, 0.5, 0.75], [0, 0, 0, 0]])
     fdr, _ = loss_table(counts, 1, "fdr")
-    # case a: sets of 6, 4 (0.5, 0.7, 0.95, 0.65), 3 (0.7, 0.95, 0.65), 1 (0.95) voxels; one background in each but the last
+    # case a: sets of 6, 4 (0.5, 0.7, 0.95, 0.65), 3 (0.7, 0.95, 0.65), 1 (0.95) voxels; one background voxel in
+    # each but the last
     # case b: every selected voxel is a false discovery; an empty set discovers nothing: 0
     np.testing.assert_allclose(fdr, [[2 / 6, 1 / 4, 1 / 3, 0.0], [1.0, 1.0, 0.0, 0.0]])
     with pytest.raises(ValueError, match="absent-class policy 'drop'"):
