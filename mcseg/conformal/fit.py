@@ -108,6 +108,10 @@ def fit_thresholds(summaries: CaseSummary, settings: ConformalSettings) -> dict[
     fits = {}
     for k in settings.classes:
         table, without = loss_table(summaries.counts, k, settings.loss, settings.absent)
+        if not len(table):
+            raise ValueError(f"class channel {k}: none of the {len(summaries)} calibration cases contains it, so no "
+                             f"threshold can be fitted under absent='skip'; leave the class out, or count such cases "
+                             f"with loss 0 (absent='zero')")
         fit = control(table, summaries.thresholds, settings.loss, settings.method, settings.alpha, settings.delta,
                       settings.rcps_bound, settings.fwer)
         fits[k] = {**fit.record(), "cases_without_class": [summaries.cases[i] for i in without]}

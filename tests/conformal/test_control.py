@@ -85,3 +85,12 @@ def test_a_class_absent_from_some_calibration_cases_is_recorded_under_each_polic
     assert skip[2]["n_cases"] == 20 and zero[2]["n_cases"] == 30 and skip[1]["n_cases"] == 30
     assert zero[2]["threshold"] >= skip[2]["threshold"]  # zero losses let the threshold rise
     assert skip[1] == {**zero[1]}
+
+
+def test_a_class_absent_from_every_calibration_case_is_refused_under_skip():
+    rng = np.random.default_rng(5)
+    summaries = synthetic_summaries(rng, 4, absent_every=1)  # class 2 in none
+    with pytest.raises(ValueError, match="class channel 2: none of the 4 calibration cases contains it"):
+        fit_thresholds(summaries, ConformalSettings(alpha=0.3, classes=[2]))
+    fit = fit_thresholds(summaries, ConformalSettings(alpha=0.3, classes=[2], absent="zero"))[2]
+    assert fit["threshold"] == 1.0 and fit["n_cases"] == 4  # nothing to miss: the smallest set
