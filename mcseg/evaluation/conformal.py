@@ -27,7 +27,11 @@ from mcseg.conformal.risks import class_masks
 from mcseg.errors import ConfigError
 from mcseg.files import write_csv, write_json
 
-__all__ = ["ConformalConfig", "check_conformal", "conformal_of_predictor"]
+__all__ = ["ConformalConfig", "add_to_summary", "check_conformal", "conformal_of_predictor", "headline"]
+
+# the figures per class that go into summary.json's "conformal" block, and their means over the classes there
+HEADLINE = {"test_loss": "mean_loss", "set_over_prediction": "mean_set_over_prediction",
+            "covered": "covered", "sure_inside": "sure_inside"}
 
 
 @dataclass
@@ -156,3 +160,28 @@ def _write_record(folder: Path, source: str, settings: ConformalSettings, summar
         write_csv(folder / "per_case.csv", rows)
     write_json(folder / "conformal.json", record)
     return record
+
+
+def headline(record: dict) -> dict:
+    """A source's block of summary.json (the table of figures reads ``conformal.<source>.mean_*``): the settings,
+    per class the threshold, whether it is controlled, n and the test figures, and their means over the classes."""
+    classes = {}
+    for name, fit in record["classes"].items():
+        test = (record.get("test") or {}).get(name) or {}
+        classes[name] = {"threshold": fit["threshold"], "controlled": fit["controlled"], "n_cases": fit["n_cases"],
+                         "outer_mm": fit["margin"]["outer_mm"], "inner_mm": fit["margin"]["inner_mm"],
+                         **{key: test.get(source) for key, source in HEADLINE.items()}}
+    means = {}
+    for key in HEADLINE:
+        values = [c[key] for c in classes.values() if c[key] is not None]
+        means[f"mean_{key}"] = float(np.mean(values)) if values else None
+    return {"alpha": record["alpha"], "method": record["method"], "loss": record["loss"], **means,
+            "classes": classes}
+
+
+def add_to_summary(out_dir: Path, block: dict) -> None:
+    """``block`` added to the evaluation's summary.json (written by the evaluation before the conformal pass)."""
+    import json
+
+    path = Path(out_dir) / "summary.json"
+    write_json(path, {**json.loads(path.read_text()), **block})

@@ -43,3 +43,19 @@ def test_refused_without_validation_cases_or_on_another_split_than_test():
         check_conformal(on, "test", {"train": ["a"], "val": [], "test": ["d"]})
     with pytest.raises(ConfigError, match="class names? .*nope|nope"):
         ConformalConfig(classes=["nope"]).settings(["background", "a"], False)
+
+
+def test_headline_block_means_over_classes():
+    from mcseg.evaluation.conformal import headline
+
+    record = {"alpha": 0.1, "method": "crc", "loss": "fnr",
+              "classes": {c: {"threshold": t, "controlled": True, "n_cases": 9,
+                              "margin": {"outer_mm": 2.0, "inner_mm": None}} for c, t in (("a", 0.2), ("b", 0.3))},
+              "test": {"a": {"mean_loss": 0.05, "mean_set_over_prediction": 1.5, "covered": 1.0, "sure_inside": 0.5},
+                       "b": {"mean_loss": 0.15, "mean_set_over_prediction": None, "covered": 0.5,
+                             "sure_inside": 1.0}}}
+    block = headline(record)
+    assert block["mean_test_loss"] == pytest.approx(0.1) and block["mean_set_over_prediction"] == 1.5
+    assert block["classes"]["b"] == {"threshold": 0.3, "controlled": True, "n_cases": 9, "outer_mm": 2.0,
+                                     "inner_mm": None, "test_loss": 0.15, "set_over_prediction": None,
+                                     "covered": 0.5, "sure_inside": 1.0}

@@ -53,7 +53,17 @@ def test_evaluate_fits_on_validation_and_applies_to_test(run, tmp_path, monkeypa
     for source in ("raw", "temperature"):
         record = json.loads((tmp_path / "eval/conformal" / source / "conformal.json").read_text())
         assert record["fit_cases"] == split["val"] and record["applied"]["split_cases"] == split["test"]
-        assert summary["conformal"][source].keys() == record["classes"].keys()
+        assert summary["conformal"][source]["classes"].keys() == record["classes"].keys()
+    # the table of figures reads the raw block from summary.json: means over the classes of the test figures
+    from mcseg.evaluation.figures import figure, summary_value
+
+    written = json.loads((tmp_path / "eval/summary.json").read_text())
+    raw = json.loads((tmp_path / "eval/conformal/raw/conformal.json").read_text())["test"]
+    assert summary_value(written, figure("conformal_loss")) == pytest.approx(
+        np.mean([t["mean_loss"] for t in raw.values()]))
+    assert summary_value(written, figure("conformal_volume")) == pytest.approx(
+        np.mean([t["mean_set_over_prediction"] for t in raw.values()]))
+    assert written["mean_foreground_dice"] == summary["mean_foreground_dice"]  # the evaluation's own, kept
     record = json.loads((tmp_path / "eval/conformal/raw/conformal.json").read_text())
     for name, fit in record["classes"].items():
         k = fit["channel"]
