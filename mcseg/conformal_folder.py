@@ -166,19 +166,13 @@ def read_unlabelled(target: PredictionFormat, case: str, images: Path):
 
 def case_figure(case: str, probs, sets: dict, pred: np.ndarray, truth: np.ndarray | None, names: list[str],
                 images: Path | None, out: Path) -> str:
-    """``<case>_conformal.png`` (:func:`mcseg.conformal.plots.overlay_figure`; the truth where there is a label);
-    its name."""
-    from mcseg.conformal.plots import overlay_figure
-    from mcseg.files import atomic_write
+    """``<case>_conformal.png`` (:func:`mcseg.conformal.plots.case_overlay`, over the image of ``images`` where
+    given); its name."""
+    from mcseg.conformal.plots import case_overlay
 
-    masks = {names[k]: {"prediction": pred[k], **{kind: m[kind] for kind in ("sure", "possible")}}
-             for k, m in sets.items()}
-    background = (_image(images, case, pred.shape[1:]) if images is not None else
-                  [probs[k].numpy() for k in sets])
-    fig = overlay_figure(background, masks, {names[k]: truth[k] for k in sets} if truth is not None else None,
-                         title=case)
     name = f"{case}_conformal.png"
-    atomic_write(out / name, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
+    case_overlay(out / name, case, probs, sets, pred, truth, names,
+                 _image(images, case, pred.shape[1:]) if images is not None else None)
     return name
 
 

@@ -16,7 +16,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-__all__ = ["coverage_figure", "largest_slice", "overlay_figure"]
+__all__ = ["case_overlay", "coverage_figure", "largest_slice", "overlay_figure"]
 
 COLOURS = {"prediction": "tab:blue", "possible": "tab:orange", "sure": "tab:green", "truth": "white"}
 
@@ -105,3 +105,17 @@ def coverage_figure(rows: Sequence[dict], title: str = "") -> Figure:
         fig.suptitle(title, fontsize="medium")
     fig.subplots_adjust(left=0.09, right=0.98, bottom=0.14, top=0.82 if title else 0.9, wspace=0.3)
     return fig
+
+
+def case_overlay(path, case: str, probs, sets: dict, pred: np.ndarray, truth: np.ndarray | None, names: list[str],
+                 image: np.ndarray | None = None) -> None:
+    """:func:`overlay_figure` of one case's sets (:func:`mcseg.conformal.fit.case_sets`) saved as PNG at ``path``:
+    beneath, ``image`` or else each class's probability; the truth where there is a label."""
+    from mcseg.files import atomic_write
+
+    masks = {names[k]: {"prediction": pred[k], **{kind: m[kind] for kind in ("sure", "possible")}}
+             for k, m in sets.items()}
+    background = image if image is not None else [np.asarray(probs[k]) for k in sets]
+    fig = overlay_figure(background, masks, {names[k]: truth[k] for k in sets} if truth is not None else None,
+                         title=case)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))

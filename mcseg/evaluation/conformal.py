@@ -22,6 +22,7 @@ from mcseg.conformal import (ABSENT_POLICIES, LOSSES, METHODS, CaseSummary, Conf
                              default_thresholds, fit_margins, fit_thresholds, predicted_masks, summarise)
 from mcseg.conformal.control import FWER_METHODS, RCPS_BOUNDS
 from mcseg.conformal.fit import class_indices
+from mcseg.conformal.plots import case_overlay
 from mcseg.conformal.record import class_records, settings_record, test_figures, versions, write_masks
 from mcseg.conformal.risks import class_masks
 from mcseg.errors import ConfigError
@@ -51,6 +52,7 @@ class ConformalConfig:
     classes: list[str] | None = None
     posthoc: bool = True
     masks: bool = True
+    figures: int = 0  # how many test cases get an overlay figure <case>_conformal.png (over their probabilities)
 
     def __post_init__(self) -> None:
         for key, allowed in (("method", METHODS), ("loss", tuple(LOSSES)), ("rcps_bound", RCPS_BOUNDS),
@@ -132,7 +134,7 @@ def conformal_of_predictor(config: ConformalConfig, predictor, own_dataset, val_
             fits[name] = (stacked, fit_thresholds(stacked, settings), fit_margins(stacked, settings))
         rows: dict[str, list[dict]] = {name: [] for name in sources}
         written: dict[str, list[str]] = {name: [] for name in sources}
-        for case, per_source in _probabilities(predictor, dataset, refs, sources):
+        for index, (case, per_source) in enumerate(_probabilities(predictor, dataset, refs, sources)):
             for name, (probs, label, spacing, affine) in per_source.items():
                 _, thresholds, margins = fits[name]
                 pred = predicted_masks(probs, multilabel)
@@ -142,6 +144,10 @@ def conformal_of_predictor(config: ConformalConfig, predictor, own_dataset, val_
                                for k, r in case_test(sets, truth, pred, settings.loss, settings.tau).items()]
                 if config.masks:
                     written[name] += write_masks(out_dir / name, case.case_id, sets, names, affine)
+                if index < config.figures:
+                    file = f"{case.case_id}_conformal.png"
+                    case_overlay(out_dir / name / file, case.case_id, probs, sets, pred, truth, names)
+                    written[name].append(file)
     return {name: _write_record(out_dir / name, name, settings, *fits[name], rows[name], written[name], provenance,
                                 names, [r.case_id for r in refs])
             for name in sources}

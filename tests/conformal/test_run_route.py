@@ -47,7 +47,7 @@ def test_evaluate_fits_on_validation_and_applies_to_test(run, tmp_path, monkeypa
     monkeypatch.setenv("MCSEG_CACHE_DIR", str(tmp_path / "cache"))
     summary = evaluate(compose_config("evaluate", [
         "evaluation.bootstrap_samples=10", f"ckpt={path}", "split=test", "overwrite=true", "conformal.enabled=true",
-        "conformal.alpha=0.4", f"eval_dir={tmp_path / 'eval'}"], tmp_path / "job"))
+        "conformal.alpha=0.4", "conformal.figures=1", f"eval_dir={tmp_path / 'eval'}"], tmp_path / "job"))
     grid = np.linspace(0, 1, 101)
     n = len(split["val"])
     for source in ("raw", "temperature"):
@@ -65,6 +65,8 @@ def test_evaluate_fits_on_validation_and_applies_to_test(run, tmp_path, monkeypa
         np.mean([t["mean_set_over_prediction"] for t in raw.values()]))
     assert written["mean_foreground_dice"] == summary["mean_foreground_dice"]  # the evaluation's own, kept
     record = json.loads((tmp_path / "eval/conformal/raw/conformal.json").read_text())
+    figures = [f for f in record["applied"]["files"] if f.endswith(".png")]
+    assert figures == [f"{split['test'][0]}_conformal.png"] and (tmp_path / "eval/conformal/raw" / figures[0]).is_file()
     for name, fit in record["classes"].items():
         k = fit["channel"]
         curves = []
