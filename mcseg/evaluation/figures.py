@@ -56,6 +56,12 @@ SPLIT_FIGURES: tuple[Figure, ...] = (
            path=(*_FD, "image", "aurc_achievable")),
     Figure("eaugrc", "E-AUGRC", "split", "failure", -1, shows("predictor"), path=(*_FD, "image", "eaugrc")),
     Figure("ueo", "UEO", "split", "failure", +1, shows("predictor"), path=(*_FD, "ueo")),
+    # conformal sets of the raw probabilities (evaluate.py conformal.enabled=true; docs/conformal.md), means over
+    # the classes of the test split: the loss is held at or below alpha by construction, the volume is its price
+    Figure("conformal_loss", "conformal test loss", "split", "calibration", -1, shows("predictor"),
+           path=("conformal", "raw", "mean_test_loss")),
+    Figure("conformal_volume", "conformal set / prediction", "split", "calibration", -1, shows("predictor"),
+           path=("conformal", "raw", "mean_set_over_prediction")),
     Figure("auroc", "AUROC", "split", "failure", +1, shows("predictor"), path=(*_FD, "voxel_auroc_pooled")),
 )
 

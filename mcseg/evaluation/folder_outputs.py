@@ -1,4 +1,5 @@
-"""The output folders of ``mcseg-evaluate-folder`` and ``mcseg-calibrate-folder``, under the run directories' rule.
+"""The output folders of ``mcseg-evaluate-folder``, ``mcseg-calibrate-folder`` and ``mcseg-conformal-folder``, under
+the run directories' rule.
 
 * **Never into another tool's folder.** A folder that holds predictions (nnU-Net's npz, MONAI's maps, mcseg's
   ``<case>_probs`` or label maps), an evaluation when calibrating, calibrated files when evaluating, a checkpoint's
@@ -27,12 +28,13 @@ from pathlib import Path
 from mcseg.files import write_json
 from mcseg.rundir import LOCK_FILE, RUN_MARKERS, STATUS_FILE, held, state_of
 
-__all__ = ["CALIBRATE_TOOL", "EVALUATE_TOOL", "EXIT_INTERRUPTED", "FolderInterrupted", "Held", "OutputRefused",
+__all__ = ["CALIBRATE_TOOL", "CONFORMAL_TOOL", "EVALUATE_TOOL", "EXIT_INTERRUPTED", "FolderInterrupted", "Held", "OutputRefused",
            "claim_output", "folder_status", "held_by", "writing"]
 
 EVALUATE_TOOL = "mcseg-evaluate-folder"
 CALIBRATE_TOOL = "mcseg-calibrate-folder"
-KINDS = {EVALUATE_TOOL: "evaluation", CALIBRATE_TOOL: "calibration"}
+CONFORMAL_TOOL = "mcseg-conformal-folder"
+KINDS = {EVALUATE_TOOL: "evaluation", CALIBRATE_TOOL: "calibration", CONFORMAL_TOOL: "conformal fit"}
 CALIBRATION_FILE = "calibration.json"
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells expect of a command ended by Ctrl-C (as mcseg.sweep's jobs)
 # What an evaluation writes at the top of its folder (Evaluator.write, failure detection, provenance)

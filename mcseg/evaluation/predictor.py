@@ -139,8 +139,18 @@ def plan_members(cfg: DictConfig, own_split: dict | None, members: list[Member],
                  pool_after: bool) -> list[PosthocPlan]:
     """The post-hoc plans (:func:`plan_posthoc`), before anything is written or cleared: one per member pooled
     after, else one of the pooled prediction."""
+    conformal_check(cfg, own_split)
     return [plan_posthoc(cfg, own_split, m.home, m.fit_identity, evaluation_dir=fit_dir)
             for m in (members if pool_after else [pooled])]
+
+
+def conformal_check(cfg: DictConfig, own_split: dict | None):
+    """The ``conformal`` node (configs/conformal/default.yaml) as checked by :mod:`mcseg.evaluation.conformal`."""
+    from mcseg.evaluation.conformal import ConformalConfig, check_conformal
+
+    config = typed(cfg.get("conformal"), ConformalConfig, "conformal")
+    check_conformal(config, str(cfg.split), own_split)
+    return config
 
 
 def evaluate_predictor(cfg: DictConfig, ev: Evaluation, plans: list[PosthocPlan], protocol: EvalProtocol,
@@ -169,6 +179,21 @@ def evaluate_predictor(cfg: DictConfig, ev: Evaluation, plans: list[PosthocPlan]
                                  cfg.save_probabilities, scalers, provenance, per_network=per_network)
         print(format_summary(summary, ev.dataset.class_names,
                              title=f"{ev.dataset.name} {ev.split} split ({ev.label}) -> {ev.out_dir}"))
+    conformal = conformal_check(cfg, ev.own_split)
+    if conformal.enabled:
+        from mcseg.evaluation.conformal import add_to_summary, conformal_of_predictor, headline
+
+        own = ev.own_dataset or build_dataset(ev.run_cfg.dataset)
+        by_id = {r.case_id: r for r in own.case_refs()}
+        records = conformal_of_predictor(conformal, ev.predictor, own, [by_id[c] for c in ev.own_split["val"]],
+                                         ev.dataset, ev.refs, scalers, ev.out_dir / "conformal", provenance)
+        # the headline of <out>/conformal/<source>/conformal.json, in summary.json for the table of figures
+        summary = {**summary, "conformal": {name: headline(record) for name, record in records.items()}}
+        add_to_summary(ev.out_dir, {"conformal": summary["conformal"]})
+        for name, block in summary["conformal"].items():
+            print(f"conformal ({conformal.method}, {conformal.loss} <= {conformal.alpha}, {name}): " + ", ".join(
+                f"{c} t={r['threshold']:.3g}{'' if r['controlled'] else ' NOT controlled'} test {r['test_loss']}"
+                for c, r in block["classes"].items()) + f" -> {ev.out_dir / 'conformal' / name}")
     if shift is not None:
         summary = {**summary, "shift": evaluate_shift(shift, ev.predictor, ev.dataset, ev.refs, protocol, ev.out_dir,
                                                       summary, {**provenance, **ev.shift_extra}, scalers, per_network,

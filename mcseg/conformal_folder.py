@@ -1,0 +1,313 @@
+"""``mcseg-conformal-folder --fit VAL_DIR [...] --reference REF [--apply TEST_DIR] -o OUT_DIR``
+
+Conformal guarantees on another tool's (or mcseg's) saved probabilities (:mod:`mcseg.conformal`): per class, a
+threshold t_k whose set {p_k >= t_k} controls the false-negative rate (or, with Learn-then-Test, the false-discovery
+rate) of a new case, and outer / inner margins in mm, fitted on the cases of validation prediction folders
+(nnU-Net's out-of-fold ``fold_k/validation``, a MONAI or mcseg folder, or the validation cases of ``--splits
+--fold``) against their labels. Applied to a test folder, it writes per case and class the masks
+``<case>_set_<class>.nii.gz``, ``<case>_possible_<class>.nii.gz`` (grown) and ``<case>_sure_<class>.nii.gz``
+(shrunk) on the label's grid (with ``--figures`` an overlay ``<case>_conformal.png``), and, the test labels being
+in the reference, what they achieve (``per_case.csv``, ``conformal.json`` ``test``). Everything is recorded in
+``OUT_DIR/conformal.json``. The output folder follows :mod:`mcseg.evaluation.folder_outputs` (never another
+tool's folder; an earlier fit replaced only with ``--overwrite``; ``status.json`` while written).
+
+The guarantee is per case and needs the test cases to be exchangeable with the calibration cases: a test folder
+holding calibration cases is refused.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mcseg.conformal import (ABSENT_POLICIES, LOSSES, METHODS, CaseSummary, ConformalSettings, case_sets, case_test,
+                             default_thresholds, fit_margins, fit_thresholds, predicted_masks, summarise)
+from mcseg.conformal.control import FWER_METHODS, RCPS_BOUNDS
+from mcseg.conformal.fit import class_indices
+from mcseg.conformal.record import class_records, settings_record, test_figures, versions, write_masks
+from mcseg.conformal.risks import class_masks
+from mcseg.data.io import Volume, VolumeError, read_volume
+from mcseg.data.reference import FolderError, Reference, fold_cases, read_reference
+from mcseg.evaluation.folder_outputs import (CONFORMAL_TOOL, EXIT_INTERRUPTED, FolderInterrupted, claim_output,
+                                             writing)
+from mcseg.evaluation.folder_posthoc import _fit_owners
+from mcseg.evaluation.folders import read_case
+from mcseg.evaluation.formats import PredictionFormat, declared_classes, format_names, open_folder, prediction_files
+from mcseg.evaluation.provenance import file_sha256
+from mcseg.files import write_csv, write_json
+from mcseg.rundir import RunDirBusy
+
+__all__ = ["CONFORMAL_FILE", "conformal", "main"]
+
+CONFORMAL_FILE = "conformal.json"
+
+
+def add_input_options(p: argparse.ArgumentParser) -> None:
+    """How the prediction folders and their reference are read (as mcseg-evaluate-folder reads them)."""
+    p.add_argument("--splits", type=Path, help="nnU-Net's splits_final.json: take the validation cases of --fold")
+    p.add_argument("--fold", help="a fold of --splits, or 'all'")
+    p.add_argument("--format", dest="fmt", default="auto", choices=("auto", *format_names()))
+    p.add_argument("--monai-postfix", default="trans")
+    p.add_argument("--dataset-json", type=Path, help="the dataset.json that gives the classes")
+    p.add_argument("--num-classes", type=int, help="number of classes K, background included, when nothing says")
+    p.add_argument("--class-names", nargs="+", help="K class names, background first, when nothing else says")
+
+
+def add_method_options(p: argparse.ArgumentParser, alphas: bool = False) -> None:
+    """What is controlled and how (:class:`mcseg.conformal.ConformalSettings`); ``alphas``: several levels."""
+    if alphas:
+        p.add_argument("--alpha", nargs="+", type=float, default=[0.05, 0.1, 0.2], help="the risk levels")
+    else:
+        p.add_argument("--alpha", type=float, default=0.1, help="the risk level (default 0.1)")
+    p.add_argument("--method", choices=METHODS, default="crc")
+    p.add_argument("--loss", choices=tuple(LOSSES), default="fnr",
+                   help="fnr (monotone: crc, rcps, ltt) or fdr (not monotone: ltt only)")
+    p.add_argument("--delta", type=float, help="failure probability of rcps and ltt (default 0.1 for them)")
+    p.add_argument("--rcps-bound", choices=RCPS_BOUNDS, default="wsr")
+    p.add_argument("--fwer", choices=FWER_METHODS, default="bonferroni_holm", help="LTT's multiple testing")
+    p.add_argument("--absent", choices=tuple(ABSENT_POLICIES), default="skip",
+                   help="a calibration case without the class: " + "; ".join(f"{k}: {v}" for k, v in
+                                                                           ABSENT_POLICIES.items()))
+    p.add_argument("--grid-size", type=int, default=101, help="thresholds 0, ..., 1 (default 101)")
+    p.add_argument("--tau", type=float, default=1.0, help="the outer margin covers this fraction of the class")
+    p.add_argument("--classes", nargs="+", help="class names to fit (default: every class but the background)")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=CONFORMAL_TOOL,
+        description="Fit per-class conformal thresholds (CRC, RCPS or Learn-then-Test on the per-case false-negative "
+                    "or false-discovery rate) and margins in mm on saved validation probabilities of nnU-Net, MONAI "
+                    "or mcseg, and write the set, grown and shrunk masks of a test folder.")
+    p.add_argument("--fit", nargs="+", type=Path, required=True, metavar="VAL_DIR",
+                   help="validation prediction folders holding different cases (e.g. nnU-Net's fold_k/validation)")
+    p.add_argument("--reference", type=Path, required=True,
+                   help="their labels (and the test cases'): an nnU-Net raw dataset, an MSD folder or <case>.nii.gz")
+    p.add_argument("--apply", type=Path, metavar="TEST_DIR", help="the prediction folder to give sets and margins")
+    p.add_argument("-o", "--output-dir", type=Path, required=True,
+                   help="where conformal.json and the masks go: a new folder (never an input folder or another "
+                        "tool's; an earlier conformal fit only with --overwrite)")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier conformal fit in OUT_DIR")
+    add_method_options(p)
+    p.add_argument("--figures", action="store_true", help="also <case>_conformal.png per test case: per class, on "
+                   "its largest predicted slice, the prediction, the possible and sure masks and the ground truth")
+    p.add_argument("--images", type=Path, help="the --apply cases' images (<case>_0000.nii.gz or <case>.nii.gz, e.g. "
+                   "an nnU-Net imagesTs): the grid of a case without a label, and what --figures draws beneath "
+                   "(default: the class's probability)")
+    add_input_options(p)
+    return p
+
+
+def settings_of(args: argparse.Namespace, reference: Reference) -> ConformalSettings:
+    """The fit's settings from the command line: the classes by name (default every non-background channel)."""
+    try:
+        classes = class_indices(args.classes, reference.task.class_names, reference.task.multilabel)
+    except ValueError as exc:
+        raise FolderError(f"--classes: {exc}") from None
+    delta = args.delta if args.delta is not None or args.method == "crc" else 0.1
+    if args.method == "crc" and args.delta is not None:
+        raise FolderError("--delta belongs to --method rcps or ltt; CRC controls the expected loss")
+    return ConformalSettings(alpha=args.alpha, delta=delta, method=args.method, loss=args.loss, absent=args.absent,
+                             rcps_bound=args.rcps_bound, fwer=args.fwer, tau=args.tau, classes=classes)
+
+
+def summarise_fit(owners: dict[str, PredictionFormat], reference: Reference, settings: ConformalSettings,
+                  thresholds) -> tuple[CaseSummary, list[Path]]:
+    """Every fit case read once and summarised (counts on the grid, margins); the files read."""
+    task, summaries, read = reference.task, [], []
+    for case, folder in owners.items():
+        label_vol, label, probs, prediction, files = read_case([folder], reference, case)
+        if probs is None:
+            raise FolderError(f"case {case}: {folder.path} has label maps only; a conformal fit needs probabilities")
+        truth = class_masks(label, task.channels, task.multilabel)
+        pred = predicted_masks(probs, task.multilabel, prediction)
+        summaries.append(summarise(case, probs, truth, pred, label_vol.spacing, thresholds, settings.tau,
+                                   settings.classes))
+        read += files
+    return CaseSummary.stack(summaries), read
+
+
+def image_path(images: Path, case: str) -> Path:
+    """A case's image in ``images``: ``<case>_0000`` (nnU-Net's first channel) or ``<case>``, NIfTI."""
+    path = next((images / f"{case}{tag}{suffix}" for tag in ("_0000", "") for suffix in (".nii.gz", ".nii")
+                 if (images / f"{case}{tag}{suffix}").is_file()), None)
+    if path is None:
+        raise FolderError(f"--images {images}: no {case}_0000.nii.gz or {case}.nii.gz")
+    return path
+
+
+def _image(images: Path, case: str, shape: tuple[int, ...]) -> np.ndarray:
+    """A case's image (first channel) from ``images``, checked against the prediction's grid."""
+    path = image_path(images, case)
+    array = np.asarray(read_volume(path).array, np.float32)
+    array = array[..., 0] if array.ndim == len(shape) + 1 else array
+    if array.shape != tuple(shape):
+        raise FolderError(f"--images {path.name} has shape {array.shape}, the prediction {tuple(shape)}")
+    return array
+
+
+def read_unlabelled(target: PredictionFormat, case: str, images: Path):
+    """A test case without a label: its prediction read and checked against its image's grid (the image of
+    ``images`` in place of the label); ``(grid volume, its file, probabilities, tool's label map, files)``."""
+    path = image_path(images, case)
+    grid = read_volume(path)
+    array = np.asarray(grid.array)
+    if array.ndim == len(grid.spacing) + 1:  # channels last: the first
+        grid = Volume(array[..., 0], grid.spacing, grid.affine)
+    pred = target.read(case, grid, path)
+    probs = torch.from_numpy(pred.probs) if pred.probs is not None else None
+    return grid, path, probs, pred.prediction, [path, *pred.files]
+
+
+def case_figure(case: str, probs, sets: dict, pred: np.ndarray, truth: np.ndarray | None, names: list[str],
+                images: Path | None, out: Path) -> str:
+    """``<case>_conformal.png`` (:func:`mcseg.conformal.plots.case_overlay`, over the image of ``images`` where
+    given); its name."""
+    from mcseg.conformal.plots import case_overlay
+
+    name = f"{case}_conformal.png"
+    case_overlay(out / name, case, probs, sets, pred, truth, names,
+                 _image(images, case, pred.shape[1:]) if images is not None else None)
+    return name
+
+
+def apply_folder(target: PredictionFormat, reference: Reference, settings: ConformalSettings, thresholds: dict,
+                 margins: dict, out: Path, images: Path | None = None,
+                 figures: bool = False) -> tuple[list[str], list[dict], list[Path]]:
+    """Each test case's masks (and with ``figures`` its overlay) written to ``out``; its per-class test rows;
+    the files read."""
+    task, written, rows, read = reference.task, [], [], []
+    for case in target.cases():
+        labelled = case in reference.labels
+        if labelled:
+            grid, label, probs, prediction, files = read_case([target], reference, case)
+            source = reference.labels[case]
+        else:  # checked by conformal(): --images gives its grid
+            grid, source, probs, prediction, files = read_unlabelled(target, case, images)
+        if probs is None:
+            raise FolderError(f"case {case}: {target.path} has label maps only; sets need probabilities")
+        read += files
+        pred = predicted_masks(probs, task.multilabel, prediction)
+        sets = case_sets(probs, pred, grid.spacing, thresholds, margins)
+        truth = class_masks(label, task.channels, task.multilabel).numpy() if labelled else None
+        if labelled:
+            for k, result in case_test(sets, truth, pred, settings.loss, settings.tau).items():
+                rows.append({"case": case, "class": task.class_names[k], **result})
+        written += write_masks(out, case, sets, task.class_names, grid.affine, source)
+        if figures:
+            written.append(case_figure(case, probs, sets, pred, truth, task.class_names, images, out))
+    return written, rows, read
+
+
+def _earlier_files(out: Path) -> tuple[str, ...]:
+    """What an earlier conformal fit of ``out`` wrote (its conformal.json, masks and per_case.csv)."""
+    try:
+        stored = json.loads((out / CONFORMAL_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return ()
+    return (CONFORMAL_FILE, "per_case.csv", *((stored.get("applied") or {}).get("files") or []))
+
+
+def _refuse_fit_cases(target: PredictionFormat, fit_cases: Sequence[str]) -> None:
+    both = sorted(set(target.cases()) & set(fit_cases))
+    if both:
+        raise FolderError(f"--apply {target.path} holds {len(both)} calibration case(s) ({', '.join(both[:10])}): "
+                          f"the guarantee is for new cases exchangeable with the calibration cases; pass --apply a "
+                          f"folder of other cases (or --splits/--fold to fit on a fold's validation cases only)")
+
+
+def conformal(args: argparse.Namespace) -> dict:
+    """Fit, apply and record (module docstring); returns the record written to conformal.json."""
+    out = args.output_dir.resolve()
+    if args.images is not None and not args.apply:
+        raise FolderError("--images gives the --apply cases' grid (and the background of --figures): pass --apply")
+    inputs = [d.resolve() for d in [*args.fit, *([args.apply] if args.apply else [])]]
+    if out in inputs:
+        raise FolderError(f"-o {args.output_dir}: write the conformal fit to a new folder, not an input folder")
+    earlier = claim_output(args.output_dir, CONFORMAL_TOOL, args.overwrite,
+                           lambda folder: prediction_files(folder, monai_postfix=args.monai_postfix))
+    reference = read_reference(args.reference, args.class_names, args.num_classes, args.dataset_json,
+                               declared=declared_classes(args.fit[0]))
+    settings = settings_of(args, reference)
+    fit = [open_folder(d, reference.task, args.fmt, args.monai_postfix) for d in args.fit]
+    if (args.splits is None) != (args.fold is None):
+        raise FolderError("--splits and --fold go together")
+    owners = _fit_owners(fit, fold_cases(args.splits, args.fold) if args.splits else None)
+    unlabelled = [c for c in owners if c not in reference.labels]
+    if unlabelled:
+        raise FolderError(f"{len(unlabelled)} fit case(s) without a label in {reference.root}: "
+                          f"{', '.join(unlabelled[:10])}")
+    target = open_folder(args.apply, reference.task, args.fmt, args.monai_postfix) if args.apply else None
+    if target is not None:
+        _refuse_fit_cases(target, list(owners))
+        untested = [c for c in target.cases() if c not in reference.labels]
+        if untested and args.images is None:
+            raise FolderError(f"{len(untested)} --apply case(s) without a label in {reference.root} "
+                              f"({', '.join(untested[:10])}): pass --images (their images, whose grid the files are "
+                              f"checked against), or a reference with their labels")
+    grid = default_thresholds(args.grid_size)
+    record = {"fit": [str(d.resolve()) for d in args.fit], "apply": str(args.apply.resolve()) if args.apply else None}
+    with writing(out, CONFORMAL_TOOL, record, _earlier_files(out) if earlier is not None else ()):
+        summaries, read = summarise_fit(owners, reference, settings, grid)
+        thresholds = fit_thresholds(summaries, settings)
+        margins = fit_margins(summaries, settings)
+        stored = _record(args, reference, settings, summaries, thresholds, margins, fit, read)
+        if target is not None:
+            files, rows, applied_read = apply_folder(target, reference, settings, thresholds, margins, out,
+                                                     args.images, args.figures)
+            if rows:
+                write_csv(out / "per_case.csv", rows)
+            stored["applied"] = {"to": str(Path(target.path).resolve()), "format": target.format,
+                                 "cases": target.cases(), "files": files,
+                                 "cases_without_label": [c for c in target.cases() if c not in reference.labels],
+                                 "input_files_sha256": {str(p.resolve()): file_sha256(p)
+                                                        for p in dict.fromkeys(applied_read)}}
+            stored["test"] = test_figures(rows, settings)
+        write_json(out / CONFORMAL_FILE, stored)
+    return stored
+
+
+def _record(args, reference: Reference, settings: ConformalSettings, summaries: CaseSummary, thresholds: dict,
+            margins: dict, fit: list[PredictionFormat], read: list[Path]) -> dict:
+    """conformal.json before the test folder: settings, per class the threshold and margins, provenance."""
+    files = [*reference.files, *dict.fromkeys(f for folder in fit for f in folder.config_files()), *read]
+    return {"tool": CONFORMAL_TOOL, **settings_record(settings, summaries),
+            "sets": "{v : p_k(v) >= t_k}, p the saved probabilities (softmax channel or region sigmoid)",
+            "classes": class_records(settings, thresholds, margins, reference.task.class_names),
+            "fit_cases": summaries.cases,
+            "provenance": {"predictions": [f.identity() for f in fit],
+                           "reference": {"path": str(reference.root.resolve()), "kind": reference.kind},
+                           "input_files_sha256": {str(p.resolve()): file_sha256(p) for p in dict.fromkeys(files)},
+                           "versions": versions()}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        stored = conformal(args)
+    except (FolderError, VolumeError, ValueError, RunDirBusy) as exc:
+        print(f"{CONFORMAL_TOOL}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as exc:
+        print(str(exc) if isinstance(exc, FolderInterrupted) else
+              f"{CONFORMAL_TOOL}: interrupted (Ctrl-C) before anything was written", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    for name, fit in stored["classes"].items():
+        margin = fit["margin"]
+        test = (stored.get("test") or {}).get(name)
+        print(f"{name}: t = {fit['threshold']:.4g} ({stored['method']}, {stored['loss']} <= {stored['alpha']}; "
+              f"calibration risk {fit['calibration_risk']:.4g}, n = {fit['n_cases']}"
+              f"{'' if fit['controlled'] else ', NOT controlled: the most conservative threshold'}); margins "
+              f"{margin['outer_mm']} mm out, {margin['inner_mm']} mm in"
+              + (f"; test {stored['loss']} {test['mean_loss']}, covered {test['covered']}" if test else ""))
+    print(f"recorded in {args.output_dir / CONFORMAL_FILE}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+"""Conformal guarantees in a checkpoint's evaluation (``evaluate.py conformal.enabled=true``; docs/conformal.md).
+
+Per class, a threshold and margins in mm (:mod:`mcseg.conformal`) are fitted on the checkpoint's own validation
+split and applied to the evaluated split, on the raw probabilities and (``conformal.posthoc``) on each applied
+post-hoc scaler's, each named: ``<eval dir>/conformal/<raw|scaler>/`` holds ``conformal.json`` (as
+``mcseg-conformal-folder`` writes it: settings, per class the threshold, calibration risk, n cases and those
+without the class, margins, the test figures), ``per_case.csv`` and (``conformal.masks``) the set, possible and
+sure masks of each case as NIfTI on its file grid. The probabilities are the evaluation's own (the predictor's,
+mapped back to each case's file grid by the dataset's ``restore``), recomputed in a pass of their own so the
+evaluation's pass stays as it is. The evaluated split must not hold validation cases (no guarantee for them).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mcseg.conformal import (ABSENT_POLICIES, LOSSES, METHODS, CaseSummary, ConformalSettings, case_sets, case_test,
+                             default_thresholds, fit_margins, fit_thresholds, predicted_masks, summarise)
+from mcseg.conformal.control import FWER_METHODS, RCPS_BOUNDS
+from mcseg.conformal.fit import class_indices
+from mcseg.conformal.plots import case_overlay
+from mcseg.conformal.record import class_records, settings_record, test_figures, versions, write_masks
+from mcseg.conformal.risks import class_masks
+from mcseg.errors import ConfigError
+from mcseg.files import write_csv, write_json
+
+__all__ = ["ConformalConfig", "add_to_summary", "check_conformal", "conformal_of_predictor", "headline"]
+
+# the figures per class that go into summary.json's "conformal" block, and their means over the classes there
+HEADLINE = {"test_loss": "mean_loss", "set_over_prediction": "mean_set_over_prediction",
+            "covered": "covered", "sure_inside": "sure_inside"}
+
+
+@dataclass
+class ConformalConfig:
+    """Mirrors the config node ``conformal`` (configs/conformal/default.yaml)."""
+
+    enabled: bool = False
+    alpha: float = 0.1
+    method: str = "crc"
+    loss: str = "fnr"
+    delta: float | None = None
+    rcps_bound: str = "wsr"
+    fwer: str = "bonferroni_holm"
+    absent: str = "skip"
+    grid_size: int = 101
+    tau: float = 1.0
+    classes: list[str] | None = None
+    posthoc: bool = True
+    masks: bool = True
+    figures: int = 0  # how many test cases get an overlay figure <case>_conformal.png (over their probabilities)
+
+    def __post_init__(self) -> None:
+        for key, allowed in (("method", METHODS), ("loss", tuple(LOSSES)), ("rcps_bound", RCPS_BOUNDS),
+                             ("fwer", FWER_METHODS), ("absent", tuple(ABSENT_POLICIES))):
+            if getattr(self, key) not in allowed:
+                raise ConfigError(f"config key 'conformal.{key}': expected one of {', '.join(allowed)}, "
+                                  f"got {getattr(self, key)!r}")
+        if not 0 < self.alpha < 1:
+            raise ConfigError(f"config key 'conformal.alpha': expected 0 < alpha < 1, got {self.alpha}")
+        if self.method == "crc" and self.delta is not None:
+            raise ConfigError("config key 'conformal.delta': belongs to method rcps or ltt; CRC controls the "
+                              "expected loss")
+        if self.delta is not None and not 0 < self.delta < 1:
+            raise ConfigError(f"config key 'conformal.delta': expected 0 < delta < 1, got {self.delta}")
+
+    def settings(self, class_names: list[str], multilabel: bool) -> ConformalSettings:
+        try:
+            classes = class_indices(self.classes, class_names, multilabel)
+        except ValueError as exc:
+            raise ConfigError(f"config key 'conformal.classes': {exc}") from None
+        delta = self.delta if self.delta is not None or self.method == "crc" else 0.1
+        return ConformalSettings(alpha=self.alpha, delta=delta, method=self.method, loss=self.loss,
+                                 absent=self.absent, rcps_bound=self.rcps_bound, fwer=self.fwer, tau=self.tau,
+                                 classes=classes)
+
+
+def check_conformal(config: ConformalConfig, split: str, own_split: dict | None) -> None:
+    """Refused before the evaluation: no validation split to fit on, or another split than the test split."""
+    if not config.enabled:
+        return
+    if own_split is None or not own_split.get("val"):
+        raise ConfigError("conformal.enabled=true: the checkpoint has no validation split to fit on")
+    if split != "test":
+        raise ConfigError(f"conformal.enabled=true with split={split}: the guarantee is for new cases exchangeable "
+                          f"with the validation cases the thresholds are fitted on (not those, nor the training "
+                          f"cases the network has seen); evaluate split=test")
+
+
+def _sources(scalers: Mapping[str, object], posthoc: bool) -> dict[str, Callable | None]:
+    """``raw`` (the probabilities as they come) and, with ``posthoc``, each applied scaler's logit transform."""
+    from mcseg.evaluation.split import _transform
+
+    return {"raw": None, **({name: _transform(s) for name, s in scalers.items()} if posthoc else {})}
+
+
+def _probabilities(predictor, dataset, refs, sources: dict[str, Callable | None]):
+    """Per case: ``(case, {source: (probs, label, spacing, affine)})`` on the case's file grid."""
+    dataset.prepare(refs)
+    for ref in refs:
+        case = dataset.load(ref)
+        logits = predictor.predict(case)[0]
+        out = {}
+        for name, transform in sources.items():
+            z = logits if transform is None else transform(logits, case)
+            probs, label, spacing, affine = dataset.restore(case, predictor.probabilities(z))
+            out[name] = (probs.float().cpu(), torch.as_tensor(np.asarray(label)), tuple(spacing), affine)
+        yield case, out
+
+
+def conformal_of_predictor(config: ConformalConfig, predictor, own_dataset, val_refs, dataset, refs,
+                           scalers: Mapping[str, object], out_dir: Path, provenance: dict) -> dict:
+    """Fit on ``val_refs`` of ``own_dataset``, apply to ``refs`` of ``dataset``, write ``out_dir/<source>/``;
+    returns per source the conformal.json record."""
+    multilabel = predictor.multilabel
+    names = list(dataset.class_names)
+    settings = config.settings(names, multilabel)
+    grid = default_thresholds(config.grid_size)
+    sources = _sources({n: s.to(predictor.device) for n, s in scalers.items()}, config.posthoc)
+    fit: dict[str, list[CaseSummary]] = {name: [] for name in sources}
+    with torch.no_grad():
+        for case, per_source in _probabilities(predictor, own_dataset, val_refs, sources):
+            for name, (probs, label, spacing, _) in per_source.items():
+                truth = class_masks(label, probs.shape[0], multilabel)
+                fit[name].append(summarise(case.case_id, probs, truth, predicted_masks(probs, multilabel), spacing,
+                                           grid, settings.tau, settings.classes))
+        fits = {}
+        for name, summaries in fit.items():
+            stacked = CaseSummary.stack(summaries)
+            fits[name] = (stacked, fit_thresholds(stacked, settings), fit_margins(stacked, settings))
+        rows: dict[str, list[dict]] = {name: [] for name in sources}
+        written: dict[str, list[str]] = {name: [] for name in sources}
+        for index, (case, per_source) in enumerate(_probabilities(predictor, dataset, refs, sources)):
+            for name, (probs, label, spacing, affine) in per_source.items():
+                _, thresholds, margins = fits[name]
+                pred = predicted_masks(probs, multilabel)
+                sets = case_sets(probs, pred, spacing, thresholds, margins)
+                truth = class_masks(label, probs.shape[0], multilabel).numpy()
+                rows[name] += [{"case": case.case_id, "class": names[k], **r}
+                               for k, r in case_test(sets, truth, pred, settings.loss, settings.tau).items()]
+                if config.masks:
+                    written[name] += write_masks(out_dir / name, case.case_id, sets, names, affine)
+                if index < config.figures:
+                    file = f"{case.case_id}_conformal.png"
+                    case_overlay(out_dir / name / file, case.case_id, probs, sets, pred, truth, names)
+                    written[name].append(file)
+    return {name: _write_record(out_dir / name, name, settings, *fits[name], rows[name], written[name], provenance,
+                                names, [r.case_id for r in refs])
+            for name in sources}
+
+
+def _write_record(folder: Path, source: str, settings: ConformalSettings, summaries: CaseSummary, thresholds: dict,
+                  margins: dict, rows: list[dict], files: list[str], provenance: dict, names: list[str],
+                  cases: list[str]) -> dict:
+    folder.mkdir(parents=True, exist_ok=True)
+    record = {**settings_record(settings, summaries),
+              "probabilities": "raw" if source == "raw" else f"after the post-hoc scaler {source}",
+              "classes": class_records(settings, thresholds, margins, names),
+              "fit_cases": summaries.cases, "provenance": {**provenance, "versions": versions()},
+              "applied": {"split_cases": cases, "files": files}, "test": test_figures(rows, settings)}
+    if rows:
+        write_csv(folder / "per_case.csv", rows)
+    write_json(folder / "conformal.json", record)
+    return record
+
+
+def headline(record: dict) -> dict:
+    """A source's block of summary.json (the table of figures reads ``conformal.<source>.mean_*``): the settings,
+    per class the threshold, whether it is controlled, n and the test figures, and their means over the classes."""
+    classes = {}
+    for name, fit in record["classes"].items():
+        test = (record.get("test") or {}).get(name) or {}
+        classes[name] = {"threshold": fit["threshold"], "controlled": fit["controlled"], "n_cases": fit["n_cases"],
+                         "outer_mm": fit["margin"]["outer_mm"], "inner_mm": fit["margin"]["inner_mm"],
+                         **{key: test.get(source) for key, source in HEADLINE.items()}}
+    means = {}
+    for key in HEADLINE:
+        values = [c[key] for c in classes.values() if c[key] is not None]
+        means[f"mean_{key}"] = float(np.mean(values)) if values else None
+    return {"alpha": record["alpha"], "method": record["method"], "loss": record["loss"], **means,
+            "classes": classes}
+
+
+def add_to_summary(out_dir: Path, block: dict) -> None:
+    """``block`` added to the evaluation's summary.json (written by the evaluation before the conformal pass)."""
+    import json
+
+    path = Path(out_dir) / "summary.json"
+    write_json(path, {**json.loads(path.read_text()), **block})
