@@ -103,7 +103,7 @@ class Augmenter:
 
     def warp(self, image: np.ndarray, label: np.ndarray, patch: Sequence[int], angles, zoom,
              label_has_channels: bool) -> tuple[np.ndarray, np.ndarray]:
-        """Rotate/scale the centred region to ``patch`` (image bilinear, label nearest)."""
+        """Rotate/scale the centred region to ``patch`` (image bilinear, label nearest, in the label's type)."""
         import torch
         from monai.transforms import Affine
 
@@ -112,7 +112,9 @@ class Augmenter:
         img = Affine(mode="bilinear", **kwargs)(torch.from_numpy(np.ascontiguousarray(image, dtype=np.float32)))
         lab = np.ascontiguousarray(label if label_has_channels else label[None], dtype=np.float32)
         lab = Affine(mode="nearest", **kwargs)(torch.from_numpy(lab))
-        lab = np.rint(np.asarray(lab)).astype(np.int64)
+        # nearest-neighbour values are the label's own values (or 0): its type holds them, so a warped sample's
+        # label travels as compactly as an unwarped one (and every sample of a batch has one type)
+        lab = np.rint(np.asarray(lab)).astype(label.dtype)
         return np.asarray(img, dtype=np.float32), lab if label_has_channels else lab[0]
 
     def intensity(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:

@@ -19,6 +19,7 @@ from mcseg.errors import ConfigError
 from mcseg.data.base import SegmentationDataset
 from mcseg.data.cases import CaseData, CaseRef
 from mcseg.data.sampling import EpochSampler, PatchDataset
+from mcseg.training.ring import RingLoader
 from mcseg.training.distributed import DistContext
 from mcseg.runtime import available_cpus, torch_threads
 
@@ -72,17 +73,22 @@ def build_train_loader(
     workers = default_workers(device) if s.num_workers is None else s.num_workers
     if workers < 0:
         raise ConfigError(f"dataset.sampling.num_workers={workers}: expected an integer >= 0 or null")
-    loader = DataLoader(
-        dataset, batch_size=s.batch_size, sampler=sampler, num_workers=workers, pin_memory=device.type == "cuda",
-        persistent_workers=workers > 0, drop_last=len(sampler) >= s.batch_size,
-        prefetch_factor=PREFETCH_BATCHES if workers > 0 else None,
-        # The platform's own start method, named: inside a joblib (loky) launcher job the default
-        # context is loky's, which cannot start DataLoader workers.
-        multiprocessing_context=multiprocessing.get_context(WORKER_START_METHOD) if workers > 0 else None,
+    drop_last = len(sampler) >= s.batch_size
+    common = dict(
+        pin_memory=device.type == "cuda",
         # Its own generator: worker seeding must not consume the global RNG (exact resumes).
         generator=torch.Generator().manual_seed(seed),
-        worker_init_fn=ignore_stop_signals if workers > 0 else None,
     )
+    if workers == 0:
+        loader = DataLoader(dataset, batch_size=s.batch_size, sampler=sampler, drop_last=drop_last, **common)
+    else:  # batches sampled into shared buffers reused batch after batch (mcseg.training.ring)
+        loader = RingLoader(
+            dataset, sampler, s.batch_size, drop_last, workers, PREFETCH_BATCHES,
+            # The platform's own start method, named: inside a joblib (loky) launcher job the default
+            # context is loky's, which cannot start DataLoader workers.
+            multiprocessing_context=multiprocessing.get_context(WORKER_START_METHOD),
+            worker_init_fn=ignore_stop_signals, **common,
+        )
     if workers > 0:  # before multiprocessing's own exit handler (atexit runs the last registered first)
         atexit.register(_stop_workers_at_exit, weakref.ref(loader))
     return loader, sampler
@@ -101,6 +107,8 @@ def stop_workers(loader: DataLoader) -> None:
     (:func:`ignore_stop_signals`), so they must not be left to multiprocessing's exit handler,
     which terminates them with SIGTERM and then waits for them: the trainer calls this after
     fitting, and an exit handler for any other loader (a benchmark, a test)."""
+    if isinstance(loader, RingLoader):
+        loader = loader.workers
     iterator, loader._iterator = getattr(loader, "_iterator", None), None
     if iterator is not None and hasattr(iterator, "_shutdown_workers"):
         iterator._shutdown_workers()
