@@ -3,7 +3,8 @@ batch's crossing from a worker process goes.
 
     python scripts/bench_loader.py                      # 3D recipe, batch 32, workers 0 and 1, alternating
     python scripts/bench_loader.py --workers 0 1 2 --device-cache
-    python scripts/bench_loader.py --phases             # also time each step of a batch's crossing
+    python scripts/bench_loader.py --stock --phases     # also PyTorch's own collation with one worker, and
+                                                        # each step of a batch's crossing there
 
 Each configuration runs ``--epochs`` epochs of ``--batches`` batches, the configurations alternating epoch by
 epoch so that a busy machine's load hits them alike; the median and range are printed with the machine's load
@@ -58,6 +59,89 @@ def epoch_rate(loader, sampler, epoch: int, device: torch.device) -> float:
     return samples / (time.perf_counter() - start)
 
 
+def stock_loader(loader, sampler, workers: int):
+    """PyTorch's DataLoader as mcseg built it before the batch ring: each batch collated by a worker into fresh
+    shared memory, pickled, mapped by the training process."""
+    import multiprocessing
+
+    from torch.utils.data import DataLoader
+
+    from mcseg.training.loader import PREFETCH_BATCHES, WORKER_START_METHOD
+
+    return DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=sampler, num_workers=workers,
+                      persistent_workers=True, drop_last=True, prefetch_factor=PREFETCH_BATCHES,
+                      multiprocessing_context=multiprocessing.get_context(WORKER_START_METHOD),
+                      generator=torch.Generator().manual_seed(0))
+
+
+def timed(fn, repeats: int) -> tuple[float, object]:
+    """Median milliseconds of ``fn()`` over ``repeats`` calls, and its last result."""
+    times, out = [], None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = fn()
+        times.append(1000 * (time.perf_counter() - start))
+    return round(statistics.median(times), 2), out
+
+
+def crossing_phases(samples, batch: int, loader, sampler, repeats: int = 5) -> dict:
+    """Milliseconds per batch of each step a batch takes from a stock DataLoader worker to the training process.
+
+    The worker's side is replayed in this process (one thread): sampling the batch's items, collating them into
+    ordinary memory (what the training process does with no worker), allocating the shared storage a worker's
+    collate allocates and collating into it (its pages faulted in on the way), pickling the batch for the queue
+    (``ForkingPickler``: file descriptors of the shared storages). The training process's side is measured on
+    ``loader`` (stock, one worker) once its worker has filled the queue: taking a ready batch (queue, unpickling,
+    mapping the storages), then reading it the first time (the mapped pages faulted in, as the pin-memory copy
+    or the step does) against a second read of the same memory (no faults). Pinning needs CUDA: the copy into a
+    preallocated buffer stands for the pin-memory copy.
+    """
+    from multiprocessing.reduction import ForkingPickler
+
+    from torch.utils.data import default_collate
+
+    out = {}
+    out["sample_items"], items = timed(lambda: [samples[i] for i in range(batch)], repeats)
+
+    def collate_shared():
+        fields = {}
+        for key in ("image", "label"):
+            parts = [it[key] for it in items]
+            storage = parts[0].untyped_storage()._new_shared(sum(p.nbytes for p in parts))
+            fields[key] = torch.stack(parts, out=parts[0].new(storage).resize_(len(parts), *parts[0].shape))
+        return fields
+
+    out["collate_plain"], _ = timed(lambda: default_collate(items), repeats)
+    out["allocate_shared"], _ = timed(
+        lambda: [it.untyped_storage()._new_shared(it.nbytes * batch) for it in (items[0]["image"], items[0]["label"])],
+        repeats)
+    out["collate_into_fresh_shared"], shared = timed(collate_shared, repeats)
+    out["pickle"], _ = timed(lambda: ForkingPickler.dumps(shared), repeats)
+    buffer = torch.empty_like(shared["image"])
+    out["copy_into_buffer"], _ = timed(lambda: buffer.copy_(shared["image"]), repeats)
+    sampler.set_epoch(0)
+    batches = iter(loader)
+    next(batches)
+    time.sleep(2 * repeats * out["sample_items"] / 1000 + 1)  # the worker fills its queue
+    takes, first, second = [], [], []
+    for _ in range(min(repeats, len(loader) - 1)):
+        start = time.perf_counter()
+        ready = next(batches)
+        takes.append(time.perf_counter() - start)
+        for reads in (first, second):
+            start = time.perf_counter()
+            buffer.copy_(ready["image"])
+            reads.append(time.perf_counter() - start)
+    for name, values in (("take_ready_batch", takes), ("first_read_of_mapped_batch", first),
+                         ("second_read_of_mapped_batch", second)):
+        out[name] = round(1000 * statistics.median(values), 2)
+    for _ in batches:
+        pass
+    out["image_mb"] = round(shared["image"].nbytes / 2**20, 1)
+    out["label_mb"] = round(shared["label"].nbytes / 2**20, 1)
+    return out
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hippocampus", type=Path, default=HIPPOCAMPUS)
@@ -67,6 +151,8 @@ def main(argv=None) -> int:
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="more config overrides")
+    parser.add_argument("--stock", action="store_true", help="also PyTorch's own batches from one worker")
+    parser.add_argument("--phases", action="store_true", help="time each step of a stock batch's crossing")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -78,6 +164,9 @@ def main(argv=None) -> int:
         for workers in args.workers:
             cfg.dataset.sampling.num_workers = workers
             loaders[f"workers={workers}"] = build_train_loader(cases, cfg.dataset, int(cfg.seed), device)
+        if args.stock or args.phases:
+            loader, sampler = loaders[f"workers={args.workers[-1]}"]
+            loaders["stock workers=1"] = stock_loader(loader, sampler, 1), sampler
         record = {"case": "hippocampus 3D 48x64x48", "batch": args.batch, "batches": args.batches,
                   "threads": args.threads, "load_before": load(), "rates": {k: [] for k in loaders}}
         for name, (loader, sampler) in loaders.items():  # warm-up: workers start, pages fault in
@@ -86,6 +175,10 @@ def main(argv=None) -> int:
             for name, (loader, sampler) in loaders.items():
                 record["rates"][name].append(round(epoch_rate(loader, sampler, epoch, device), 1))
         record["load_after"] = load()
+        if args.phases:
+            loader, sampler = loaders["stock workers=1"]
+            record["phases_ms"] = crossing_phases(loader.dataset, args.batch, loader, sampler)
+            record["load_after_phases"] = load()
         for loader, _ in loaders.values():
             stop_workers(loader)
     record["median"] = {k: statistics.median(v) for k, v in record["rates"].items()}
