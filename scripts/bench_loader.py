@@ -28,9 +28,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from benchmark import HIPPOCAMPUS, RECIPE_3D, compose  # noqa: E402
+from benchmark import HIPPOCAMPUS, RECIPE_3D, compose, loader_rate  # noqa: E402
 
-from mcseg.training.loader import build_train_loader, load_cases, stop_workers, to_device  # noqa: E402
+from mcseg.training.loader import build_train_loader, load_cases, stop_workers  # noqa: E402
 
 
 def load() -> list[float]:
@@ -47,16 +47,6 @@ def build_cases(args, tmp: Path):
     splits = resolve_split(dataset, cfg.dataset, tmp)
     dataset.prepare(splits["all"], progress=False)
     return cfg, load_cases(dataset, splits["train"])
-
-
-def epoch_rate(loader, sampler, epoch: int, device: torch.device) -> float:
-    """Samples/s of one epoch: every batch taken from the loader and brought to ``device`` (``to_device``)."""
-    sampler.set_epoch(epoch)
-    samples, start = 0, time.perf_counter()
-    for batch in loader:
-        image, _ = to_device(batch, device)
-        samples += image.shape[0]
-    return samples / (time.perf_counter() - start)
 
 
 def stock_loader(loader, sampler, workers: int):
@@ -151,6 +141,7 @@ def main(argv=None) -> int:
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="more config overrides")
+    parser.add_argument("--device-cache", action="store_true", help="also the device-resident path (on the CPU)")
     parser.add_argument("--stock", action="store_true", help="also PyTorch's own batches from one worker")
     parser.add_argument("--phases", action="store_true", help="time each step of a stock batch's crossing")
     parser.add_argument("--json", type=Path)
@@ -162,18 +153,21 @@ def main(argv=None) -> int:
         cfg.dataset.sampling.samples_per_epoch = args.batches * args.batch
         loaders = {}
         for workers in args.workers:
-            cfg.dataset.sampling.num_workers = workers
+            cfg.dataset.sampling.num_workers, cfg.dataset.sampling.device_cache = workers, False
             loaders[f"workers={workers}"] = build_train_loader(cases, cfg.dataset, int(cfg.seed), device)
+        if args.device_cache:
+            cfg.dataset.sampling.num_workers, cfg.dataset.sampling.device_cache = 0, True
+            loaders["device-resident"] = build_train_loader(cases, cfg.dataset, int(cfg.seed), device)
         if args.stock or args.phases:
             loader, sampler = loaders[f"workers={args.workers[-1]}"]
             loaders["stock workers=1"] = stock_loader(loader, sampler, 1), sampler
         record = {"case": "hippocampus 3D 48x64x48", "batch": args.batch, "batches": args.batches,
                   "threads": args.threads, "load_before": load(), "rates": {k: [] for k in loaders}}
         for name, (loader, sampler) in loaders.items():  # warm-up: workers start, pages fault in
-            epoch_rate(loader, sampler, 0, device)
+            loader_rate(loader, sampler, device, 0)
         for epoch in range(1, args.epochs + 1):
             for name, (loader, sampler) in loaders.items():
-                record["rates"][name].append(round(epoch_rate(loader, sampler, epoch, device), 1))
+                record["rates"][name].append(round(loader_rate(loader, sampler, device, epoch), 1))
         record["load_after"] = load()
         if args.phases:
             loader, sampler = loaders["stock workers=1"]

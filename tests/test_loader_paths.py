@@ -155,3 +155,18 @@ def test_device_resident_training_resumes_bitwise(make_cfg, tmp_path, monkeypatc
     recorded = json.loads((tmp_path / "resumed/result.json").read_text())["device"]["training_batches"]
     assert recorded == {"device_cache": True, "why": recorded["why"], "workers": 0}
     assert recorded["why"].startswith("dataset.sampling.device_cache=true: the cases take")
+
+
+def test_benchmark_reports_the_loader_alone_by_path(make_cfg, monkeypatch, one_thread):
+    """scripts/benchmark.py's rows of the loader alone: in process, by worker count, device-resident."""
+    from types import SimpleNamespace
+
+    from .conftest import ROOT
+
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    benchmark = __import__("benchmark")
+    cfg = make_cfg(TINY_3D + ["dataset.sampling.samples_per_epoch=4"])
+    loader, _ = build_train_loader(compact_cases(cfg, 2), cfg.dataset, 0, torch.device("cpu"))
+    trainer = SimpleNamespace(loader=loader, device=torch.device("cpu"), channels_last=False)
+    rates = benchmark.loader_paths(trainer, cfg, [0, 1], 0)
+    assert list(rates) == ["in process", "1 worker", "device-resident"] and all(r > 0 for r in rates.values())
