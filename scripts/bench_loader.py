@@ -8,8 +8,10 @@ batch's crossing from a worker process goes.
 
 Each configuration runs ``--epochs`` epochs of ``--batches`` batches, the configurations alternating epoch by
 epoch so that a busy machine's load hits them alike; the median and range are printed with the machine's load
-(``os.getloadavg``) before and after. One torch thread unless ``--threads`` says otherwise. Output: one JSON
-object (``--json`` also writes it to a file).
+(``os.getloadavg``) before and after, and the CPU milliseconds per batch that the training process and the
+workers spent (CPU time barely moves with the load; the rate does). One torch thread unless ``--threads`` says
+otherwise; freed memory kept as a run keeps it (``mcseg.runtime.keep_freed_memory``). Output: one JSON object
+(``--json`` also writes it to a file).
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from benchmark import HIPPOCAMPUS, RECIPE_3D, compose, loader_rate  # noqa: E402
 
+from mcseg.runtime import keep_freed_memory  # noqa: E402
 from mcseg.training.loader import build_train_loader, load_cases, stop_workers  # noqa: E402
 
 
@@ -49,6 +52,27 @@ def build_cases(args, tmp: Path):
     return cfg, load_cases(dataset, splits["train"])
 
 
+def cpu_seconds(loader) -> tuple[float, float]:
+    """CPU seconds used so far by this process and by ``loader``'s worker processes (``/proc/<pid>/stat``)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    iterator = getattr(getattr(loader, "workers", loader), "_iterator", None)
+    workers = 0.0
+    for w in getattr(iterator, "_workers", []):
+        fields = Path(f"/proc/{w.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        workers += (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+    return time.process_time(), workers
+
+
+def timed_epoch(loader, sampler, device, epoch: int) -> tuple[float, float, float]:
+    """Samples/s of one epoch of the loader alone, and CPU milliseconds per batch in this process and in its
+    workers: CPU time, unlike the rate, barely moves with the machine's load."""
+    main0, workers0 = cpu_seconds(loader)
+    rate = loader_rate(loader, sampler, device, epoch)
+    main1, workers1 = cpu_seconds(loader)
+    n = len(loader)
+    return rate, 1000 * (main1 - main0) / n, 1000 * (workers1 - workers0) / n
+
+
 def stock_loader(loader, sampler, workers: int):
     """PyTorch's DataLoader as mcseg built it before the batch ring: each batch collated by a worker into fresh
     shared memory, pickled, mapped by the training process."""
@@ -65,17 +89,18 @@ def stock_loader(loader, sampler, workers: int):
 
 
 def timed(fn, repeats: int) -> tuple[float, object]:
-    """Median milliseconds of ``fn()`` over ``repeats`` calls, and its last result."""
+    """Median CPU milliseconds of this thread in ``fn()`` over ``repeats`` calls (page faults and copies count,
+    waiting for a busy core does not), and its last result."""
     times, out = [], None
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = time.thread_time()
         out = fn()
-        times.append(1000 * (time.perf_counter() - start))
+        times.append(1000 * (time.thread_time() - start))
     return round(statistics.median(times), 2), out
 
 
 def crossing_phases(samples, batch: int, loader, sampler, repeats: int = 5) -> dict:
-    """Milliseconds per batch of each step a batch takes from a stock DataLoader worker to the training process.
+    """CPU milliseconds per batch of each step a batch takes from a stock DataLoader worker to the training process.
 
     The worker's side is replayed in this process (one thread): sampling the batch's items, collating them into
     ordinary memory (what the training process does with no worker), allocating the shared storage a worker's
@@ -115,13 +140,13 @@ def crossing_phases(samples, batch: int, loader, sampler, repeats: int = 5) -> d
     time.sleep(2 * repeats * out["sample_items"] / 1000 + 1)  # the worker fills its queue
     takes, first, second = [], [], []
     for _ in range(min(repeats, len(loader) - 1)):
-        start = time.perf_counter()
+        start = time.thread_time()
         ready = next(batches)
-        takes.append(time.perf_counter() - start)
+        takes.append(time.thread_time() - start)
         for reads in (first, second):
-            start = time.perf_counter()
+            start = time.thread_time()
             buffer.copy_(ready["image"])
-            reads.append(time.perf_counter() - start)
+            reads.append(time.thread_time() - start)
     for name, values in (("take_ready_batch", takes), ("first_read_of_mapped_batch", first),
                          ("second_read_of_mapped_batch", second)):
         out[name] = round(1000 * statistics.median(values), 2)
@@ -147,6 +172,7 @@ def main(argv=None) -> int:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    keep_freed_memory()  # as a run does (build_run): freed batches' memory is reused, not faulted in again
     device = torch.device("cpu")
     with tempfile.TemporaryDirectory(prefix="mcseg-loader-") as tmp:
         cfg, cases = build_cases(args, Path(tmp))
@@ -162,12 +188,16 @@ def main(argv=None) -> int:
             loader, sampler = loaders[f"workers={args.workers[-1]}"]
             loaders["stock workers=1"] = stock_loader(loader, sampler, 1), sampler
         record = {"case": "hippocampus 3D 48x64x48", "batch": args.batch, "batches": args.batches,
-                  "threads": args.threads, "load_before": load(), "rates": {k: [] for k in loaders}}
+                  "threads": args.threads, "load_before": load(), "rates": {k: [] for k in loaders},
+                  "cpu_ms_per_batch": {k: {"training process": [], "workers": []} for k in loaders}}
         for name, (loader, sampler) in loaders.items():  # warm-up: workers start, pages fault in
             loader_rate(loader, sampler, device, 0)
         for epoch in range(1, args.epochs + 1):
             for name, (loader, sampler) in loaders.items():
-                record["rates"][name].append(round(loader_rate(loader, sampler, device, epoch), 1))
+                rate, main_ms, workers_ms = timed_epoch(loader, sampler, device, epoch)
+                record["rates"][name].append(round(rate, 1))
+                record["cpu_ms_per_batch"][name]["training process"].append(round(main_ms, 1))
+                record["cpu_ms_per_batch"][name]["workers"].append(round(workers_ms, 1))
         record["load_after"] = load()
         if args.phases:
             loader, sampler = loaders["stock workers=1"]
@@ -176,6 +206,8 @@ def main(argv=None) -> int:
         for loader, _ in loaders.values():
             stop_workers(loader)
     record["median"] = {k: statistics.median(v) for k, v in record["rates"].items()}
+    record["cpu_ms_per_batch_median"] = {k: {who: statistics.median(v) for who, v in c.items()}
+                                         for k, c in record["cpu_ms_per_batch"].items()}
     base = record["median"].get("workers=0")
     if base:
         record["ratio_to_in_process"] = {k: round(v / base, 3) for k, v in record["median"].items()}
