@@ -170,3 +170,13 @@ def test_benchmark_reports_the_loader_alone_by_path(make_cfg, monkeypatch, one_t
     trainer = SimpleNamespace(loader=loader, device=torch.device("cpu"), channels_last=False)
     rates = benchmark.loader_paths(trainer, cfg, [0, 1], 0)
     assert list(rates) == ["in process", "1 worker", "device-resident"] and all(r > 0 for r in rates.values())
+
+
+def test_device_cache_may_change_on_resume():
+    """It decides how batches are made, not which: a run may resume on another device or path."""
+    from mcseg.config import resume_mismatch
+
+    saved = {"seed": 0, "dataset": {"name": "msd", "sampling": {"device_cache": "auto", "batch_size": 2}}}
+    for value in (True, False):
+        now = {"seed": 0, "dataset": {"name": "msd", "sampling": {"device_cache": value, "batch_size": 2}}}
+        assert resume_mismatch(saved, now) is None
