@@ -7,8 +7,9 @@ One run measures, on the device it runs on (CUDA when present, else the CPU):
     forward under the configured autocast, loss, backward, optimiser step);
 (b) mcseg's end-to-end training throughput on real data: the Trainer that ``mcseg.train.train``
     builds from the same config (``mcseg.training.build.build_run``, the construction before fitting) runs
-    ``Trainer.train_epoch``, i.e. the full data path (cases in memory or memory-mapped, sampling
-    and augmentation in loader workers, pinned non-blocking copies) and the full step (gradient
+    ``Trainer.train_epoch``, i.e. the full data path the run takes (cases in memory or memory-mapped,
+    sampled and augmented in loader workers through the shared batch ring, or in process, or on the device
+    with ``dataset.sampling.device_cache``; the record's ``training_batches``) and the full step (gradient
     clipping, non-finite tracking, loss read once per logging interval);
 (c) the ratio b / a, for hippocampus 3D patches (the 3D recipe of docs/results.md) and 2D slices
     (the preset's default), (a) and (b) alternating;
@@ -403,8 +404,9 @@ def render(results: dict) -> str:
         "`python scripts/benchmark.py` measures, in one run on the device it runs on, (a) the compute-only "
         "ceiling: the configured network, loss and optimiser stepping on random tensors of the training "
         "batch's shape already on the device (plain PyTorch); (b) mcseg end to end: the `Trainer` that "
-        "`train(cfg)` builds runs `train_epoch` on the real data (memory-mapped cases, sampling and "
-        "augmentation in loader workers, pinned non-blocking copies, gradient clipping, non-finite tracking, "
+        "`train(cfg)` builds runs `train_epoch` on the real data (the run's own data path: memory-mapped cases "
+        "sampled and augmented in loader workers, or device-resident cases on CUDA, `dataset.sampling.device_cache`; "
+        "non-blocking copies, gradient clipping, non-finite tracking, "
         "loss read once per logging interval); (c) b / a, (a) and (b) alternating, median of the repeats; "
         "(d) test volumes per second through `evaluate_split` (inference and every metric, predictions "
         "written); the loader workers' column adds what the loader alone delivers (its batches pinned and copied "

@@ -2,7 +2,7 @@
 
 PyTorch's DataLoader collates each batch of a worker into freshly allocated shared memory, which the worker
 faults in page by page, passes as a file descriptor, and the training process maps and faults in again
-(docs/benchmarks.md, "Where a batch's crossing goes"). Here the training process allocates a ring of batch
+(docs/benchmarks.md, "Feeding the step"). Here the training process allocates a ring of batch
 buffers in shared memory once, before the workers start; a worker samples each item of its batch straight into
 the slot it was told (the slot number travels with the batch's indices), and sends back only the slot number
 and the case ids. The training process hands out views of the slot: nothing is allocated, mapped or pickled per
