@@ -180,3 +180,11 @@ def test_device_cache_may_change_on_resume():
     for value in (True, False):
         now = {"seed": 0, "dataset": {"name": "msd", "sampling": {"device_cache": value, "batch_size": 2}}}
         assert resume_mismatch(saved, now) is None
+
+
+@pytest.mark.parametrize("path", PATHS[::2], ids=["ring", "device-cache"])
+def test_an_epoch_smaller_than_a_batch_is_one_short_batch_on_every_path(make_cfg, path):
+    cfg = make_cfg(TINY_3D + ["dataset.sampling.batch_size=3", "dataset.sampling.samples_per_epoch=2"])
+    expected = batches(cfg, {"num_workers": 0, "device_cache": False}, epochs=(0,))
+    assert [len(b["case_id"]) for b in expected] == [2]
+    assert_same(expected, batches(cfg, path, epochs=(0,)))
