@@ -48,6 +48,9 @@ class SamplingConfig:
     intensity: float = 0.0
     slice_axis: int = -1
     num_workers: int | None = None  # loader workers; None: the cores the training step leaves free, at most 8
+    # auto | true | false: training cases held on the training device, patches cut there, no worker
+    # (mcseg.training.device_cache; auto: on CUDA when they take under a quarter of its free memory)
+    device_cache: Any = "auto"
 
 
 @dataclass
@@ -343,7 +346,7 @@ RESUME_MUST_MATCH = ("model", "loss", "optim", "scheduler", "seed", "dataset")
 # not what the model sees (the data itself is compared through the facts recorded from it; a
 # resumed run reads its own split.json, whatever split.file says).
 DATASET_MAY_CHANGE = ("root", "split.file", "preprocess.cache", "preprocess.cache_dir", "preprocess.workers",
-                      "sampling.num_workers")
+                      "sampling.num_workers", "sampling.device_cache")
 
 
 def _without(node: dict | None, dotted: tuple[str, ...]) -> dict | None:

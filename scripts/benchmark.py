@@ -7,8 +7,9 @@ One run measures, on the device it runs on (CUDA when present, else the CPU):
     forward under the configured autocast, loss, backward, optimiser step);
 (b) mcseg's end-to-end training throughput on real data: the Trainer that ``mcseg.train.train``
     builds from the same config (``mcseg.training.build.build_run``, the construction before fitting) runs
-    ``Trainer.train_epoch``, i.e. the full data path (cases in memory or memory-mapped, sampling
-    and augmentation in loader workers, pinned non-blocking copies) and the full step (gradient
+    ``Trainer.train_epoch``, i.e. the full data path the run takes (cases in memory or memory-mapped,
+    sampled and augmented in loader workers through the shared batch ring, or in process, or on the device
+    with ``dataset.sampling.device_cache``; the record's ``training_batches``) and the full step (gradient
     clipping, non-finite tracking, loss read once per logging interval);
 (c) the ratio b / a, for hippocampus 3D patches (the 3D recipe of docs/results.md) and 2D slices
     (the preset's default), (a) and (b) alternating;
@@ -58,6 +59,7 @@ from mcseg.inference.predict import SegmentationPredictor  # noqa: E402
 from mcseg.training.build import build_run  # noqa: E402
 from mcseg.training.trainer import Trainer  # noqa: E402
 from mcseg.losses.base import target_checks  # noqa: E402
+from mcseg.text import plural  # noqa: E402
 
 JSON_PATH = ROOT / "docs" / "benchmarks.json"
 DEFAULT_THREADS = torch.get_num_threads()
@@ -189,18 +191,42 @@ def end_to_end_rate(trainer: Trainer, epoch: int) -> tuple[float, float]:
     return samples / seconds, seconds
 
 
-def loader_rate(trainer: Trainer, epoch: int) -> float:
-    """Samples/s of the trainer's loader alone: one epoch of batches sampled by its workers, pinned and copied
-    to the device (``to_device``), no network: what feeding can deliver, to set beside (a) and (b)."""
+def loader_rate(loader, sampler, device: torch.device, epoch: int, channels_last: bool = False) -> float:
+    """Samples/s of a training loader alone: one epoch of its batches brought to the device (``to_device``:
+    pinned and copied, or already there), no network: what feeding can deliver, to set beside (a) and (b)."""
     from mcseg.training.loader import to_device
 
-    trainer.sampler.set_epoch(epoch)
+    sampler.set_epoch(epoch)
     samples, start = 0, time.perf_counter()
-    for batch in trainer.loader:
-        image, label = to_device(batch, trainer.device, trainer.channels_last)
+    for batch in loader:
+        image, label = to_device(batch, device, channels_last)
         samples += image.shape[0]
-    synchronize(trainer.device)
+    synchronize(device)
     return samples / (time.perf_counter() - start)
+
+
+def loader_paths(trainer: Trainer, cfg, workers: list[int], epoch: int) -> dict:
+    """The loader alone by path, on the trainer's cases: in the training process, each worker count of
+    ``workers`` (through the shared batch ring) and device-resident (``dataset.sampling.device_cache=true``);
+    each after one warm-up epoch (workers start, pages fault in)."""
+    from omegaconf import open_dict
+
+    from mcseg.training.loader import build_train_loader, stop_workers
+
+    paths = {("in process" if n == 0 else plural(n, "worker")): {"num_workers": n, "device_cache": False}
+             for n in workers}
+    paths["device-resident"] = {"num_workers": 0, "device_cache": True}
+    rates = {}
+    for name, setting in paths.items():
+        node = cfg.dataset.copy()
+        with open_dict(node):
+            node.sampling.update(setting)
+        loader, sampler = build_train_loader(trainer.loader.dataset.cases, node, int(cfg.seed), trainer.device)
+        loader_rate(loader, sampler, trainer.device, epoch, trainer.channels_last)
+        rates[name] = round(loader_rate(loader, sampler, trainer.device, epoch + 1, trainer.channels_last), 2)
+        stop_workers(loader)
+        del loader
+    return rates
 
 
 def loader_alone(record: dict) -> str:
@@ -251,7 +277,8 @@ def bench_training_case(name: str, args, device: torch.device, compile_model: bo
         trainer = run.trainer
         workers = trainer.loader.num_workers
         record = {"case": name, "description": description, "overrides": overrides + args.set, "compile": compile_model,
-                  "batch_size": trainer.loader.batch_size, "steps": args.steps, "loader_workers": workers}
+                  "batch_size": trainer.loader.batch_size, "steps": args.steps, "loader_workers": workers,
+                  "training_batches": trainer.loader.data_path}
         ceilings, rates = [], []
         with peak_memory(device, record):
             start = time.perf_counter()
@@ -260,7 +287,9 @@ def bench_training_case(name: str, args, device: torch.device, compile_model: bo
             for repeat in range(args.repeats):  # alternate, so that load on a shared machine hits both alike
                 ceilings.append(ceiling_rate(trainer, args.steps, args.warmup))
                 rates.append(end_to_end_rate(trainer, repeat + 1)[0])
-            record["loader_samples_per_s"] = round(loader_rate(trainer, args.repeats + 1), 2)
+            record["loader_samples_per_s"] = round(loader_rate(trainer.loader, trainer.sampler, device,
+                                                               args.repeats + 1, trainer.channels_last), 2)
+            record["loader_paths"] = loader_paths(trainer, cfg, sorted({0, 1, workers}), args.repeats + 2)
             record["wall_s"] = round(time.perf_counter() - start, 1)
         record["ceiling_samples_per_s"] = round(statistics.median(ceilings), 2)
         record["end_to_end_samples_per_s"] = round(statistics.median(rates), 2)
@@ -375,8 +404,9 @@ def render(results: dict) -> str:
         "`python scripts/benchmark.py` measures, in one run on the device it runs on, (a) the compute-only "
         "ceiling: the configured network, loss and optimiser stepping on random tensors of the training "
         "batch's shape already on the device (plain PyTorch); (b) mcseg end to end: the `Trainer` that "
-        "`train(cfg)` builds runs `train_epoch` on the real data (memory-mapped cases, sampling and "
-        "augmentation in loader workers, pinned non-blocking copies, gradient clipping, non-finite tracking, "
+        "`train(cfg)` builds runs `train_epoch` on the real data (the run's own data path: memory-mapped cases "
+        "sampled and augmented in loader workers, or device-resident cases on CUDA, `dataset.sampling.device_cache`; "
+        "non-blocking copies, gradient clipping, non-finite tracking, "
         "loss read once per logging interval); (c) b / a, (a) and (b) alternating, median of the repeats; "
         "(d) test volumes per second through `evaluate_split` (inference and every metric, predictions "
         "written); the loader workers' column adds what the loader alone delivers (its batches pinned and copied "
@@ -406,6 +436,17 @@ def render(results: dict) -> str:
                              f"mcseg {slower:.1f}x slower than quiet | {c['ceiling_samples_per_s']:.1f} | "
                              f"{c['end_to_end_samples_per_s']:.1f} | **{c['ratio']:.2f}** | {c['loader_workers']} | "
                              f"{c['peak_host_mb']:.0f} |")
+    lines += ["", "The loader alone by path (samples/s, its batches brought to the device, no network; one epoch after a "
+              "warm-up one, in the same run as (a) and (b)): in the training process, from loader workers (through "
+              "the shared batch ring), and device-resident (`dataset.sampling.device_cache=true`). The path a run "
+              "takes is logged and kept in `result.json` (`device.training_batches`).", "",
+              "| device | case | (a) ceiling | (b) mcseg | loader alone, by path |", "|---|---|---|---|---|"]
+    for kind in ("cpu", "cuda"):
+        for r in (results.get(kind) or {}).get("training", []):
+            if r.get("loader_paths"):
+                paths = ", ".join(f"{name} {rate:.0f}" for name, rate in r["loader_paths"].items())
+                lines.append(f"| {'CPU' if kind == 'cpu' else 'GPU'} | {r['case']} | {r['ceiling_samples_per_s']:.1f} "
+                             f"| {r['end_to_end_samples_per_s']:.1f} | {paths} |")
     lines += ["", "| device | evaluation | volumes/s | peak host / GPU MB |", "|---|---|---|---|"]
     for kind in ("cpu", "cuda"):
         entry = results.get(kind)

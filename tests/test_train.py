@@ -82,7 +82,8 @@ def test_synthetic_2d_run_produces_the_run_directory(make_cfg, tmp_path, caplog)
     assert device == {"device": "cpu", "name": device["name"], "torch": torch.__version__, "cuda": None,
                       "precision": "float32", "channels_last": False, "compile": False,
                       "cpu_threads": torch.get_num_threads(), "omp_wait_policy": device["omp_wait_policy"],
-                      "freed_memory": device["freed_memory"]}
+                      "freed_memory": device["freed_memory"],
+                      "training_batches": {"device_cache": False, "why": "auto: cpu is not a CUDA device", "workers": 0}}
     assert device["freed_memory"] == _what_keep_freed_memory_does_here()
     assert f"device: device cpu, name {device['name']}, torch {torch.__version__}" in caplog.text
     summary = _check_run_dir(tmp_path / "run", n_test=2)

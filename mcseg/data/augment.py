@@ -101,32 +101,60 @@ class Augmenter:
             sizes.append(q)
         return sizes
 
-    def warp(self, image: np.ndarray, label: np.ndarray, patch: Sequence[int], angles, zoom,
-             label_has_channels: bool) -> tuple[np.ndarray, np.ndarray]:
-        """Rotate/scale the centred region to ``patch`` (image bilinear, label nearest)."""
+    def warp(self, image, label, patch: Sequence[int], angles, zoom, label_has_channels: bool):
+        """Rotate/scale the centred region to ``patch`` (image bilinear, label nearest, in the label's type); numpy
+        arrays in, numpy arrays out, or torch tensors in and out (on their device)."""
         import torch
         from monai.transforms import Affine
 
         kwargs = dict(rotate_params=angles, scale_params=None if zoom is None else [1.0 / zoom] * self.dims,
                       spatial_size=list(patch), padding_mode="zeros", image_only=True)
-        img = Affine(mode="bilinear", **kwargs)(torch.from_numpy(np.ascontiguousarray(image, dtype=np.float32)))
-        lab = np.ascontiguousarray(label if label_has_channels else label[None], dtype=np.float32)
-        lab = Affine(mode="nearest", **kwargs)(torch.from_numpy(lab))
-        lab = np.rint(np.asarray(lab)).astype(np.int64)
-        return np.asarray(img, dtype=np.float32), lab if label_has_channels else lab[0]
+        img = Affine(mode="bilinear", **kwargs)(_float_tensor(image))
+        lab = Affine(mode="nearest", **kwargs)(_float_tensor(label if label_has_channels else label[None]))
+        lab = lab if label_has_channels else lab[0]
+        # nearest-neighbour values are the label's own values (or 0): its type holds them, so a warped sample's
+        # label travels as compactly as an unwarped one (and every sample of a batch has one type)
+        if isinstance(label, np.ndarray):
+            return np.asarray(img, dtype=np.float32), np.rint(np.asarray(lab)).astype(label.dtype)
+        return _plain(img), torch.round(_plain(lab)).to(label.dtype)
 
-    def intensity(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        """MONAI's RandAdjustContrast (gamma) and RandGaussianNoise, seeded from ``rng``."""
-        import torch
+    def draw_intensity(self, rng: np.random.Generator) -> tuple[int | None, int | None]:
+        """Seeds of MONAI's RandAdjustContrast (gamma) and RandGaussianNoise for one sample, ``None`` for each
+        transform not applied to it."""
+        cfg, gamma, noise = self.cfg, None, None
+        if cfg.gamma is not None and rng.random() < cfg.intensity_prob:
+            gamma = int(rng.integers(2**31))
+        if cfg.noise_std > 0 and rng.random() < cfg.intensity_prob:
+            noise = int(rng.integers(2**31))
+        return gamma, noise
+
+    def intensity(self, image, gamma_seed: int | None, noise_seed: int | None):
+        """The drawn gamma and noise (:meth:`draw_intensity`) applied to ``image`` (numpy in and out, or torch)."""
         from monai.transforms import RandAdjustContrast, RandGaussianNoise
 
-        cfg = self.cfg
-        if cfg.gamma is not None and rng.random() < cfg.intensity_prob:
-            t = RandAdjustContrast(prob=1.0, gamma=tuple(cfg.gamma))
-            t.set_random_state(seed=int(rng.integers(2**31)))
-            image = np.asarray(t(torch.from_numpy(np.ascontiguousarray(image, dtype=np.float32))), dtype=np.float32)
-        if cfg.noise_std > 0 and rng.random() < cfg.intensity_prob:
-            t = RandGaussianNoise(prob=1.0, std=cfg.noise_std)
-            t.set_random_state(seed=int(rng.integers(2**31)))
-            image = np.asarray(t(torch.from_numpy(np.ascontiguousarray(image, dtype=np.float32))), dtype=np.float32)
-        return image
+        if gamma_seed is None and noise_seed is None:
+            return image
+        out = _float_tensor(image)
+        if gamma_seed is not None:
+            t = RandAdjustContrast(prob=1.0, gamma=tuple(self.cfg.gamma))
+            t.set_random_state(seed=gamma_seed)
+            out = _plain(t(out))
+        if noise_seed is not None:
+            t = RandGaussianNoise(prob=1.0, std=self.cfg.noise_std)
+            t.set_random_state(seed=noise_seed)
+            out = _plain(t(out))
+        return np.asarray(out, dtype=np.float32) if isinstance(image, np.ndarray) else out
+
+
+def _float_tensor(array):
+    """``array`` (numpy or torch) as a float32 torch tensor, sharing memory where it can."""
+    import torch
+
+    if isinstance(array, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32))
+    return array.to(torch.float32)
+
+
+def _plain(tensor):
+    """A MONAI output as a plain torch tensor (its MetaTensor's data, no copy)."""
+    return tensor.as_tensor() if hasattr(tensor, "as_tensor") else tensor

@@ -9,6 +9,7 @@ share ``foreground_ratio`` of samples is centred on a voxel of a random foregrou
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -32,10 +33,15 @@ def crop_slices(start: Sequence[int], size: Sequence[int], shape: Sequence[int],
     return tuple(src), tuple(dst)
 
 
-def crop_or_pad(array: np.ndarray, start: Sequence[int], size: Sequence[int], fill: float = 0.0) -> np.ndarray:
-    """Cut ``array[..., start:start+size]`` over its last ``len(size)`` axes, padding with ``fill``."""
+def crop_or_pad(array, start: Sequence[int], size: Sequence[int], fill: float = 0.0):
+    """Cut ``array[..., start:start+size]`` over its last ``len(size)`` axes, padding with ``fill`` (a numpy
+    array or a torch tensor, on its device)."""
     lead = array.ndim - len(size)
-    out = np.full(array.shape[:lead] + tuple(size), fill, dtype=array.dtype)
+    shape = tuple(array.shape[:lead]) + tuple(size)
+    if isinstance(array, np.ndarray):
+        out = np.full(shape, fill, dtype=array.dtype)
+    else:
+        out = torch.full(shape, fill, dtype=array.dtype, device=array.device)
     src, dst = crop_slices(start, size, array.shape, lead)
     out[dst] = array[src]
     return out
@@ -84,6 +90,7 @@ class PatchDataset(Dataset):
         self.num_classes = num_classes
         cfg = augment_config(augment)
         self.augmenter = Augmenter(cfg, dims) if cfg is not None else None
+        self.label_dtype = travel_dtype(cases)
         rng = np.random.default_rng(seed)
         # Per case and foreground class: a subsample of voxel coordinates to centre samples on.
         self.fg_points = [self._foreground_points(case, rng) for case in cases]
@@ -116,68 +123,140 @@ class PatchDataset(Dataset):
         return self.samples_per_epoch
 
     def __getitem__(self, index: int) -> dict:
+        return self.sample(index, self.cases)
+
+    def draw(self, index: int) -> Draw:
+        """Every random choice of sample ``index``, drawn from its own generator before any voxel is read."""
         epoch, i = divmod(int(index), self.samples_per_epoch)
         rng = np.random.default_rng([self.seed, epoch, i])
         c = int(rng.integers(len(self.cases)))
         case, points = self.cases[c], self.fg_points[c]
-        image, label = case.image, case.label
+        rater = None
         if self.random_rater and case.raters is not None:  # one rater per sample and iteration
-            label = case.raters[int(rng.integers(len(case.raters)))]
+            rater = int(rng.integers(len(case.raters)))
         soft = self.mean_rater and case.raters is not None
-        if soft:  # every rater's map travels with the sample; their mean is taken at the end
-            label = case.raters
         lead = 1 if soft or _has_channels(case) else 0  # label axes before the spatial ones
-        centre = None
+        shape = (case.raters if soft else case.label).shape[lead:]
+        centre, plane = None, None
         if points and rng.random() < self.foreground_ratio:
             cls = list(points)[int(rng.integers(len(points)))]
             centre = points[cls][int(rng.integers(len(points[cls])))]
-        if self.dims == 2 and label.ndim - lead == 3:  # a slice of a volume
+        if self.dims == 2 and len(shape) == 3:  # a slice of a volume
             axis = self.slice_axis % 3
-            z = int(centre[axis]) if centre is not None else int(rng.integers(label.shape[lead + axis]))
-            image, label = _plane(image, z, axis + 1), _plane(label, z, axis + lead)
+            plane = (axis, int(centre[axis]) if centre is not None else int(rng.integers(shape[axis])))
+            shape = shape[:axis] + shape[axis + 1:]
             if centre is not None:
                 centre = np.delete(centre, axis)
-        shape = label.shape[lead:]
         start = []
         for d, (n, p) in enumerate(zip(shape, self.patch_size)):
             lo, hi = min(0, n - p), max(0, n - p)
             s = int(centre[d]) - p // 2 if centre is not None else int(rng.integers(lo, hi + 1))
             start.append(int(np.clip(s, lo, hi)))
-        angles = zoom = None
+        angles = zoom = intensity_seeds = None
         if self.augmenter is not None:
             angles, zoom = self.augmenter.draw_spatial(rng)
-        if angles is not None or zoom is not None:
-            size = self.augmenter.source_size(self.patch_size, angles, zoom)
-            region = [s + (p - q) // 2 for s, p, q in zip(start, self.patch_size, size)]
+        flips = [axis for axis in self.flip_axes if rng.random() < 0.5]
+        if self.augmenter is not None:
+            intensity_seeds = self.augmenter.draw_intensity(rng)
+        scale = shift = None
+        if self.intensity > 0:
+            scale = 1 + rng.uniform(-self.intensity, self.intensity)
+            shift = rng.uniform(-self.intensity, self.intensity)
+        return Draw(c, rater, soft, lead, plane, start, angles, zoom, flips, intensity_seeds, scale, shift)
+
+    def sample(self, index: int, sources: Sequence) -> dict:
+        """Sample ``index`` cut from ``sources`` (per case: ``image``, ``label``, ``raters``), the cases themselves
+        (numpy arrays, :meth:`__getitem__`) or their copies on a device (torch tensors,
+        :mod:`mcseg.training.device_cache`): the same draw, the same operations, the same values."""
+        d = self.draw(index)
+        source = sources[d.case]
+        label = source.label
+        if d.rater is not None:
+            label = source.raters[d.rater]
+        if d.soft:  # every rater's map travels with the sample; their mean is taken at the end
+            label = source.raters
+        image, label = self._cut(d, source.image, label)
+        if d.soft:
+            target = soft_target(label, self.num_classes)
+        else:
+            target = _contiguous(label, self.label_dtype)
+        return {"image": _contiguous(image, np.float32), "label": _contiguous(target, target.dtype),
+                "case_index": d.case, "case_id": self.cases[d.case].case_id}
+
+    def _cut(self, d: Draw, image, label):
+        """The drawn patch of ``image`` and ``label``: plane, crop or warp, flips, intensity."""
+        lead = d.lead
+        if d.plane is not None:
+            axis, z = d.plane
+            image, label = _plane(image, z, axis + 1), _plane(label, z, axis + lead)
+        if d.angles is not None or d.zoom is not None:
+            size = self.augmenter.source_size(self.patch_size, d.angles, d.zoom)
+            region = [s + (p - q) // 2 for s, p, q in zip(d.start, self.patch_size, size)]
             image, label = self.augmenter.warp(
-                crop_or_pad(image, region, size), crop_or_pad(label, region, size), self.patch_size, angles, zoom,
+                crop_or_pad(image, region, size), crop_or_pad(label, region, size), self.patch_size, d.angles, d.zoom,
                 label_has_channels=bool(lead),
             )
         else:
-            image = crop_or_pad(image, start, self.patch_size)
-            label = crop_or_pad(label, start, self.patch_size)
-        for axis in self.flip_axes:
-            if rng.random() < 0.5:
-                image, label = np.flip(image, axis + 1), np.flip(label, axis + lead)
-        if self.augmenter is not None:
-            image = self.augmenter.intensity(image, rng)
-        if self.intensity > 0:
-            scale = 1 + rng.uniform(-self.intensity, self.intensity)
-            image = image * scale + rng.uniform(-self.intensity, self.intensity)
-        target = soft_target(label, self.num_classes) if soft else np.ascontiguousarray(label, dtype=_travel_dtype(label))
-        return {
-            "image": torch.from_numpy(np.ascontiguousarray(image, dtype=np.float32)),
-            "label": torch.from_numpy(np.ascontiguousarray(target)),
-            "case_index": c,
-            "case_id": case.case_id,
-        }
+            image = crop_or_pad(image, d.start, self.patch_size)
+            label = crop_or_pad(label, d.start, self.patch_size)
+        for axis in d.flips:
+            image, label = _flip(image, axis + 1), _flip(label, axis + lead)
+        if d.intensity_seeds is not None:
+            image = self.augmenter.intensity(image, *d.intensity_seeds)
+        if d.scale is not None:
+            image = image * d.scale + d.shift
+        return image, label
 
 
-def _travel_dtype(label: np.ndarray) -> np.dtype:
-    """The integer type a sample's labels travel in: the stored one when it is at most 16 bits (the cache keeps
-    uint8 below 257 classes), else int64. Labels are widened to int64 on the device (``to_device``), so a
-    3D batch of 32 x 48 x 64 x 48 moves 4.7 MB of labels through shared and pinned memory instead of 38 MB."""
-    return label.dtype if label.dtype.kind in "ui" and label.dtype.itemsize <= 2 else np.dtype(np.int64)
+@dataclass
+class Draw:
+    """The random choices of one sample: its case, rater, plane and crop, spatial and intensity augmentation."""
+
+    case: int
+    rater: int | None  # dataset.raters.target=random: the rater whose map is the label
+    soft: bool  # dataset.raters.target=mean: the label is every rater's map, averaged at the end
+    lead: int  # label axes before the spatial ones (1 for region masks and rater stacks)
+    plane: tuple[int, int] | None  # (axis, index) of a 2D sample's slice of a volume
+    start: list[int]  # the patch's first voxel (negative or beyond the volume: padded)
+    angles: list[float] | None
+    zoom: float | None
+    flips: list[int]  # sample axes flipped
+    intensity_seeds: tuple[int | None, int | None] | None  # MONAI gamma and noise seeds (Augmenter.draw_intensity)
+    scale: float | None  # dataset.sampling.intensity: image * scale + shift
+    shift: float | None
+
+
+def _contiguous(array, dtype):
+    """A contiguous torch tensor of ``array`` (numpy or torch) in ``dtype`` (copied only when needed)."""
+    if isinstance(array, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(array, dtype=dtype))
+    return array.to(_torch_dtype(dtype)).contiguous()
+
+
+def _torch_dtype(dtype) -> torch.dtype:
+    return dtype if isinstance(dtype, torch.dtype) else torch.from_numpy(np.empty(0, dtype)).dtype
+
+
+def _flip(array, axis: int):
+    return np.flip(array, axis) if isinstance(array, np.ndarray) else torch.flip(array, (axis,))
+
+
+def travel_dtype(cases: list[CaseData]) -> np.dtype:
+    """The integer type every sample's labels travel in: the stored one when the cases share one of at most 16 bits
+    (the cache keeps uint8 below 257 classes); else uint8 when every label value (and every rater's) lies in
+    [0, 255], as labels read from files (int64) mostly do; else int64. Labels are widened to int64 on the device
+    (``to_device``), so a 3D batch of 32 x 48 x 64 x 48 moves 4.7 MB of labels through shared and pinned memory
+    instead of 38 MB. One type for the run: every batch of a worker fills the same buffers
+    (:mod:`mcseg.training.ring`)."""
+    arrays = [a for c in cases for a in (c.label, c.raters) if a is not None]
+    if not arrays:
+        return np.dtype(np.int64)
+    stored = np.result_type(*[a.dtype for a in arrays])
+    if stored.kind in "ui" and stored.itemsize <= 2:
+        return stored
+    if stored.kind in "uib" and all(a.size == 0 or (a.min() >= 0 and a.max() <= 255) for a in arrays):
+        return np.dtype(np.uint8)
+    return np.dtype(np.int64)
 
 
 def _plane(array: np.ndarray, index: int, axis: int) -> np.ndarray:

@@ -150,6 +150,7 @@ def build_run(cfg: DictConfig) -> Run:
     trainer.provenance = {"split": split_ids, "dataset": trained_on, "content": content, "inputs": inputs,
                           "classes_unseen_in_training": unseen}
     device_info = describe_device(device, tcfg.precision, trainer.channels_last, tcfg.compile)
+    device_info["training_batches"] = loader.data_path  # device-resident, workers or in process, and why
     log.info("device: %s", ", ".join(f"{k} {v}" for k, v in device_info.items()))
     if resume_from is not None:
         trainer.resume(resume_from)  # a deterministic run takes its recorded thread count back

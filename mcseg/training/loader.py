@@ -19,8 +19,11 @@ from mcseg.errors import ConfigError
 from mcseg.data.base import SegmentationDataset
 from mcseg.data.cases import CaseData, CaseRef
 from mcseg.data.sampling import EpochSampler, PatchDataset
+from mcseg.training.device_cache import DeviceLoader, choose_device_cache
+from mcseg.training.ring import RingLoader
 from mcseg.training.distributed import DistContext
 from mcseg.runtime import available_cpus, torch_threads
+from mcseg.text import plural
 
 log = logging.getLogger(__name__)
 
@@ -54,12 +57,17 @@ def load_cases(dataset: SegmentationDataset, refs: list[CaseRef], workers: int |
 def build_train_loader(
     cases: list[CaseData], node: DictConfig, seed: int, device: torch.device, dist: DistContext | None = None,
 ) -> tuple[DataLoader, EpochSampler]:
-    """The training loader for ``device``: samples drawn in worker processes from (memory-mapped) cases.
+    """The training loader for ``device``: one of three paths to the same batches.
 
-    Workers: ``dataset.sampling.num_workers`` (null: :func:`default_workers`); they persist
-    across epochs and keep ``PREFETCH_BATCHES`` batches each in flight. On CUDA batches are
-    pinned, so that :func:`to_device` copies them without blocking. Under torchrun each rank
-    draws its own share of every epoch (``dist``).
+    * Device-resident (``dataset.sampling.device_cache``, :mod:`mcseg.training.device_cache`): the cases held on
+      the device, patches cut there, no worker.
+    * Workers (``dataset.sampling.num_workers`` > 0; null: :func:`default_workers`): they persist across epochs,
+      keep ``PREFETCH_BATCHES`` batches each in flight and sample straight into a ring of shared batch buffers
+      (:mod:`mcseg.training.ring`).
+    * In the training process (no worker).
+
+    :func:`to_device` copies host batches without blocking. Under torchrun each rank draws its own share of
+    every epoch (``dist``). The choice and its reason are ``loader.data_path`` (logged; kept in ``result.json``).
     """
     s = typed(node.get("sampling"), SamplingConfig, "dataset.sampling")
     dist = dist or DistContext()
@@ -72,17 +80,25 @@ def build_train_loader(
     workers = default_workers(device) if s.num_workers is None else s.num_workers
     if workers < 0:
         raise ConfigError(f"dataset.sampling.num_workers={workers}: expected an integer >= 0 or null")
-    loader = DataLoader(
-        dataset, batch_size=s.batch_size, sampler=sampler, num_workers=workers, pin_memory=device.type == "cuda",
-        persistent_workers=workers > 0, drop_last=len(sampler) >= s.batch_size,
-        prefetch_factor=PREFETCH_BATCHES if workers > 0 else None,
-        # The platform's own start method, named: inside a joblib (loky) launcher job the default
-        # context is loky's, which cannot start DataLoader workers.
-        multiprocessing_context=multiprocessing.get_context(WORKER_START_METHOD) if workers > 0 else None,
-        # Its own generator: worker seeding must not consume the global RNG (exact resumes).
-        generator=torch.Generator().manual_seed(seed),
-        worker_init_fn=ignore_stop_signals if workers > 0 else None,
-    )
+    drop_last = len(sampler) >= s.batch_size
+    on_device, why = choose_device_cache(s.device_cache, dataset, device)
+    if on_device:
+        loader, workers = DeviceLoader(dataset, sampler, s.batch_size, drop_last, device), 0
+    elif workers == 0:
+        loader = DataLoader(dataset, batch_size=s.batch_size, sampler=sampler, drop_last=drop_last,
+                            pin_memory=device.type == "cuda", generator=torch.Generator().manual_seed(seed))
+    else:  # batches sampled into shared buffers reused batch after batch (mcseg.training.ring)
+        loader = RingLoader(
+            dataset, sampler, s.batch_size, drop_last, workers, PREFETCH_BATCHES, pin_memory=device.type == "cuda",
+            # The platform's own start method, named: inside a joblib (loky) launcher job the default
+            # context is loky's, which cannot start DataLoader workers.
+            multiprocessing_context=multiprocessing.get_context(WORKER_START_METHOD),
+            # Its own generator: worker seeding must not consume the global RNG (exact resumes).
+            generator=torch.Generator().manual_seed(seed), worker_init_fn=ignore_stop_signals,
+        )
+    loader.data_path = {"device_cache": on_device, "why": why, "workers": workers}
+    log.info("training batches: %s (%s)", "cut on the device from device-resident cases" if on_device else
+             plural(workers, "loader worker") if workers else "sampled in the training process", why)
     if workers > 0:  # before multiprocessing's own exit handler (atexit runs the last registered first)
         atexit.register(_stop_workers_at_exit, weakref.ref(loader))
     return loader, sampler
@@ -101,6 +117,8 @@ def stop_workers(loader: DataLoader) -> None:
     (:func:`ignore_stop_signals`), so they must not be left to multiprocessing's exit handler,
     which terminates them with SIGTERM and then waits for them: the trainer calls this after
     fitting, and an exit handler for any other loader (a benchmark, a test)."""
+    if isinstance(loader, RingLoader):
+        loader = loader.workers
     iterator, loader._iterator = getattr(loader, "_iterator", None), None
     if iterator is not None and hasattr(iterator, "_shutdown_workers"):
         iterator._shutdown_workers()

@@ -113,5 +113,9 @@ def test_labels_travel_compact_and_reach_the_device_as_int64():
     batch = {"image": sample["image"][None], "label": sample["label"][None]}
     _, label = to_device(batch, torch.device("cpu"))
     assert label.dtype == torch.int64 and torch.equal(label, sample["label"][None].long())
-    wide = [CaseData("w", c.image, c.label.astype(np.int32), c.spacing, c.affine) for c in data]
-    assert PatchDataset(wide, 3, (12, 12, 12), 2, seed=0)[0]["label"].dtype == torch.int64
+    read = [CaseData("w", c.image, c.label.astype(np.int64), c.spacing, c.affine) for c in data]  # read from files
+    assert PatchDataset(read, 3, (12, 12, 12), 2, seed=0)[0]["label"].dtype == torch.uint8  # values 0..3 fit
+    read[1].label[0, 0, 0] = 300  # a value that uint8 cannot hold: every sample of the run travels as int64
+    assert PatchDataset(read, 3, (12, 12, 12), 2, seed=0)[0]["label"].dtype == torch.int64
+    read[1].label[0, 0, 0] = -1
+    assert PatchDataset(read, 3, (12, 12, 12), 2, seed=0)[0]["label"].dtype == torch.int64
