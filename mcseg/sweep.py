@@ -97,6 +97,7 @@ def run_job(fn: Callable[[DictConfig], Any], cfg: DictConfig, checks_itself: boo
     from mcseg.training.distributed import env_context
     from mcseg.training.relaunch import RunFinished
     from mcseg.errors import TrainingInterrupted
+    from mcseg.trials import TrialPruned
 
     multirun, overrides, num = hydra_job()
     if not env_context().is_main:  # torchrun or a submitit task > 0: rank 0 owns the run directory's files
@@ -155,6 +156,9 @@ def run_job(fn: Callable[[DictConfig], Any], cfg: DictConfig, checks_itself: boo
         print(f"interrupted: {exc}", file=sys.stderr)
         _note_stop(f"job {num} was interrupted by {signal.Signals(exc.signum).name}")
         sys.exit(EXIT_INTERRUPTED + exc.signum)
+    except TrialPruned as exc:  # the Optuna sweep's pruner stopped it: not a failure, and the sweep goes on
+        finish("pruned", str(exc))
+        raise  # to the sweeper, through Hydra's job return: it tells the study
     except KeyboardInterrupt:  # Ctrl-C outside the training loop, or a second one inside it
         finish("interrupted", "KeyboardInterrupt")
         print("interrupted: Ctrl-C (no checkpoint written since the last one)", file=sys.stderr)
@@ -312,7 +316,7 @@ class SweepSummary(Callback):
 
         close_sweep(sweep_dir, [sweep_dir / SUMMARY_FILE, sweep_dir / "sweep_summary.md"],
                     "KILLED" if ended_early else "FINISHED")
-        failed = [j for j in summary["jobs"] if j["status"] != "completed"]
+        failed = [j for j in summary["jobs"] if j["status"] not in ("completed", "pruned")]
         log.info("sweep %s: %s (summary in %s)", sweep_dir, summary["counts"], sweep_dir / SUMMARY_FILE)
         for job in failed:
             log.error("job %s %s: %s", job["dir"], job["status"], job.get("error"))

@@ -20,6 +20,7 @@ from mcseg.files import write_json
 from mcseg.identity import run_identity
 from mcseg.training.build import Run, build_run
 from mcseg.training.distributed import shutdown
+from mcseg.trials import TrialPruned
 
 
 def train(cfg: DictConfig) -> dict:
@@ -34,7 +35,8 @@ def train(cfg: DictConfig) -> dict:
         summary = evaluate_test(run, cfg)
     except BaseException as exc:
         run.dist.report_failure(exc)  # torchrun/submitit: the ranks waiting at a barrier stop now
-        trackers.close("KILLED" if isinstance(exc, (KeyboardInterrupt, TrainingInterrupted)) else "FAILED")
+        stopped = (KeyboardInterrupt, TrainingInterrupted, TrialPruned)  # on purpose, not by an error
+        trackers.close("KILLED" if isinstance(exc, stopped) else "FAILED")
         raise
     else:
         trackers.close()
