@@ -14,9 +14,7 @@ import logging
 import math
 import time
 from pathlib import Path
-from typing import Any
-
-from omegaconf import DictConfig
+from typing import Any, Callable
 
 log = logging.getLogger(__name__)
 
@@ -55,41 +53,32 @@ def open_storage(url: str, attempts: int = 3):
             time.sleep(0.2 * attempt)
 
 
-def optimized_value(metrics: dict, cfg: DictConfig) -> float | None:
-    """What the sweep optimises (``optimized_metric``), from one validation's ``metrics``.
-
-    ``score``: the weighted validation score of :func:`mcseg.train.validation_score`; another name: that
-    metric as the trainer records it (e.g. ``val/mean_foreground_dice``). None when it was not measured.
-    """
-    from mcseg.train import validation_score
-
-    metric = cfg.get("optimized_metric") or "score"
-    value = validation_score(metrics, cfg.get("score")) if metric == "score" else metrics.get(metric)
-    return float(value) if value is not None and math.isfinite(value) else None
-
-
 class TrialReporter:
-    """Reports each validation of a job to its Optuna trial and asks the study's pruner whether to stop."""
+    """Reports each validation of a job to its Optuna trial and asks the study's pruner whether to stop.
 
-    def __init__(self, trial: Any, cfg: DictConfig) -> None:
-        self.trial, self.cfg = trial, cfg
+    ``value_of(metrics)``: the value the sweep optimises (``metric``) from one validation's metrics, or None when
+    it was not measured (:func:`mcseg.train.optimized_value`).
+    """
+
+    def __init__(self, trial: Any, value_of: Callable[[dict], float | None], metric: str) -> None:
+        self.trial, self.value_of, self.metric = trial, value_of, metric
 
     def report(self, epoch: int, metrics: dict) -> str | None:
         """Report epoch ``epoch``'s validation ``metrics``; why the trial is pruned, or None to go on."""
-        value = optimized_value(metrics, self.cfg)
-        if value is None:  # nothing to compare: the pruner is not asked
-            log.warning("trial %d: no %s at epoch %d; not reported", self.trial.number,
-                        self.cfg.get("optimized_metric") or "score", epoch)
+        value = self.value_of(metrics)
+        if value is None or not math.isfinite(value):  # nothing to compare: the pruner is not asked
+            log.warning("trial %d: no %s at epoch %d; not reported", self.trial.number, self.metric, epoch)
             return None
-        self.trial.report(value, epoch)
+        self.trial.report(float(value), epoch)
         if not self.trial.should_prune():
             return None
         return (f"trial {self.trial.number} pruned by the study's pruner after the validation of epoch {epoch} "
-                f"({self.cfg.get('optimized_metric') or 'score'} {value:.4g})")
+                f"({self.metric} {value:.4g})")
 
 
-def trial_reporter(cfg: DictConfig) -> TrialReporter | None:
-    """The reporter of this job's Optuna trial, or None outside an Optuna sweep (``hydra.sweeper.trial`` unset)."""
+def trial_reporter(value_of: Callable[[dict], float | None], metric: str) -> TrialReporter | None:
+    """The reporter of this job's Optuna trial (see :class:`TrialReporter`), or None outside an Optuna sweep
+    (``hydra.sweeper.trial`` unset in the job's Hydra config)."""
     from hydra.core.hydra_config import HydraConfig
 
     if not HydraConfig.initialized():
@@ -104,4 +93,4 @@ def trial_reporter(cfg: DictConfig) -> TrialReporter | None:
     storage, name = open_storage(str(sweeper.storage)), str(sweeper.study_name)
     study = optuna.load_study(study_name=name, storage=storage, pruner=instantiate(sweeper.pruner))
     trial_id = storage.get_trial_id_from_study_id_trial_number(storage.get_study_id_from_name(name), int(number))
-    return TrialReporter(optuna.trial.Trial(study, trial_id), cfg)
+    return TrialReporter(optuna.trial.Trial(study, trial_id), value_of, metric)

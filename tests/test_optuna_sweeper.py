@@ -22,6 +22,7 @@ from omegaconf import OmegaConf
 from hydra_plugins.mcseg_optuna_sweeper.optuna_sweeper import (as_value, fail_orphans, grid_of, search_space,
                                                                 tell)
 from mcseg.report.cli import main as report_main
+from mcseg.train import optimized_value
 from mcseg.trials import TrialPruned, TrialReporter, open_storage
 from tests.conftest import CONFIG_DIR, ROOT, TINY_2D, run_cli
 
@@ -120,15 +121,28 @@ def test_reporter_reports_the_optimised_score_and_asks_the_pruner(tmp_path):
     first.report(0.5, 1)
     study.tell(first, 0.5)
     cfg = OmegaConf.create({"optimized_metric": "score", "score": {"mean_foreground_dice": 1.0, "mean_ece": -1.0}})
-    reporter = TrialReporter(study.ask(), cfg)
+
+    def score_of(metrics):
+        return optimized_value(metrics, cfg)
+
+    reporter = TrialReporter(study.ask(), score_of, "score")
     # a score of 0.7 - 0.1 = 0.6 beats the median of the trials before (0.5) at epoch 1; 0.2 - 0.1 does not
     assert reporter.report(1, {"val/mean_foreground_dice": 0.7, "val/mean_ece": 0.1}) is None
     assert reporter.report(2, {"val/mean_foreground_dice": 0.2, "val/mean_ece": 0.1}) is None  # no epoch 2 before
     assert reporter.report(1, {"val/mean_ece": 0.1}) is None  # no score: not reported
     reopened = optuna.load_study(study_name="s", storage=open_storage(f"sqlite:///{tmp_path / 'optuna.db'}"))
     assert reopened.trials[1].intermediate_values == {1: pytest.approx(0.6), 2: pytest.approx(0.1)}
-    low = TrialReporter(study.ask(), cfg).report(1, {"val/mean_foreground_dice": 0.3, "val/mean_ece": 0.1})
+    low = TrialReporter(study.ask(), score_of, "score").report(1, {"val/mean_foreground_dice": 0.3,
+                                                                   "val/mean_ece": 0.1})
     assert low.startswith("trial 2 pruned") and "epoch 1 (score 0.2)" in low
+
+
+def test_the_reported_value_is_the_optimised_metric():
+    metrics = {"val/mean_foreground_dice": 0.7, "val/mean_ece": 0.1}
+    weights = {"mean_foreground_dice": 1.0, "mean_ece": -1.0}
+    assert optimized_value(metrics, OmegaConf.create({"score": weights})) == pytest.approx(0.6)
+    dice = OmegaConf.create({"optimized_metric": "val/mean_foreground_dice", "score": weights})
+    assert optimized_value(metrics, dice) == 0.7
 
 
 def test_a_pruned_training_stops_after_its_checkpoints_with_status_pruned(make_cfg, tmp_path, monkeypatch):
@@ -143,7 +157,7 @@ def test_a_pruned_training_stops_after_its_checkpoints_with_status_pruned(make_c
     before.report(10.0, 1)  # a score no tiny run reaches
     study.tell(before, 10.0)
     trial = study.ask()
-    monkeypatch.setattr("mcseg.training.build.trial_reporter", lambda cfg: TrialReporter(trial, cfg))
+    monkeypatch.setattr("mcseg.train.trial_reporter", lambda value_of, metric: TrialReporter(trial, value_of, metric))
     cfg = make_cfg(TRIAL_JOB + ["logger=csv"])
     with pytest.raises(TrialPruned, match="trial 1 pruned by the study's pruner after the validation of epoch 1"):
         run_job(train, cfg, checks_itself=True)
@@ -165,9 +179,11 @@ def test_margin_preset_composes_the_optuna_sweeper_with_each_pruner():
                    for name in ("none", "median", "successive_halving", "hyperband")}
     sweeper = cfg.hydra.sweeper
     assert sweeper._target_.endswith("mcseg_optuna_sweeper.optuna_sweeper.OptunaSweeper")
-    assert (sweeper.direction, sweeper.study_name, sweeper.n_trials, sweeper.storage) == ("maximize", "margin", 20, None)
+    assert (sweeper.direction, sweeper.study_name, sweeper.n_trials) == ("maximize", "margin", 20)
+    assert sweeper.storage is None and sweeper.pruner._target_ == "optuna.pruners.NopPruner"
     assert sweeper.sampler._target_ == "optuna.samplers.TPESampler" and sweeper.sampler.seed == 1234
-    assert dict(sweeper.params) == {"loss.margin": "interval(0.0, 15.0)", "loss.alpha": "tag(log, interval(0.001, 1.0))"}
+    assert dict(sweeper.params) == {"loss.margin": "interval(0.0, 15.0)",
+                                    "loss.alpha": "tag(log, interval(0.001, 1.0))"}
     assert [type(instantiate(p)).__name__ for p in pruners.values()] == \
         ["NopPruner", "MedianPruner", "SuccessiveHalvingPruner", "HyperbandPruner"]
 
@@ -184,7 +200,8 @@ def _optuna_sweep(sweep: Path, storage: Path, *extra: str, timeout: int = 600) -
 
 @pytest.fixture(scope="module")
 def margin_study(tmp_path_factory) -> Path:
-    """`python train.py -m hparams_search=margin_optuna` (it sets -m itself): two trials of a learning rate that learns."""
+    """`python train.py -m hparams_search=margin_optuna` (the preset sets -m): two trials of a learning rate that
+    learns."""
     root = tmp_path_factory.mktemp("optuna")
     proc = _optuna_sweep(root / "first", root / "optuna.db", "hydra.sweeper.n_trials=2", "optim.lr=1e-2")
     assert proc.returncode == 0, proc.stderr[-3000:]

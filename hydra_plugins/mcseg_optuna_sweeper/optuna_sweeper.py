@@ -77,8 +77,8 @@ class OptunaSweeper(Sweeper):
             trials = [study.ask(space) for _ in range(min(self.n_jobs, left))]
             for trial in trials:  # who asked: a trial whose sweep process has ended is failed at the next start
                 trial.set_user_attr("sweeper", {"host": socket.gethostname(), "pid": os.getpid()})
-            jobs = [fixed + [f"{k}={as_value(v)}" for k, v in t.params.items()] + ours + [f"hydra.sweeper.trial={t.number}"]
-                    for t in trials]
+            jobs = [fixed + [f"{k}={as_value(v)}" for k, v in t.params.items()] + ours
+                    + [f"hydra.sweeper.trial={t.number}"] for t in trials]
             self.validate_batch_is_legal(jobs)
             for trial, ret in zip(trials, self._launch(trials, jobs)):
                 tell(study, trial, ret)
@@ -191,7 +191,8 @@ def distribution(key: str, override: Override):
         if override.is_range_sweep():
             if all(isinstance(v, int) for v in values):
                 return IntDistribution(values[0], values[-1], log=log_scale, step=int(sweep.step))
-            return FloatDistribution(values[0], values[-1], log=log_scale, step=None if log_scale else float(sweep.step))
+            step = None if log_scale else float(sweep.step)  # Optuna takes no step on a log scale
+            return FloatDistribution(values[0], values[-1], log=log_scale, step=step)
         if log_scale:
             raise ValueError("tag(log, ...) applies to interval and range only")
         if not all(isinstance(v, (str, int, float, bool)) for v in values):

@@ -34,7 +34,6 @@ from mcseg.training.loader import build_train_loader, load_cases
 from mcseg.trackers import Trackers, build_trackers, check_libraries, config_params, flatten, logger_settings
 from mcseg.training.relaunch import check_launch
 from mcseg.training.trainer import Trainer
-from mcseg.trials import trial_reporter
 
 log = logging.getLogger("mcseg.train")
 
@@ -145,7 +144,6 @@ def build_run(cfg: DictConfig) -> Run:
         num_classes=dataset.num_classes, class_names=dataset.class_names, protocol=protocol, trackers=trackers,
         config_container=container, images=lcfg.images, dist=dist,
     )
-    trainer.trial = trial_reporter(cfg)  # inside an Optuna sweep: reports each validation, may prune the run
     unseen = classes_unseen_in_training(loader.dataset.fg_points, dataset.class_names, dataset.multilabel)
     inputs = split_fingerprints(dataset, {name: splits[name] for name in SPLITS}, inputs=True)  # images alone
     trainer.provenance = {"split": split_ids, "dataset": trained_on, "content": content, "inputs": inputs,

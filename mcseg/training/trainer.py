@@ -110,7 +110,7 @@ class Trainer:
         self.provenance: dict = {}  # split case ids and dataset identity, stored in every checkpoint (set by train)
         self._stop_signal: int | None = None  # the first SIGTERM/SIGINT received
         self.vote = StopVote(self.dist)
-        self.trial: TrialReporter | None = None  # the Optuna trial of a sweep's job (set by build_run)
+        self.trial: TrialReporter | None = None  # the Optuna trial of a sweep's job (set by mcseg.train.train)
 
     @property
     def _stop_requested(self) -> bool:
