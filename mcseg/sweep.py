@@ -11,6 +11,8 @@
   is skipped (a log line names it), an interrupted one resumes from its ``last.pt``.
 * The study sweeper (``hydra/sweeper=study``, in ``hydra_plugins/mcseg_study_sweeper`` where
   Hydra requires plugins to live) runs a union of grids, one per loss.
+* The Optuna sweeper (``hydra/sweeper=optuna``, ``hydra_plugins/mcseg_optuna_sweeper``) launches one
+  job per trial; a job its pruner stops (:mod:`mcseg.trials`) is recorded ``pruned``, not failed.
 """
 from __future__ import annotations
 
