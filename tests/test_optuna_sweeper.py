@@ -169,6 +169,20 @@ def test_a_pruned_training_stops_after_its_checkpoints_with_status_pruned(make_c
     assert list(study.trials[1].intermediate_values) == [1]
 
 
+def test_a_pruned_trial_ends_the_other_ranks_quietly(make_cfg, tmp_path, monkeypatch):
+    """Under torchrun or submitit's tasks, rank 0 records the pruned trial; a rank > 0 must not fail the job."""
+    from mcseg.sweep import run_job
+
+    def pruned(cfg):
+        raise TrialPruned("trial 3 pruned")
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    cfg = make_cfg(TRIAL_JOB)
+    assert run_job(pruned, cfg) is None
+    assert not (Path(cfg.paths.output_dir) / "status.json").exists()  # rank 0's file
+
+
 def test_margin_preset_composes_the_optuna_sweeper_with_each_pruner():
     from hydra import compose, initialize_config_dir
 
@@ -273,9 +287,10 @@ def test_two_processes_share_one_study(tmp_path):
     assert sweepers == {p.pid for p in procs}
 
 
-@pytest.mark.slow  # about 30 s: joblib's worker processes report to the study through its storage
-def test_joblib_workers_report_to_the_study(tmp_path):
-    proc = _optuna_sweep(tmp_path / "sweep", tmp_path / "optuna.db", "hydra/launcher=parallel",
+@pytest.mark.slow  # 30 to 60 s each: the launchers' worker processes report to the study through its storage
+@pytest.mark.parametrize("launcher", ["parallel", "submitit_debug"])  # joblib; submitit's local executor
+def test_launchers_workers_report_to_the_study(tmp_path, launcher):
+    proc = _optuna_sweep(tmp_path / "sweep", tmp_path / "optuna.db", f"hydra/launcher={launcher}",
                          "hydra.sweeper.n_jobs=2", "hydra.sweeper.n_trials=2")
     assert proc.returncode == 0, proc.stderr[-3000:]
     study = optuna.load_study(study_name="margin", storage=f"sqlite:///{tmp_path / 'optuna.db'}")
