@@ -107,6 +107,8 @@ def run_job(fn: Callable[[DictConfig], Any], cfg: DictConfig, checks_itself: boo
             return fn(cfg)
         except TrainingInterrupted as exc:  # rank 0 reports it; the exit status says why this rank ended
             sys.exit(EXIT_INTERRUPTED + exc.signum)
+        except TrialPruned:  # rank 0 records it and hands it to the sweeper; this rank ends as a finished one
+            return None
         except RunFinished as exc:
             if not multirun:
                 raise
