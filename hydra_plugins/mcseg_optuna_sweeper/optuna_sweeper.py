@@ -115,10 +115,10 @@ class OptunaSweeper(Sweeper):
         """Launch ``jobs``, each numbered by its trial: runs of consecutive trial numbers go in one launch
         (they are not consecutive when another process asked the shared study meanwhile)."""
         returns: list = []
-        numbered = list(zip(trials, jobs))
-        for _, run in groupby(enumerate(numbered), key=lambda e: e[1][0].number - e[0]):
-            run = [job for _, job in run]
-            returns += self.launcher.launch([overrides for _, overrides in run], initial_job_idx=run[0][0].number)
+        positions = enumerate(zip(trials, jobs))
+        for _, group in groupby(positions, key=lambda position: position[1][0].number - position[0]):
+            pairs = [pair for _, pair in group]  # (trial, its job's overrides), numbers consecutive
+            returns += self.launcher.launch([overrides for _, overrides in pairs], initial_job_idx=pairs[0][0].number)
         return returns
 
     def _write_results(self, study) -> None:
