@@ -11,6 +11,8 @@
   is skipped (a log line names it), an interrupted one resumes from its ``last.pt``.
 * The study sweeper (``hydra/sweeper=study``, in ``hydra_plugins/mcseg_study_sweeper`` where
   Hydra requires plugins to live) runs a union of grids, one per loss.
+* The Optuna sweeper (``hydra/sweeper=optuna``, ``hydra_plugins/mcseg_optuna_sweeper``) launches one
+  job per trial; a job its pruner stops (:mod:`mcseg.trials`) is recorded ``pruned``, not failed.
 """
 from __future__ import annotations
 
@@ -97,6 +99,7 @@ def run_job(fn: Callable[[DictConfig], Any], cfg: DictConfig, checks_itself: boo
     from mcseg.training.distributed import env_context
     from mcseg.training.relaunch import RunFinished
     from mcseg.errors import TrainingInterrupted
+    from mcseg.trials import TrialPruned
 
     multirun, overrides, num = hydra_job()
     if not env_context().is_main:  # torchrun or a submitit task > 0: rank 0 owns the run directory's files
@@ -104,6 +107,8 @@ def run_job(fn: Callable[[DictConfig], Any], cfg: DictConfig, checks_itself: boo
             return fn(cfg)
         except TrainingInterrupted as exc:  # rank 0 reports it; the exit status says why this rank ended
             sys.exit(EXIT_INTERRUPTED + exc.signum)
+        except TrialPruned:  # rank 0 records it and hands it to the sweeper; this rank ends as a finished one
+            return None
         except RunFinished as exc:
             if not multirun:
                 raise
@@ -155,6 +160,9 @@ def run_job(fn: Callable[[DictConfig], Any], cfg: DictConfig, checks_itself: boo
         print(f"interrupted: {exc}", file=sys.stderr)
         _note_stop(f"job {num} was interrupted by {signal.Signals(exc.signum).name}")
         sys.exit(EXIT_INTERRUPTED + exc.signum)
+    except TrialPruned as exc:  # the Optuna sweep's pruner stopped it: not a failure, and the sweep goes on
+        finish("pruned", str(exc))
+        raise  # to the sweeper, through Hydra's job return: it tells the study
     except KeyboardInterrupt:  # Ctrl-C outside the training loop, or a second one inside it
         finish("interrupted", "KeyboardInterrupt")
         print("interrupted: Ctrl-C (no checkpoint written since the last one)", file=sys.stderr)
@@ -312,7 +320,7 @@ class SweepSummary(Callback):
 
         close_sweep(sweep_dir, [sweep_dir / SUMMARY_FILE, sweep_dir / "sweep_summary.md"],
                     "KILLED" if ended_early else "FINISHED")
-        failed = [j for j in summary["jobs"] if j["status"] != "completed"]
+        failed = [j for j in summary["jobs"] if j["status"] not in ("completed", "pruned")]
         log.info("sweep %s: %s (summary in %s)", sweep_dir, summary["counts"], sweep_dir / SUMMARY_FILE)
         for job in failed:
             log.error("job %s %s: %s", job["dir"], job["status"], job.get("error"))

@@ -20,6 +20,7 @@ from mcseg.files import write_json
 from mcseg.identity import run_identity
 from mcseg.training.build import Run, build_run
 from mcseg.training.distributed import shutdown
+from mcseg.trials import TrialPruned, trial_reporter
 
 
 def train(cfg: DictConfig) -> dict:
@@ -28,13 +29,16 @@ def train(cfg: DictConfig) -> dict:
     trainer, dataset, trackers = run.trainer, run.dataset, run.trackers
     tcfg, run_dir, device = trainer.cfg, trainer.run_dir, trainer.device
     try:
+        # inside an Optuna sweep: each validation is reported to the job's trial, whose pruner may stop the run
+        trainer.trial = trial_reporter(lambda metrics: optimized_value(metrics, cfg), optimized_metric(cfg))
         trainer.fit()
         if not run.dist.is_main:  # torchrun: the test evaluation and the result files are rank 0's
             return {}
         summary = evaluate_test(run, cfg)
     except BaseException as exc:
         run.dist.report_failure(exc)  # torchrun/submitit: the ranks waiting at a barrier stop now
-        trackers.close("KILLED" if isinstance(exc, (KeyboardInterrupt, TrainingInterrupted)) else "FAILED")
+        stopped = (KeyboardInterrupt, TrainingInterrupted, TrialPruned)  # on purpose, not by an error
+        trackers.close("KILLED" if isinstance(exc, stopped) else "FAILED")
         raise
     else:
         trackers.close()
@@ -103,6 +107,18 @@ def hparams_of(cfg: DictConfig) -> dict:
             value = text
         values.setdefault(key, value)
     return values
+
+
+def optimized_metric(cfg: DictConfig) -> str:
+    """The name of what sweeps optimise (``optimized_metric`` of the hparams_search presets; ``score`` without)."""
+    return cfg.get("optimized_metric") or "score"
+
+
+def optimized_value(metrics: dict, cfg: DictConfig) -> float | None:
+    """What a sweep optimises, from one validation's ``metrics``: the weighted :func:`validation_score` for
+    ``score``, else that metric as the trainer records it (e.g. ``val/mean_foreground_dice``); None if unmeasured."""
+    metric = optimized_metric(cfg)
+    return validation_score(metrics, cfg.get("score")) if metric == "score" else metrics.get(metric)
 
 
 def validation_score(metrics: dict, weights) -> float | None:

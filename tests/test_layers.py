@@ -25,7 +25,7 @@ LAYERS = {
     "mcseg.evaluation": 3,
     "mcseg.inference": 2,
     "mcseg.calibration": 1, "mcseg.data": 1, "mcseg.metrics": 1, "mcseg.models": 1, "mcseg.losses": 1,
-    "mcseg.rundir": 1,
+    "mcseg.rundir": 1, "mcseg.trials": 1,
     "mcseg.config": 0, "mcseg.runtime": 0, "mcseg.errors": 0, "mcseg.targets": 0, "mcseg.environment": 0,
     "mcseg.text": 0, "mcseg.files": 0, "mcseg.identity": 0,
 }

@@ -1,4 +1,6 @@
-"""Sweeps through Hydra (study sweeper, Optuna, joblib, submitit), failed jobs, sweep evaluation, mcseg-report."""
+"""Sweeps through Hydra (study sweeper, joblib, submitit), failed jobs, sweep evaluation, mcseg-report.
+
+The Optuna sweeper: tests/test_optuna_sweeper.py."""
 from __future__ import annotations
 
 import csv
@@ -100,22 +102,6 @@ def test_evaluate_a_whole_sweep_on_another_split(margin_sweep, tmp_path):
     for run in done:
         assert (Path(run) / "eval" / "val" / "temperature" / "summary.json").is_file()
     assert "evaluated 4 of 4 runs" in proc.stdout
-
-
-def test_optuna_preset_runs_two_trials(tmp_path):
-    sweep = tmp_path / "optuna"
-    proc = run_cli("train.py", ["hparams_search=margin_optuna", "hydra.sweeper.n_trials=2",
-                                f"hydra.sweeper.storage=sqlite:///{tmp_path / 'optuna.db'}",
-                                "hydra.sweeper.sampler.n_startup_trials=1", f"hydra.sweep.dir={sweep}",
-                                "posthoc.fit=[]", "posthoc.apply=[]", *SWEEP_JOB[:-3]], timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = [json.loads(p.read_text()) for p in sweep.glob("*/result.json")]
-    assert len(results) == 2
-    best = yaml.safe_load((sweep / "optimization_results.yaml").read_text())
-    assert best["best_value"] == pytest.approx(max(r["score"] for r in results))
-    margins = {r["run"]["loss"]["margin"] for r in results}
-    assert len(margins) == 2 and all(0 <= m <= 15 for m in margins)
-    assert (tmp_path / "optuna.db").stat().st_size > 0  # the study persisted in its RDB storage
 
 
 def test_joblib_launcher_runs_jobs_in_parallel_processes(tmp_path):

@@ -1,6 +1,6 @@
 """Trackers (issue #38): what a training, its resume, a re-evaluation and a sweep log, read back through each
 library's own API (MLflow: MlflowClient on the SQLite store; wandb: the offline run's transaction log, read
-with wandb's DataStore; CSV: the csv module; TensorBoard: its EventAccumulator).
+with wandb's own reader, `wandb leet inspect --json`; CSV: the csv module; TensorBoard: its EventAccumulator).
 
 One tiny training with every tracker on, interrupted in its last epoch and resumed, then re-evaluated on its
 validation split, is shared by the module (one MLflow database, created once: its migrations are the slow part)."""
@@ -11,6 +11,8 @@ import importlib.util
 import json
 import logging
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -109,24 +111,16 @@ def test_mlflow_holds_one_run_with_params_metrics_per_step_and_artefacts(logged,
     assert "eval/val/summary.json" in {f.path for f in client.list_artifacts(run.info.run_id, "eval/val")}
 
 
-def _wandb_records(run: Path) -> list[tuple[str, object]]:
-    """Every record of the run's offline transaction logs, oldest folder first, read with wandb's own reader."""
-    from wandb.proto import wandb_internal_pb2
-    from wandb.sdk.internal import datastore
-
+def _wandb_records(run: Path) -> list[dict]:
+    """Every record of the run's offline transaction logs, oldest folder first, read with wandb's own reader
+    (``wandb leet inspect --json``: one JSON object per record, keys as logged)."""
     records = []
     for path in sorted(run.glob("wandb/offline-run-*/run-*.wandb")):
-        store = datastore.DataStore()
-        store.open_for_scan(str(path))
-        while (data := store.scan_data()) is not None:
-            record = wandb_internal_pb2.Record()
-            record.ParseFromString(data)
-            records.append((record.WhichOneof("record_type"), record))
+        read = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(path)],
+                              capture_output=True, text=True, timeout=120)
+        assert read.returncode == 0, read.stderr[-2000:]
+        records += [json.loads(line) for line in read.stdout.splitlines() if line.strip()]
     return records
-
-
-def _key(item) -> str:
-    return item.key or "/".join(item.nested_key)  # wandb stores a key with "/" as its nested path
 
 
 @needs_both
@@ -136,9 +130,8 @@ def test_wandb_offline_run_continues_one_run_id_read_with_wandb_reader(logged):
     folders = sorted(logged.glob("wandb/offline-run-*"))
     assert len(folders) == 3 and all(f.name.endswith(record["id"]) for f in folders)  # train, resume, re-evaluation
     records = _wandb_records(logged)
-    assert {r.run.run_id for kind, r in records if kind == "run"} == {record["id"]}
-    history = [{_key(item): json.loads(item.value_json) for item in r.history.item} for kind, r in records
-               if kind == "history"]
+    assert {r["run"]["run_id"] for r in records if r["type"] == "run"} == {record["id"]}
+    history = [r["history"]["item"] for r in records if r["type"] == "history"]
     loss_steps = [h["_step"] for h in history if "train/loss_step" in h]
     assert loss_steps == [1, 2, 3, 4]
     assert [h["_step"] for h in history if "val/mean_ece" in h] == [2, 4]
@@ -146,8 +139,8 @@ def test_wandb_offline_run_continues_one_run_id_read_with_wandb_reader(logged):
     test = next(h for h in history if "eval/test/mean_ece" in h)
     assert test["eval/test/mean_ece"] == pytest.approx(summary["mean_ece"]) and test["_step"] == 4
     assert any("eval/val/mean_ece" in h for h in history)
-    config = {_key(item): json.loads(item.value_json) for kind, r in records if kind in ("run", "config")
-              for item in (r.run.config.update if kind == "run" else r.config.update)}
+    config = {key: value for r in records if r["type"] in ("run", "config")
+              for key, value in (r["run"] if r["type"] == "run" else r)["config"].get("update", {}).items()}
     assert config["optim.lr"] == pytest.approx(1e-3) and config["tag.loss"] == "ce"
     assert json.loads((folders[1] / "files/eval/test/summary.json").read_text())["mean_ece"] == summary["mean_ece"]
 

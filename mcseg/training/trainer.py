@@ -11,7 +11,9 @@ epoch) continues exactly where the checkpoint was taken. SIGTERM (what SLURM sen
 pre-emption) or SIGINT (Ctrl-C) writes ``last.pt`` at the next step boundary, or after the
 current case of a validation, and stops the run (:class:`~mcseg.errors.TrainingInterrupted`);
 a second Ctrl-C stops at once. Under torchrun the ranks agree on the stop one step after any of
-them was signalled (:class:`~mcseg.training.distributed.StopVote`).
+them was signalled (:class:`~mcseg.training.distributed.StopVote`). Inside an Optuna sweep each
+running validation is reported to the job's trial, whose pruner may end the run after that
+epoch's checkpoints (:class:`~mcseg.trials.TrialPruned`, :mod:`mcseg.trials`).
 
 Epochs are numbered from 1 wherever a user sees them (log, ``history``, ``best_epoch``,
 messages); TensorBoard's x axis is the global step for every scalar, so that a resumed run
@@ -52,6 +54,7 @@ from mcseg.inference.predict import SegmentationPredictor
 from mcseg.trackers import Trackers
 from mcseg.training.window import FINITE, WHAT, BadStep, TrainingWindow, nonfinite_code
 from mcseg.errors import NonFiniteLossError, TrainingInterrupted
+from mcseg.trials import TrialPruned, TrialReporter
 from mcseg.losses.base import target_checks
 from mcseg.losses.deep_supervision import deep_supervision_loss
 from mcseg.models import supervision_outputs
@@ -107,6 +110,7 @@ class Trainer:
         self.provenance: dict = {}  # split case ids and dataset identity, stored in every checkpoint (set by train)
         self._stop_signal: int | None = None  # the first SIGTERM/SIGINT received
         self.vote = StopVote(self.dist)
+        self.trial: TrialReporter | None = None  # the Optuna trial of a sweep's job (set by mcseg.train.train)
 
     @property
     def _stop_requested(self) -> bool:
@@ -213,7 +217,8 @@ class Trainer:
         train_metrics = self.train_epoch(epoch)
         metrics = {"epoch": epoch + 1, **train_metrics}
         last = epoch + 1 == self.cfg.max_epochs
-        if (epoch + 1) % self.cfg.val_every == 0 or last:
+        validated = (epoch + 1) % self.cfg.val_every == 0 or last
+        if validated:
             if self.dist.is_main:
                 metrics.update(self.validate(epoch))
             self._share_loss_state()
@@ -239,6 +244,17 @@ class Trainer:
             shown = {k: round(v, 4) for k, v in metrics.items() if k != "epoch" and isinstance(v, float)}
             log.info("epoch %d/%d %s", epoch + 1, self.cfg.max_epochs, shown)
         self.dist.barrier()
+        if validated and self.trial is not None:
+            self._report_trial(epoch + 1, metrics)
+
+    def _report_trial(self, epoch: int, metrics: dict) -> None:
+        """Report the validation to the sweep's Optuna trial; its pruner's stop (rank 0's verdict, on every rank)
+        ends the run with :class:`~mcseg.trials.TrialPruned`, after this epoch's checkpoints."""
+        pruned = self.trial.report(epoch, metrics) if self.dist.is_main else None
+        pruned = self.dist.broadcast_object(pruned)
+        if pruned:
+            log.info("%s", pruned)
+            raise TrialPruned(pruned)
 
     def _share_loss_state(self) -> None:
         """Rank 0's loss state (updated by its validation hooks, e.g. CALS) on every rank."""

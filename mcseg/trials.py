@@ -1,0 +1,96 @@
+"""An Optuna trial seen from its job: the study's storage, the trial's reports, and pruning.
+
+mcseg's Optuna sweeper (``hydra/sweeper=optuna``, in ``hydra_plugins/mcseg_optuna_sweeper``) asks its
+study for a trial and launches a job whose Hydra overrides name it: ``hydra.sweeper.trial=<number>``,
+with the study's ``storage`` (a database URL) and ``study_name``. The job opens that storage itself,
+so this works from whichever process or machine the launcher runs it on (basic, joblib, submitit):
+after every running validation it reports the value the sweep optimises to its trial, and when the
+study's pruner (``hydra.sweeper.pruner``) says so the training stops with :class:`TrialPruned`, its
+checkpoints written. The job then ends with status ``pruned`` and the sweeper tells the study.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+log = logging.getLogger(__name__)
+
+STORAGE_FILE = "optuna.db"  # the study's SQLite file in the sweep directory when no storage is configured
+SQLITE_TIMEOUT_S = 60  # how long a process waits for another's write to the shared SQLite file
+
+
+class TrialPruned(RuntimeError):
+    """The study's pruner stopped this trial after a validation (its checkpoints are kept).
+
+    One argument only, so that it pickles: the joblib and submitit launchers send it back to the sweeper.
+    """
+
+
+def storage_url(storage: str | None, sweep_dir: str | Path) -> str:
+    """The study's RDB storage: ``storage`` as configured, or an SQLite file in the sweep directory."""
+    return str(storage) if storage else f"sqlite:///{Path(sweep_dir).resolve() / STORAGE_FILE}"
+
+
+def open_storage(url: str, attempts: int = 3):
+    """Optuna's RDB storage at ``url``; an SQLite file is shared by processes that wait for each other's writes.
+
+    Processes that open a new storage at the same moment race to create its tables (the loser's insert of the
+    schema version fails): the loser opens it again, and finds it made.
+    """
+    import optuna
+    from sqlalchemy.exc import IntegrityError, OperationalError
+
+    engine = {"connect_args": {"timeout": SQLITE_TIMEOUT_S}} if url.startswith("sqlite") else None
+    for attempt in range(1, attempts + 1):
+        try:
+            return optuna.storages.RDBStorage(url, engine_kwargs=engine)
+        except (IntegrityError, OperationalError):
+            if attempt == attempts:
+                raise
+            time.sleep(0.2 * attempt)
+
+
+class TrialReporter:
+    """Reports each validation of a job to its Optuna trial and asks the study's pruner whether to stop.
+
+    ``value_of(metrics)``: the value the sweep optimises (``metric``) from one validation's metrics, or None when
+    it was not measured (:func:`mcseg.train.optimized_value`).
+    """
+
+    def __init__(self, trial: Any, value_of: Callable[[dict], float | None], metric: str) -> None:
+        self.trial, self.value_of, self.metric = trial, value_of, metric
+
+    def report(self, epoch: int, metrics: dict) -> str | None:
+        """Report epoch ``epoch``'s validation ``metrics``; why the trial is pruned, or None to go on."""
+        value = self.value_of(metrics)
+        if value is None or not math.isfinite(value):  # nothing to compare: the pruner is not asked
+            log.warning("trial %d: no %s at epoch %d; not reported", self.trial.number, self.metric, epoch)
+            return None
+        self.trial.report(float(value), epoch)
+        if not self.trial.should_prune():
+            return None
+        return (f"trial {self.trial.number} pruned by the study's pruner after the validation of epoch {epoch} "
+                f"({self.metric} {value:.4g})")
+
+
+def trial_reporter(value_of: Callable[[dict], float | None], metric: str) -> TrialReporter | None:
+    """The reporter of this job's Optuna trial (see :class:`TrialReporter`), or None outside an Optuna sweep
+    (``hydra.sweeper.trial`` unset in the job's Hydra config)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return None
+    sweeper = HydraConfig.get().sweeper
+    number = sweeper.get("trial")
+    if number is None:
+        return None
+    import optuna
+    from hydra.utils import instantiate
+
+    storage, name = open_storage(str(sweeper.storage)), str(sweeper.study_name)
+    study = optuna.load_study(study_name=name, storage=storage, pruner=instantiate(sweeper.pruner))
+    trial_id = storage.get_trial_id_from_study_id_trial_number(storage.get_study_id_from_name(name), int(number))
+    return TrialReporter(optuna.trial.Trial(study, trial_id), value_of, metric)
