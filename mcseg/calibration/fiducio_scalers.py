@@ -45,10 +45,11 @@ import fiducio
 import torch
 from torch import Tensor
 
-from mcseg.calibration.scalers import SCALER_TYPES, FitData, FitOptions, Scaler, softmax_only_message
+from mcseg.calibration.scaler_base import FitData, FitOptions, Scaler, softmax_only_message
 from mcseg.calibration.scaling import nll
 
-__all__ = ["CHUNK_VOXELS", "FIDUCIO_SCALERS", "FiducioScaler", "GUARANTEES", "SETTINGS", "check_fiducio_settings"]
+__all__ = ["CHUNK_VOXELS", "FIDUCIO_SCALERS", "FIDUCIO_SCALER_TYPES", "FiducioScaler", "GUARANTEES", "SETTINGS",
+           "check_fiducio_settings"]
 
 GUARANTEES = ("order", "argmax", "none")
 KEEPS = {"order": "keeps the class order", "argmax": "keeps the arg-max", "none": "can change the arg-max"}
@@ -204,7 +205,7 @@ def check_fiducio_settings(settings: dict, names: list[str]) -> None:
                           f"{', '.join(SETTINGS)})")
     for name in names:
         try:
-            SCALER_TYPES[name].new_calibrator(settings)
+            FIDUCIO_SCALER_TYPES[name].new_calibrator(settings)
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"config key 'posthoc.fiducio'={dict(settings)}: {name} refuses it ({exc})") from None
 
@@ -217,4 +218,5 @@ def _scaler_class(offered: Offered) -> type[FiducioScaler]:
         "preserves_argmax": offered.guarantee != "none", "__doc__": f"{offered.summary} (Fiducio)."})
 
 
-SCALER_TYPES.update({offered.name: _scaler_class(offered) for offered in FIDUCIO_SCALERS})
+#: Fiducio's calibrators by name (registered in mcseg.calibration.scalers.SCALER_TYPES)
+FIDUCIO_SCALER_TYPES: dict[str, type[FiducioScaler]] = {o.name: _scaler_class(o) for o in FIDUCIO_SCALERS}

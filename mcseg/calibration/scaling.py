@@ -38,6 +38,16 @@ ECE_SEARCH = (0.05, 20.0)
 _LOG_FLOOR = 1e-12
 
 
+def inverse_link(probs: torch.Tensor, multilabel: bool) -> torch.Tensor:
+    """Logits whose link is ``probs``: ``ln p`` for softmax (softmax(ln p) = p, p summing to 1), the
+    logit ``ln p - ln(1 - p)`` for sigmoids; probabilities are kept at least 1e-12 (1e-7 from 0 and 1
+    for sigmoids), so that no logit is infinite."""
+    if multilabel:
+        p = probs.clamp(1e-7, 1 - 1e-7)
+        return torch.log(p) - torch.log1p(-p)
+    return torch.log(probs.clamp_min(1e-12))
+
+
 def scale_logits(logits: torch.Tensor, params: dict, channel_dim: int = 1) -> torch.Tensor:
     """Apply fitted ``params`` to ``logits`` (channels on ``channel_dim``).
 

@@ -9,6 +9,7 @@ from contextlib import nullcontext
 
 import torch
 
+from mcseg.calibration.scaling import inverse_link
 from mcseg.data.cases import CaseData
 from mcseg.inference.volume import predict_logits
 from mcseg.config import InferenceConfig
@@ -149,11 +150,3 @@ class EnsemblePredictor(SegmentationPredictor):
         return EnsemblePredictor([m.plain() for m in self.members])
 
 
-def inverse_link(probs: torch.Tensor, multilabel: bool) -> torch.Tensor:
-    """Logits whose link is ``probs``: ``ln p`` for softmax (softmax(ln p) = p, p summing to 1), the
-    logit ``ln p - ln(1 - p)`` for sigmoids; probabilities are kept at least 1e-12 (1e-7 from 0 and 1
-    for sigmoids), so that no logit is infinite."""
-    if multilabel:
-        p = probs.clamp(1e-7, 1 - 1e-7)
-        return torch.log(p) - torch.log1p(-p)
-    return torch.log(probs.clamp_min(1e-12))
