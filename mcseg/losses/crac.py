@@ -53,7 +53,7 @@ class CRaCLoss(AugmentedLagrangianLoss):
     One difference, deliberate: the authors mark a boundary voxel by ``sum_i (mean_j u_j - u_i) != 0`` over the
     window's labels u, which is 0 in exact arithmetic for every window; it is non-zero only through float32
     rounding, for most mixed windows but not all (measured on random 3 x 3 windows of 2 / 3 / 4 classes: 98.7 /
-    80 / 87 % of the mixed windows; the others get the interior target m e_y). Here a window is a boundary when it
+    80 / 87 % of the mixed windows; the others get the interior target m s_k instead of s_k). Here a window is a boundary when it
     holds more than one label, which is what the rounding approximates (tests/losses/test_loss_crac.py shows a
     mixed window their test calls interior). Also: the authors' code is 2D (3 x 3 windows); 3D uses 3 x 3 x 3
     windows; ``ignore_index`` (theirs has none in the penalty) masks CE, the penalty, the multiplier statistics
