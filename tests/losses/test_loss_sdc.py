@@ -160,3 +160,19 @@ def test_soft_targets_are_refused_naming_the_key():
 def test_invalid_arguments(kwargs, name):
     with pytest.raises(ValueError, match=name):
         SDCLoss(**kwargs)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 9, 7), (1, 2, 6, 5, 4)], ids=["2d", "3d"])
+def test_device_distance_is_scipys_exact_transform_in_any_chunking(shape, monkeypatch):
+    from mcseg.losses import sdc
+
+    g = torch.Generator().manual_seed(6)
+    feature = torch.rand(shape, generator=g) < 0.1
+    feature[0, 0] = False  # no feature voxel: 0 by convention
+    expected = np.zeros(shape)
+    for index in np.ndindex(*shape[:2]):
+        if feature[index].any():
+            expected[index] = ndimage.distance_transform_edt(~feature[index].numpy())
+    torch.testing.assert_close(sdc.distance_to(feature, torch.float64), torch.from_numpy(expected), rtol=1e-15, atol=0)
+    monkeypatch.setattr(sdc, "_CHUNK", 10)  # one line per chunk
+    torch.testing.assert_close(sdc.distance_to(feature, torch.float64), torch.from_numpy(expected), rtol=1e-15, atol=0)
