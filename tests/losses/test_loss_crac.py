@@ -252,3 +252,28 @@ def test_invalid_arguments(kwargs, name):
 def test_wrong_number_of_classes_is_named():
     with pytest.raises(ValueError, match="CRaCLoss has num_classes=4 but logits have C=3"):
         CRaCLoss(num_classes=4)(*random_inputs((1, 3, 4, 4)))
+
+
+@pytest.mark.parametrize("slice_axis", [0, -1])
+def test_a_2d_network_validated_on_volumes_is_windowed_slice_by_slice(slice_axis):
+    """Trained on 2D slices (dims 2), validated on 1 x C x X x Y x Z volumes (the trainer's hook): the regions and
+    shares are those of the volume's slices along ``slice_axis`` (as the authors validate, a batch of slices), not
+    of 3D windows, so the multipliers see the constraints the training penalises."""
+    z, y = _labels_without_class_3((1, 4, 5, 6, 4), seed=20)
+    volume = CRaCLoss(num_classes=4, dims=2, slice_axis=slice_axis)
+    slices = CRaCLoss(num_classes=4)
+    axis = slice_axis % 3
+    for loss, inputs in ((volume, (z, y)), (slices, (z.movedim(2 + axis, 0)[:, 0], y.movedim(1 + axis, 0)[:, 0]))):
+        loss.on_validation_start()
+        loss.on_validation_batch(*inputs)
+        loss.on_validation_end(0)
+    torch.testing.assert_close(volume.lambd, slices.lambd, rtol=1e-12, atol=0)
+    torch.testing.assert_close(volume.prev_constraint, slices.prev_constraint, rtol=1e-12, atol=0)
+    windows3d = CRaCLoss(num_classes=4)
+    windows3d.on_validation_start()
+    windows3d.on_validation_batch(z, y)
+    windows3d.on_validation_end(0)
+    assert not torch.allclose(windows3d.lambd, slices.lambd)  # 3D windows would give other multipliers
+    # a 3D network (dims 3) keeps 3D windows; training batches (B x C x H x W) are never sliced
+    with pytest.raises(ValueError, match="dims"):
+        CRaCLoss(num_classes=4, dims=4)
