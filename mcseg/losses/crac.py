@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .base import check_float, one_hot
+from .base import check_choice, check_float, check_int, one_hot
 from .lagrangian import AugmentedLagrangianLoss
 from .neighbourhood import device_kernel, smooth_labels
 
@@ -69,6 +69,12 @@ class CRaCLoss(AugmentedLagrangianLoss):
         rho_step: epochs between rho updates (0 disables them); default 10.
         gamma: rho growth factor >= 1; default 1.2.
         tao: required constraint decrease ratio; default 0.9.
+        dims: the spatial dims of the training patches (``${dataset.sampling.dims}``); None: as they come. A 2D
+            network is validated on volumes (the trainer's hook gets ``1 x C x X x Y x Z``): then the volume's slices
+            along ``slice_axis`` are the validation batch, as the authors validate slice by slice, so the regions
+            and shares are those the training penalises.
+        slice_axis: the volume's spatial axis a 2D network is applied across (``${dataset.sampling.slice_axis}``);
+            default -1.
         ignore_index: see above.
         reduction: ``"mean"`` only.
     """
@@ -85,12 +91,16 @@ class CRaCLoss(AugmentedLagrangianLoss):
         rho_step: int = 10,
         gamma: float = 1.2,
         tao: float = 0.9,
+        dims: int | None = None,
+        slice_axis: int = -1,
         ignore_index: int | None = None,
         reduction: str = "mean",
     ) -> None:
         super().__init__(num_classes, lambd_min, lambd_max, lambd_step, rho_min, rho_max, rho_step, gamma, tao,
                          ignore_index, reduction)
         self.margin = check_float("margin", margin, low=0.0, low_open=True)
+        self.dims = None if dims is None else check_choice("dims", dims, (1, 2, 3))
+        self.slice_axis = check_int("slice_axis", slice_axis)
 
     @property
     def n_columns(self) -> int:
@@ -111,5 +121,16 @@ class CRaCLoss(AugmentedLagrangianLoss):
         b = boundary.to(h.dtype)
         return torch.cat([h * b, h * (1.0 - b)], dim=1)
 
+    def on_validation_batch(self, logits: Tensor, target: Tensor) -> None:
+        """The base's statistics; a volume of a network trained on slices (one spatial dim more than ``dims``)
+        enters as the batch of its slices along ``slice_axis``."""
+        if self.dims is not None and logits.ndim - 2 == self.dims + 1:
+            axis = self.slice_axis % (logits.ndim - 2)
+            if target.ndim == logits.ndim:  # B x 1 x spatial
+                target = target.squeeze(1)
+            logits = logits.movedim(2 + axis, 1).flatten(0, 1)
+            target = target.movedim(1 + axis, 1).flatten(0, 1)
+        super().on_validation_batch(logits, target)
+
     def extra_repr(self) -> str:
-        return f"margin={self.margin}, {super().extra_repr()}"
+        return f"margin={self.margin}, dims={self.dims}, slice_axis={self.slice_axis}, {super().extra_repr()}"

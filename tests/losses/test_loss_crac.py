@@ -259,7 +259,8 @@ def test_a_2d_network_validated_on_volumes_is_windowed_slice_by_slice(slice_axis
     """Trained on 2D slices (dims 2), validated on 1 x C x X x Y x Z volumes (the trainer's hook): the regions and
     shares are those of the volume's slices along ``slice_axis`` (as the authors validate, a batch of slices), not
     of 3D windows, so the multipliers see the constraints the training penalises."""
-    z, y = _labels_without_class_3((1, 4, 5, 6, 4), seed=20)
+    z, y = random_inputs((1, 4, 5, 6, 4), seed=20, dtype=torch.float64, scale=4.0, num_classes=3)
+    y[0, :2, :3] = 0  # a uniform block: interior voxels in 3D and 2D windows
     volume = CRaCLoss(num_classes=4, dims=2, slice_axis=slice_axis)
     slices = CRaCLoss(num_classes=4)
     axis = slice_axis % 3
