@@ -53,6 +53,11 @@ def test_every_loss_trains_and_evaluates(make_cfg, tmp_path, loss, one_thread):
         assert bool(state["loss"]["has_prev_constraint"])
         assert torch.all(state["loss"]["prev_constraint"] != 0)
         assert state["loss"]["lambd"].shape == (4,)
+    if loss == "crac":  # multipliers per class and region (boundary first), updated and checkpointed
+        assert state["loss"]["lambd"].shape == (8,) and bool(state["loss"]["has_prev_constraint"])
+        assert torch.all(state["loss"]["lambd"] > 1e-6)
+    if loss == "sdc":  # the SDC authors' metric is a figure of every evaluation
+        assert summary["mean_pece"] >= 0
     if loss == "adafocal":  # every validation updated the gammas and bins, and they are checkpointed
         assert int(state["loss"]["updates"]) >= 1
         assert state["loss"]["gamma"].shape == (15,) and state["loss"]["edges"].shape == (16,)

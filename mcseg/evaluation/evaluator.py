@@ -31,6 +31,7 @@ from mcseg.evaluation.scorers import CalibrationScorer, CaseView
 from mcseg.metrics.binning import BinSums
 from mcseg.metrics.calibration import NLL_FLOOR, top_label
 from mcseg.metrics.empty import StructureStatus, status_counts
+from mcseg.metrics.pece import PECE_DESCRIPTION
 from mcseg.metrics.regions import region_mask
 from mcseg.metrics.reliability import HISTOGRAM_COLUMNS, TABLE_COLUMNS, histogram_figure, histogram_table
 from mcseg.metrics.reliability import reliability_table
@@ -312,6 +313,7 @@ class Evaluator:
                                                                      if self.multilabel else ""),
             "brier": ("binary (p_r - y_r)^2, mean over regions" if self.multilabel else
                       "sum_k (p_k - 1[y=k])^2 per voxel, not divided by K"),
+            "pece": PECE_DESCRIPTION + ("; multilabel: p_r against y_r, mean over regions" if self.multilabel else ""),
             "hd": hd[p.hd_definition] + ", in mm with the voxel spacing",
             "assd": "mean of both directed surface distance sets pooled, in mm",
             "surface": "voxels of the structure with a face neighbour outside it or on the image border",

@@ -37,13 +37,13 @@ Every evaluation's numeric summary values also go to the trackers (``summary_met
 from __future__ import annotations
 
 from mcseg.evaluation.figure import SHOWS, Figure, shows
-from mcseg.evaluation.scorers import CalibrationScorer, OverlapScorer, Scorer, SurfaceScorer
+from mcseg.evaluation.scorers import CalibrationScorer, OverlapScorer, PECEScorer, Scorer, SurfaceScorer
 
 __all__ = ["SCORERS", "SPLIT_FIGURES", "table", "figure", "shown_in", "summary_keys", "class_keys", "case_keys",
            "summary_value"]
 
 #: the per-case scorers, in the order of their columns
-SCORERS: list[type[Scorer]] = [OverlapScorer, SurfaceScorer, CalibrationScorer]
+SCORERS: list[type[Scorer]] = [OverlapScorer, SurfaceScorer, CalibrationScorer, PECEScorer]
 
 _FD = ("failure_detection", "predictive_entropy")
 

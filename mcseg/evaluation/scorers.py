@@ -25,12 +25,13 @@ from mcseg.evaluation.figure import Figure, shows
 from mcseg.metrics.binning import BinSums
 from mcseg.metrics.calibration import CalibrationStats, case_calibration
 from mcseg.metrics.overlap import dice_score, overlap_counts
+from mcseg.metrics.pece import PECE_BINS, PECE_FP_WEIGHT, pece
 from mcseg.metrics.regions import region_mask
 from mcseg.metrics.reliability import case_histogram
 from mcseg.metrics.statistics import nanmean
 from mcseg.metrics.surface import surface_distances
 
-__all__ = ["CaseView", "Scorer", "OverlapScorer", "SurfaceScorer", "CalibrationScorer", "EVERYWHERE"]
+__all__ = ["CaseView", "Scorer", "OverlapScorer", "SurfaceScorer", "CalibrationScorer", "PECEScorer", "EVERYWHERE"]
 
 EVERYWHERE = shows("headline", "hparams", "posthoc", "shift", "report", "predictor")
 
@@ -204,3 +205,19 @@ class CalibrationScorer(Scorer):
         if self.multilabel:
             return BinSums.stack([s.classwise[1] for s in stats])
         return stats[0].classwise[self.foreground]
+
+
+class PECEScorer(Scorer):
+    """pECE (:mod:`mcseg.metrics.pece`; the SDC authors' foreground ECE with a false-positive offset, 10 bins,
+    offset weight 2) of a case over ALL its voxels, whatever the protocol's calibration region (as the authors).
+    Softmax tasks: foreground confidence 1 - p_0 against label != 0; multilabel: p_r against y_r per region, the
+    case's value the mean over regions. NaN for a label map without probabilities."""
+
+    figures = (Figure("pece", f"pECE ({PECE_BINS} bins, FP weight {PECE_FP_WEIGHT:g})", "case", "calibration", -1),)
+
+    def score(self, case: CaseView) -> dict:
+        if case.probs is None:
+            return {"pece": math.nan}
+        if self.multilabel:
+            return {"pece": nanmean([pece(case.probs[r], case.label[r] > 0) for r in range(self.num_classes)])}
+        return {"pece": pece(1.0 - case.probs[0], case.label != 0)}

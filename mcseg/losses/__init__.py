@@ -9,6 +9,7 @@ probabilities to evaluate. See ``docs/losses.md`` for formulas, defaults and pap
 from .ace import L1ACELoss
 from .base import SegmentationLoss
 from .brier import BrierLoss
+from .crac import CRaCLoss
 from .cross_entropy import CELoss, ECPLoss, LabelSmoothingLoss
 from .dca import DCALoss, MDCALoss
 from .dice import CEDiceLoss, DiceSemimetricLoss, SoftDice
@@ -16,6 +17,7 @@ from .focal import AdaFocalLoss, DualFocalLoss, FCLLoss, FLSDLoss, FocalLoss
 from .margin import ACLSLoss, CALSLoss, MarginDiceLoss, MarginLoss
 from .multilabel import MultiLabelLoss, SigmoidBCELoss, SPALoss
 from .nacl import NACLLoss
+from .sdc import SDCLoss
 from .svls import SVLSLoss
 
 __all__ = [
@@ -25,6 +27,7 @@ __all__ = [
     "CALSLoss",
     "CEDiceLoss",
     "CELoss",
+    "CRaCLoss",
     "DCALoss",
     "DiceSemimetricLoss",
     "DualFocalLoss",
@@ -39,6 +42,7 @@ __all__ = [
     "MarginLoss",
     "MultiLabelLoss",
     "NACLLoss",
+    "SDCLoss",
     "SPALoss",
     "SVLSLoss",
     "SegmentationLoss",

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 from torch import Tensor
 
@@ -14,10 +12,10 @@ from .base import (
     check_float,
     check_int,
     masked_mean,
-    no_autocast,
 )
 from .cross_entropy import nll, soft_nll
 from .dice import SoftDice
+from .lagrangian import AugmentedLagrangianLoss
 
 __all__ = ["ACLSLoss", "CALSLoss", "MarginDiceLoss", "MarginLoss", "logit_distances", "margin_penalty"]
 
@@ -170,12 +168,7 @@ class MarginDiceLoss(MarginLoss):
         return f"lambda_ce={self.lambda_ce}, lambda_dice={self.lambda_dice}, {super().extra_repr()}"
 
 
-def phr_penalty(h: Tensor, lambd: Tensor, rho: Tensor) -> Tensor:
-    """PHR penalty ``[max(0, lambda + rho h)^2 - lambda^2] / (2 rho)``; lambda, rho broadcast over h."""
-    return (torch.relu(lambd + rho * h).square() - lambd.square()) / (2.0 * rho)
-
-
-class CALSLoss(SegmentationLoss):
+class CALSLoss(AugmentedLagrangianLoss):
     """Class-adaptive label smoothing, CALS (Liu et al., CVPR 2023), with the PHR penalty.
 
     ``CE + mean_{voxels, k} P(h_k; lambda_k, rho_k)`` with the normalised margin constraint
@@ -183,17 +176,13 @@ class CALSLoss(SegmentationLoss):
     ``P(h; lambda, rho) = [max(0, lambda + rho h)^2 - lambda^2] / (2 rho)``; one multiplier
     lambda_k and one rho_k per class, constants for the gradient (buffers).
 
-    Multipliers are updated once per epoch from the VALIDATION pass, as the official code:
-    the trainer calls ``on_validation_start()``, ``on_validation_batch(logits, target)`` for
-    every validation volume (non-ignored voxels pooled) and ``on_validation_end(epoch)``
-    (0-based epoch). Then, when ``(epoch + 1) % lambd_step == 0``,
-    ``lambda_k = clip(mean_voxels clip(P'(h_k), lambd_min, lambd_max), lambd_min, lambd_max)``
-    with ``P' = max(0, lambda + rho h)`` evaluated with the multipliers in effect during the
-    pass (the official code clips per voxel before the mean too). With ``rho_step > 0`` the
-    per-class mean constraint ``c_k = mean h_k`` is computed every epoch and, when
-    ``(epoch + 1) % rho_step == 0`` and a previous value exists,
-    ``rho_k <- clip(gamma * rho_k, rho_min, rho_max)`` for the classes with
-    ``c_k > tao * max(c_k_prev, 0)``; ``c_prev`` is the previous epoch's value.
+    Multipliers are updated once per epoch from the VALIDATION pass, as the official code
+    (``AugLagrangianClass``); the rules, the trainer hooks and the checkpointed state are those of
+    :mod:`mcseg.losses.lagrangian`: the trainer calls ``on_validation_start()``,
+    ``on_validation_batch(logits, target)`` for every validation volume (non-ignored voxels pooled) and
+    ``on_validation_end(epoch)`` (0-based epoch); ``lambda_k = clip(mean_voxels clip(P'(h_k), lambd_min,
+    lambd_max), lambd_min, lambd_max)`` every ``lambd_step`` epochs, ``rho_k <- clip(gamma * rho_k, rho_min,
+    rho_max)`` every ``rho_step`` epochs for the classes with ``c_k > tao * max(c_k_prev, 0)``.
 
     State in ``state_dict`` (buffers): ``lambd``, ``rho``, ``prev_constraint``,
     ``has_prev_constraint``. Initial: lambda = lambd_min, rho = rho_min.
@@ -212,8 +201,6 @@ class CALSLoss(SegmentationLoss):
         reduction: ``"mean"`` only.
     """
 
-    reductions = ("mean",)
-
     def __init__(
         self,
         num_classes: int,
@@ -230,91 +217,25 @@ class CALSLoss(SegmentationLoss):
         ignore_index: int | None = None,
         reduction: str = "mean",
     ) -> None:
-        super().__init__(ignore_index=ignore_index, reduction=reduction)
-        self.num_classes = check_int("num_classes", num_classes, low=2)
+        super().__init__(num_classes, lambd_min, lambd_max, lambd_step, rho_min, rho_max, rho_step, gamma, tao,
+                         ignore_index, reduction)
         self.margin = check_float("margin", margin, low=0.0, low_open=True)
-        self.lambd_min = check_float("lambd_min", lambd_min, low=0.0)
-        self.lambd_max = check_float("lambd_max", lambd_max, low=self.lambd_min)
-        self.lambd_step = check_int("lambd_step", lambd_step, low=1)
-        self.rho_min = check_float("rho_min", rho_min, low=0.0, low_open=True)
-        self.rho_max = check_float("rho_max", rho_max, low=self.rho_min)
-        self.rho_step = check_int("rho_step", rho_step, low=0)
-        self.gamma = check_float("gamma", gamma, low=1.0)
-        self.tao = check_float("tao", tao, low=0.0)
         self.normalize = check_bool("normalize", normalize)
-        k = self.num_classes
-        f64 = torch.float64
-        self.register_buffer("lambd", torch.full((k,), self.lambd_min, dtype=f64))
-        self.register_buffer("rho", torch.full((k,), self.rho_min, dtype=f64))
-        self.register_buffer("prev_constraint", torch.zeros(k, dtype=f64))
-        self.register_buffer("has_prev_constraint", torch.tensor(False))
-        # statistics of the running validation pass (not checkpointed)
-        self.register_buffer("_grad_sum", torch.zeros(k, dtype=f64), persistent=False)
-        self.register_buffer("_constraint_sum", torch.zeros(k, dtype=f64), persistent=False)
-        self.register_buffer("_count", torch.zeros((), dtype=f64), persistent=False)
+
+    @property
+    def n_columns(self) -> int:
+        return self.num_classes
 
     def constraints(self, logits: Tensor) -> Tensor:
         """``h`` (``B x C x spatial``)."""
         h = logit_distances(logits) - self.margin
         return h / self.margin if self.normalize else h
 
-    def _per_class(self, t: Tensor, like: Tensor) -> Tensor:
-        return t.to(like.dtype).view(1, -1, *([1] * (like.ndim - 2)))
-
-    def _check_classes(self, logits: Tensor) -> None:
-        if logits.shape[1] != self.num_classes:
-            raise ValueError(f"CALSLoss has num_classes={self.num_classes} but logits have C={logits.shape[1]}.")
-
-    def compute(self, logits: Tensor, target: Tensor, valid: Tensor | None) -> Tensor:
-        self._check_classes(logits)
-        h = self.constraints(logits)
-        penalty = phr_penalty(h, self._per_class(self.lambd, h), self._per_class(self.rho, h)).mean(dim=1)
-        return masked_mean(nll(torch.log_softmax(logits, dim=1), target) + penalty, valid)
-
-    # -- trainer hooks ----------------------------------------------------------------
-    def on_validation_start(self) -> None:
-        self._grad_sum.zero_()
-        self._constraint_sum.zero_()
-        self._count.zero_()
-
-    @torch.no_grad()
-    def on_validation_batch(self, logits: Tensor, target: Tensor) -> None:
-        with no_autocast(logits.device.type):
-            logits, target, valid = self.prepare(logits, target)
-            self._check_classes(logits)
-            h = self.constraints(logits.double())
-            grad = torch.relu(self._per_class(self.lambd, h) + self._per_class(self.rho, h) * h)
-            grad = grad.clamp(self.lambd_min, self.lambd_max)
-            h, grad = h.movedim(1, -1).reshape(-1, self.num_classes), grad.movedim(1, -1).reshape(-1, self.num_classes)
-            if valid is not None:
-                keep = valid.reshape(-1)
-                h, grad = h[keep], grad[keep]
-            self._grad_sum += grad.sum(dim=0)
-            self._constraint_sum += h.sum(dim=0)
-            self._count += h.shape[0]
-
-    @torch.no_grad()
-    def on_validation_end(self, epoch: int) -> None:
-        epoch = check_int("epoch", epoch, low=0)
-        if self._count.item() == 0:
-            warnings.warn("CALSLoss: no validation voxels were seen; multipliers left unchanged.", stacklevel=2)
-            return
-        if (epoch + 1) % self.lambd_step == 0:
-            self.lambd.copy_((self._grad_sum / self._count).clamp(self.lambd_min, self.lambd_max))
-        if self.rho_step > 0:
-            current = self._constraint_sum / self._count
-            if (epoch + 1) % self.rho_step == 0 and bool(self.has_prev_constraint):
-                grow = current > self.prev_constraint.clamp(min=0) * self.tao
-                self.rho.copy_(torch.where(grow, self.gamma * self.rho, self.rho).clamp(self.rho_min, self.rho_max))
-            self.prev_constraint.copy_(current)
-            self.has_prev_constraint.fill_(True)
+    def constraint_columns(self, logits: Tensor, target: Tensor, valid: Tensor | None) -> Tensor:
+        return self.constraints(logits)
 
     def extra_repr(self) -> str:
-        return (
-            f"num_classes={self.num_classes}, margin={self.margin}, lambd=[{self.lambd_min}, {self.lambd_max}] "
-            f"step {self.lambd_step}, rho=[{self.rho_min}, {self.rho_max}] step {self.rho_step}, "
-            f"gamma={self.gamma}, tao={self.tao}, normalize={self.normalize}, {super().extra_repr()}"
-        )
+        return f"margin={self.margin}, normalize={self.normalize}, {super().extra_repr()}"
 
 
 class ACLSLoss(SegmentationLoss):

@@ -39,6 +39,7 @@ SOFTMAX_CASES: dict[str, Case] = {
     "nacl_svls_l2": Case(L.NACLLoss, {"kernel": "svls", "padding": "replicate", "distance": "l2"}, spatial=True),
     "nacl_gauss_zeros": Case(L.NACLLoss, {"kernel": "gaussian", "padding": "zeros"}, spatial=True),
     "cals": Case(L.CALSLoss, {"num_classes": NUM_CLASSES, "margin": 1.0}),
+    "crac": Case(L.CRaCLoss, {"num_classes": NUM_CLASSES}, spatial=True),
     "fcl": Case(L.FCLLoss),
     "fcl_adaptive": Case(L.FCLLoss, {"self_adaptive": True}),
     "brier": Case(L.BrierLoss),
@@ -58,6 +59,7 @@ SOFTMAX_CASES: dict[str, Case] = {
     "acls": Case(L.ACLSLoss, {"margin": 1.0}),
     "adafocal": Case(L.AdaFocalLoss),
     "dml": Case(L.DiceSemimetricLoss, per_voxel=False),
+    "sdc": Case(L.SDCLoss, spatial=True),
     "ce_dml_boundary": Case(
         L.DiceSemimetricLoss, {"lambda_ce": 0.25, "lambda_dml": 0.75, "boundary_epsilon": 0.5}, per_voxel=False, spatial=True
     ),
@@ -82,6 +84,7 @@ CONFIG_CLASSES = {
     "margin_dice": L.MarginDiceLoss,
     "nacl": L.NACLLoss,
     "cals": L.CALSLoss,
+    "crac": L.CRaCLoss,
     "fcl": L.FCLLoss,
     "brier": L.BrierLoss,
     "hardl1ace_ce": L.L1ACELoss,
@@ -96,6 +99,7 @@ CONFIG_CLASSES = {
     "adafocal": L.AdaFocalLoss,
     "dml": L.DiceSemimetricLoss,
     "ce_dml": L.DiceSemimetricLoss,
+    "sdc": L.SDCLoss,
     "bce": L.SigmoidBCELoss,
     "spa": L.SPALoss,
 }

@@ -246,18 +246,21 @@ def load_loss_config(name):
 def test_config_instantiates_at_the_class_defaults(name):
     """...or, for a preset (tests/losses/loss_zoo.py PRESETS), at the class defaults but for its stated values."""
     cfg = load_loss_config(name)
-    tree = OmegaConf.create({"dataset": {"num_classes": 4}, "loss": cfg})
+    tree = OmegaConf.create({"dataset": {"num_classes": 4, "sampling": {"dims": 2, "slice_axis": 0}}, "loss": cfg})
     loss = hydra.utils.instantiate(tree.loss)
     assert type(loss) is CONFIG_CLASSES[name]
     params = inspect.signature(CONFIG_CLASSES[name]).parameters
     keys = set(cfg) - {"_target_"}
-    # every constructor argument except reduction is spelled out, at the class default
+    # every constructor argument except reduction is spelled out, at the class default (or read from the dataset)
     assert keys == set(params) - {"reduction"}
-    expected = {key: params[key].default for key in keys - {"num_classes"}} | PRESETS.get(name, {})
-    for key in keys - {"num_classes"}:
+    from_dataset = {key for key in keys if OmegaConf.is_interpolation(cfg, key)}
+    expected = {key: params[key].default for key in keys - from_dataset} | PRESETS.get(name, {})
+    for key in keys - from_dataset:
         assert cfg[key] == expected[key], key
-    if name == "cals":
+    if name in ("cals", "crac"):
         assert loss.num_classes == 4
+    if name == "crac":
+        assert (loss.dims, loss.slice_axis) == (2, 0)
 
 
 def test_margin_config_keys():

@@ -130,3 +130,17 @@ def test_ml1_ace_on_the_rater_mean_by_hand(binning, ace):
     assert loss(logits, q).item() == pytest.approx(ace, rel=1e-6)
     assert L1ACELoss(binning=binning, num_bins=2)(logits, q).item() == pytest.approx(0.5 * ace + 0.5 * ACE_CE,
                                                                                        rel=1e-6)
+
+
+@pytest.mark.parametrize("loss, name", [("crac", "CRaCLoss"), ("sdc", "SDCLoss")])
+def test_the_newest_losses_refuse_the_rater_mean_at_start_naming_the_key(loss, name):
+    """Built from their configs as a run builds them (issue #49): refused before anything is loaded."""
+    from mcseg.config import ConfigError
+    from mcseg.training.build import check_soft_targets
+    from tests.conftest import ROOT, TINY_2D, compose_config
+
+    cfg = compose_config("train", TINY_2D + [f"loss={loss}"], ROOT / "unused")
+    with pytest.raises(ConfigError, match=f"loss {name} needs a hard label per voxel and refuses "
+                                          r"dataset.raters.target=mean \(the soft rater mean\); it accepts "
+                                          "dataset.raters.target=majority, staple, random or a rater's name"):
+        check_soft_targets(cfg.loss)
