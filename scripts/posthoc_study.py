@@ -91,7 +91,11 @@ def configuration(run_dir: Path) -> tuple[str, str]:
     """(configuration, seed) of a run: its command-line overrides (``.hydra/overrides.yaml``) without
     the seed and the ``posthoc.*`` keys (this study replaces those), and its seed."""
     overrides_file = run_dir / ".hydra" / "overrides.yaml"
-    overrides = [str(o) for o in OmegaConf.load(overrides_file)] if overrides_file.is_file() else []
+    if overrides_file.is_file():
+        overrides = [str(o) for o in OmegaConf.load(overrides_file)]
+    else:  # a committed piece (no run folder): a multirun job's name, "<job number>_<overrides joined by commas>"
+        job = re.fullmatch(r"\d+_(.+)", run_dir.name)
+        overrides = job.group(1).split(",") if job else []
     seed = next((o.split("=", 1)[1] for o in overrides if o.startswith("seed=")), "")
     rest = [o for o in overrides if not o.startswith(("seed=", "posthoc.", "hydra", "experiment="))]
     return ",".join(rest) or run_dir.name, seed
@@ -165,11 +169,15 @@ def earlier_result(out: Path, variants: list[str]) -> dict | None:
 def rows_of(run_dir: Path, summary: dict) -> list[dict]:
     config, seed = configuration(run_dir)
     rows = [{"configuration": config, "seed": seed, "variant": "raw (pre_T)", "label": "none",
-             "temperature": "", "fit_s": "", **{k: summary.get(k) for k in METRICS}}]
+             "temperature": "", "fit_s": "", "voxels_changed": "", **{k: summary.get(k) for k in METRICS}}]
     for name, entry in summary.get("posthoc", {}).items():
+        params = entry.get("params") or {}
+        changed = (entry.get("segmentation") or {}).get("fraction_changed")
         rows.append({"configuration": config, "seed": seed, "variant": name, "label": entry.get("label", name),
-                     "temperature": (entry.get("params") or {}).get("temperature", ""),
-                     "fit_s": round(summary.get("fit_seconds", {}).get(name, float("nan")), 1),
+                     "temperature": params.get("temperature", ""),
+                     # the fit's own wall seconds (recorded for every scaler since issue #45; before, Fiducio's only)
+                     "fit_s": params.get("fit_seconds", ""),
+                     "voxels_changed": changed if changed is not None else "",
                      **{k: entry.get(k) for k in METRICS}})
     return rows
 
@@ -194,7 +202,7 @@ def table(rows: list[dict]) -> str:
     configs = list(dict.fromkeys(r["configuration"] for r in rows))
     variants = list(dict.fromkeys(r["variant"] for r in rows))
     head = ["configuration", "variant", "T", *(SHORT[m] for m in METRICS), *(f"Δ {SHORT[m]}" for m in CHANGES),
-            "segmentation kept", "ECE lower", "CECE lower", "fit s"]
+            "segmentation kept", "voxels changed", "ECE lower", "CECE lower", "fit s"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for scope in [*configs, "all"]:
         for variant in variants:
@@ -202,12 +210,14 @@ def table(rows: list[dict]) -> str:
             if not sel:
                 continue
             if variant == "raw (pre_T)":
-                derived = [""] * (len(CHANGES) + 4)
+                derived = [""] * (len(CHANGES) + 5)
             else:
                 kept = sum(all(r[m] == raw[(r["configuration"], r["seed"])][m] for m in CHANGES) for r in sel)
                 wins = [sum(float(r[m]) < float(raw[(r["configuration"], r["seed"])][m]) for r in sel)
                         for m in ("mean_ece", "mean_classwise_ece")]
+                shares = [100 * float(r["voxels_changed"]) for r in sel if r["voxels_changed"] != ""]
                 derived = [*(cell(change(r, m) for r in sel) for m in CHANGES), f"{kept}/{len(sel)}",
+                           f"{statistics.fmean(shares):.2f}%" if shares else "",
                            *(f"{w}/{len(sel)}" for w in wins), cell(r["fit_s"] for r in sel)]
             lines.append("| " + " | ".join([scope if scope != "all" else f"**all {len(sel)} runs**", variant,
                                             cell(r["temperature"] for r in sel),
@@ -219,36 +229,56 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("roots", nargs="+", type=Path, help="sweep or run directories (runs with checkpoints/best.pt)")
     parser.add_argument("--out", type=Path, required=True, help="where the fits, evaluations and tables go")
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS),
+                        help="default: every variant (with --pieces: those each piece holds)")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--pieces", action="store_true",
+                        help="the roots are earlier --out folders (committed pieces, runs/<run>/summary.json and "
+                             "timing.json): write the table of all of them into --out, without the run folders")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if args.pieces:
+        return write_tables(args.out, [r for root in args.roots for r in sorted((root / "runs").iterdir())
+                                       if (r / "summary.json").is_file()], args.variants, args.device, pieces=True)
+    args.variants = args.variants or list(VARIANTS)
     runs = [r for r in find_run_dirs(args.roots) if (r / "checkpoints" / SELECTED).is_file()]
     if not runs:
         print(f"no run with checkpoints/{SELECTED} under {', '.join(map(str, args.roots))}", file=sys.stderr)
         return 2
+    return write_tables(args.out, runs, args.variants, args.device)
+
+
+def write_tables(out: Path, runs: list[Path], variants: list[str] | None, device: str, pieces: bool = False) -> int:
+    """Study each run (or, with ``pieces``, read each committed piece's run folder) and write per_run.csv and
+    table.md into ``out``; ``variants`` None (pieces only): those each piece holds."""
     rows, wall = [], 0.0
     for run_dir in runs:
         name = re.sub(r"[^\w.,=+-]", "_", run_dir.name)
-        summary = earlier_result(args.out / "runs" / name, args.variants)
+        where = run_dir if pieces else out / "runs" / name
+        if variants is None:
+            variants = list(json.loads((where / "summary.json").read_text()).get("posthoc", {}))
+        summary = earlier_result(where, variants)
+        if summary is None and pieces:
+            print(f"{run_dir}: no study of every variant asked for ({', '.join(variants)})", file=sys.stderr)
+            return 2
         if summary is None:
-            summary = study_run(run_dir, args.out / "runs" / name, args.variants, args.device)
+            summary = study_run(run_dir, out / "runs" / name, variants, device)
             log.info("%s: %.0f s", run_dir.name, summary["wall_seconds"])
         else:
-            log.info("%s: studied before, read from %s", run_dir.name, args.out / "runs" / name)
-            summary["posthoc"] = {v: summary["posthoc"][v] for v in args.variants}
+            log.info("%s: studied before, read from %s", run_dir.name, run_dir if pieces else out / "runs" / name)
+            summary["posthoc"] = {v: summary["posthoc"][v] for v in variants}
         rows.extend(rows_of(run_dir, summary))
         wall += summary["wall_seconds"]
-    args.out.mkdir(parents=True, exist_ok=True)
-    with open(args.out / "per_run.csv", "w", newline="") as handle:
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "per_run.csv", "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
     minutes = wall / 60
-    (args.out / "table.md").write_text(
+    (out / "table.md").write_text(
         f"Test split, {len(runs)} runs, {minutes:.1f} min of wall time for the fits and evaluations (the sum over runs) "
-        f"(device {args.device}).\n\n" + table(rows))
-    print((args.out / "table.md").read_text())
+        f"(device {device}).\n\n" + table(rows))
+    print((out / "table.md").read_text())
     return 0
 
 

@@ -60,7 +60,9 @@ def test_a_sound_fit_gets_no_degenerate_field(tmp_path):
     fit = record["scalers"]["temperature"]
     assert 0.5 < fit["temperature"] < 5
     assert set(fit) == {"temperature", "nll_before", "nll_after", "voxels", "n_voxels", "n_cases", "objective",
-                        "argmax_changes", "guarantee"}  # since issue #45: fit voxels that changed class, what it keeps
+                        "argmax_changes", "guarantee", "fit_seconds"}  # since issue #45: fit voxels that changed
+    # class, what it keeps, and how long the fit took (wall seconds, every scaler alike)
+    assert fit["fit_seconds"] > 0
     assert fit["argmax_changes"]["count"] == 0
     assert not record["warnings"]
 

@@ -88,7 +88,7 @@ def test_mcsegs_probabilities_are_fiducios_own_transform_of_the_saved_calibrator
     path = directory / record["file"]
     assert record["file"] == f"fiducio-{name}-{SHA[:8]}.pt" and record["guarantee"] == SCALER_TYPES[name].guarantee
     assert record["calibrator"] == SCALER_TYPES[name].calibrator_class.__name__
-    assert record["nll_after"] <= record["nll_before"] and record["fit_seconds"] > 0
+    assert record["nll_after"] <= record["nll_before"]
     theirs = fiducio.load_calibrator(path)  # Fiducio reads mcseg's file
     z = _case((6, 7, 5))
     expected = theirs.transform(z[None])[0]

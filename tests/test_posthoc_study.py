@@ -44,3 +44,27 @@ def test_study_scores_each_variant_in_one_pass_and_writes_nothing_into_the_run(m
     assert (tmp_path / "study/runs/run/summary.json").stat().st_mtime_ns == first
     with open(tmp_path / "study/per_run.csv") as f:
         assert [r["variant"] for r in csv.DictReader(f)] == ["raw (pre_T)", variants[0]]
+
+
+def test_the_table_is_rebuilt_from_committed_pieces_without_the_runs(make_cfg, tmp_path):
+    """A piece folder (runs/<job>/summary.json and timing.json, as committed) gives the same table as the study."""
+    import shutil
+
+    run = tmp_path / "sweep" / "3_loss=ce,seed=2"
+    train(make_cfg(TINY_2D + ["posthoc.fit=[temperature]", "posthoc.apply=[temperature]"], output_dir=run))
+    variants = ["temperature-region", "histogram"]
+    assert posthoc_study.main([str(run), "--out", str(tmp_path / "study"), "--variants", *variants]) == 0
+    piece = tmp_path / "piece" / "runs" / run.name
+    piece.mkdir(parents=True)
+    for name in ("summary.json", "timing.json"):
+        shutil.copy(tmp_path / "study" / "runs" / run.name / name, piece / name)
+    shutil.rmtree(tmp_path / "sweep")
+    assert posthoc_study.main([str(tmp_path / "piece"), "--pieces", "--out", str(tmp_path / "table")]) == 0
+    with open(tmp_path / "table/per_run.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["variant"] for r in rows] == ["raw (pre_T)", *variants]
+    assert {(r["configuration"], r["seed"]) for r in rows} == {("loss=ce", "2")}
+    assert all(float(r["fit_s"]) >= 0 and 0 <= float(r["voxels_changed"]) <= 1 for r in rows[1:])  # both recorded
+    with open(tmp_path / "study/per_run.csv") as f:
+        study_rows = list(csv.DictReader(f))
+    assert [r["mean_ece"] for r in rows] == [r["mean_ece"] for r in study_rows]

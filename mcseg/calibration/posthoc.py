@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -261,7 +262,9 @@ def fit_posthoc(predictor, cases: Iterable[CaseData], cfg: PosthocConfig, where:
               "n_cases": data.n_cases, "n_voxels": len(data.logits), "sampling": _sampling_text(cfg, protocol),
               "scalers": {}, "warnings": []}
     for scaler in scalers:
+        start = time.perf_counter()
         scaler.fit(fit_data)
+        scaler.record["fit_seconds"] = round(time.perf_counter() - start, 3)  # wall time, on this machine's load
         reason = degenerate_reason(scaler.record, data.logits.shape[-1], predictor.multilabel)
         if reason:
             scaler.record.update(degenerate=True, degenerate_reason=reason)
