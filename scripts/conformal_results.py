@@ -108,6 +108,38 @@ def smaller_after_temperature(rows: list[dict], key: str) -> list[dict]:
     return [out[k] for k in sorted(out)]
 
 
+def _range(values: list[float]) -> str:
+    return f"{min(values):.3g}" if min(values) == max(values) else f"{min(values):.3g}–{max(values):.3g}"
+
+
+def by_loss(fixed: list[dict], splits: list[dict]) -> list[dict]:
+    """Per loss (the run's name before ``_s<seed>``), alpha, source and class, over its seeds: the range of the
+    thresholds, of the fixed split's test FNR and of the splits' mean test FNR, the largest spread and share of
+    splits above alpha, the mean volume ratios and the range of the outer margin."""
+    groups: dict[tuple, dict] = {}
+    for kind, rows in (("fixed", fixed), ("splits", splits)):
+        for r in rows:
+            key = (r["run"].rsplit("_s", 1)[0], float(r["alpha"]), r["source"], r["class"])
+            groups.setdefault(key, {"fixed": [], "splits": []})[kind].append(r)
+    out = []
+    for (loss, alpha, source, name), g in sorted(groups.items()):
+        f, s = g["fixed"], g["splits"]
+        out.append({"loss": loss, "alpha": alpha, "source": source, "class": name, "seeds": len(f),
+                    "threshold": _range([r["threshold"] for r in f]),
+                    "fixed_test_fnr": _range([r["test_fnr"] for r in f]),
+                    "fixed_set_over_pred": float(sum(r["set_over_prediction"] for r in f) / len(f)),
+                    "fixed_outer_mm": _range([r["outer_mm"] for r in f]),
+                    "fixed_covered_min": min(r["covered"] for r in f),
+                    "splits_seeds": len(s),
+                    "splits_mean_fnr": _range([r["mean_test_fnr"] for r in s]) if s else "–",
+                    "splits_sd_max": max(r["sd_over_splits"] for r in s) if s else "–",
+                    "splits_above_alpha_max": max(r["splits_above_alpha"] for r in s) if s else "–",
+                    "splits_set_over_pred": float(sum(r["set_over_prediction"] for r in s) / len(s)) if s else "–",
+                    "splits_outer_mm": _range([r["mean_outer_mm"] for r in s]) if s else "–",
+                    "splits_covered_min": min(r["covered"] for r in s) if s else "–"})
+    return out
+
+
 def markdown(rows: list[dict]) -> str:
     if not rows:
         return "(none)"
@@ -128,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     text = ["# Conformal guarantees on hippocampus: tables (scripts/conformal_results.py)", "",
             "## Temperatures (each fitted on the run's 31 validation cases)", "", markdown(temperature_rows(args.root)),
             "",
+            "## Per loss, over its seeds (ranges min–max; set_over_pred: mean over the seeds)", "",
+            markdown(by_loss(fixed, splits)), "",
             "## Fixed split: CRC fitted on the run's 31 validation cases, applied to its 31 test cases", "",
             markdown(fixed), "",
             "## Random splits of the pooled 62 cases (validation + test), 31 to calibrate", "",
