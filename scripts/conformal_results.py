@@ -3,7 +3,8 @@ the committed pieces under docs/results/conformal/<run>/ (no run folder needed):
 
 * ``fixed/a<alpha>/<raw|temperature>/conformal.json``: evaluate.py's CRC fit on a run's validation split applied
   to its test split;
-* ``validity_<raw|temperature>.csv``: scripts/conformal_validity.py over random splits of the run's pooled cases.
+* ``validity_<source>.csv``: scripts/conformal_validity.py over random splits of the run's pooled cases (raw,
+  temperature; grid1001_raw, grid1001_temperature: the same on a grid of 1001 thresholds).
 
 Writes ``summary.md`` there: the fixed split per run, alpha, source and class; the random splits likewise, with the
 standard deviation of the test FNR over the splits (the script's Monte-Carlo standard error times sqrt(splits));
@@ -55,10 +56,8 @@ def split_rows(root: Path) -> list[dict]:
     """Per run, alpha, source and class: the figures over the random splits."""
     rows = []
     for run in _runs(root):
-        for source in SOURCES:
-            path = run / f"validity_{source}.csv"
-            if not path.exists():
-                continue
+        for path in sorted(run.glob("validity_*.csv")):  # validity_<source>.csv, e.g. raw, grid1001_raw
+            source = path.stem[len("validity_"):]
             with path.open() as f:
                 for r in csv.DictReader(f):
                     splits = int(r["splits"])
@@ -124,10 +123,14 @@ def by_loss(fixed: list[dict], splits: list[dict]) -> list[dict]:
     out = []
     for (loss, alpha, source, name), g in sorted(groups.items()):
         f, s = g["fixed"], g["splits"]
+        if not f:  # a variant measured over the random splits only (e.g. a finer grid)
+            f = [{"threshold": float("nan"), "test_fnr": float("nan"), "set_over_prediction": float("nan"),
+                  "possible_over_prediction": float("nan"), "outer_mm": float("nan"), "covered": float("nan")}]
         out.append({"loss": loss, "alpha": alpha, "source": source, "class": name, "seeds": len(f),
                     "threshold": _range([r["threshold"] for r in f]),
                     "fixed_test_fnr": _range([r["test_fnr"] for r in f]),
                     "fixed_set_over_pred": float(sum(r["set_over_prediction"] for r in f) / len(f)),
+                    "fixed_possible_over_pred": float(sum(r["possible_over_prediction"] for r in f) / len(f)),
                     "fixed_outer_mm": _range([r["outer_mm"] for r in f]),
                     "fixed_covered_min": min(r["covered"] for r in f),
                     "splits_seeds": len(s),
