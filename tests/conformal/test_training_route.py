@@ -1,0 +1,44 @@
+"""A run's own test evaluation runs the conformal pass with conformal.enabled=true (issue #46, "every path"): the
+same conformal.json as evaluate.py writes for the run's best checkpoint, and nothing of it by default."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mcseg.evaluate import evaluate
+from mcseg.train import train
+from tests.conftest import TINY_2D, compose_config
+
+pytestmark = pytest.mark.slow  # two tiny trainings and an evaluation
+
+
+def _fit_and_test(record: dict) -> dict:
+    return {key: record[key] for key in ("alpha", "method", "loss", "classes", "fit_cases", "test")}
+
+
+def test_run_evaluation_writes_what_evaluate_writes(make_cfg, tmp_path, monkeypatch):
+    monkeypatch.setenv("MCSEG_CACHE_DIR", str(tmp_path / "cache"))
+    run = tmp_path / "run"
+    train(make_cfg([*TINY_2D, "logger=none", "conformal.enabled=true", "conformal.alpha=0.4"], output_dir=run))
+    summary = json.loads((run / "eval/test/summary.json").read_text())
+    evaluate(compose_config("evaluate", ["evaluation.bootstrap_samples=10", f"ckpt={run}", "split=test",
+                                         "conformal.enabled=true", "conformal.alpha=0.4",
+                                         f"eval_dir={tmp_path / 'eval'}"], tmp_path / "job"))
+    sources = sorted(p.name for p in (run / "eval/test/conformal").iterdir())
+    assert sources == sorted(p.name for p in (tmp_path / "eval/conformal").iterdir()) and "raw" in sources
+    for source in sources:
+        ours = json.loads((run / "eval/test/conformal" / source / "conformal.json").read_text())
+        theirs = json.loads((tmp_path / "eval/conformal" / source / "conformal.json").read_text())
+        assert _fit_and_test(ours) == _fit_and_test(theirs)
+        assert ours["applied"]["split_cases"] == theirs["applied"]["split_cases"]
+    assert set(summary["conformal"]) == set(sources)
+
+
+def test_disabled_by_default(make_cfg, tmp_path, monkeypatch):
+    monkeypatch.setenv("MCSEG_CACHE_DIR", str(tmp_path / "cache"))
+    cfg = make_cfg([*TINY_2D, "logger=none"], output_dir=tmp_path / "run")
+    assert cfg.conformal.enabled is False
+    train(cfg)
+    assert not (tmp_path / "run/eval/test/conformal").exists()
+    assert "conformal" not in json.loads((tmp_path / "run/eval/test/summary.json").read_text())
