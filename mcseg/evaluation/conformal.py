@@ -28,7 +28,8 @@ from mcseg.conformal.risks import class_masks
 from mcseg.errors import ConfigError
 from mcseg.files import write_csv, write_json
 
-__all__ = ["ConformalConfig", "add_to_summary", "check_conformal", "conformal_of_predictor", "headline"]
+__all__ = ["ConformalConfig", "add_to_summary", "check_conformal", "conformal_of_predictor", "conformal_pass",
+           "headline"]
 
 # the figures per class that go into summary.json's "conformal" block, and their means over the classes there
 HEADLINE = {"test_loss": "mean_loss", "set_over_prediction": "mean_set_over_prediction",
@@ -191,3 +192,20 @@ def add_to_summary(out_dir: Path, block: dict) -> None:
 
     path = Path(out_dir) / "summary.json"
     write_json(path, {**json.loads(path.read_text()), **block})
+
+
+def conformal_pass(config: ConformalConfig, predictor, own_dataset, val_refs, dataset, refs,
+                   scalers: Mapping[str, object], eval_dir: Path, provenance: dict, summary: dict) -> dict:
+    """The conformal pass of an evaluation in ``eval_dir`` (evaluate.py's and a run's own test evaluation):
+    :func:`conformal_of_predictor` into ``eval_dir/conformal``, its headline added to summary.json for the table of
+    figures and printed; returns ``summary`` with its ``conformal`` block."""
+    out_dir = Path(eval_dir) / "conformal"
+    records = conformal_of_predictor(config, predictor, own_dataset, val_refs, dataset, refs, scalers, out_dir,
+                                     provenance)
+    block = {name: headline(record) for name, record in records.items()}
+    add_to_summary(eval_dir, {"conformal": block})
+    for name, head in block.items():
+        print(f"conformal ({config.method}, {config.loss} <= {config.alpha}, {name}): " + ", ".join(
+            f"{c} t={r['threshold']:.3g}{'' if r['controlled'] else ' NOT controlled'} test {r['test_loss']}"
+            for c, r in head["classes"].items()) + f" -> {out_dir / name}")
+    return {**summary, "conformal": block}
