@@ -42,3 +42,21 @@ def test_disabled_by_default(make_cfg, tmp_path, monkeypatch):
     train(cfg)
     assert not (tmp_path / "run/eval/test/conformal").exists()
     assert "conformal" not in json.loads((tmp_path / "run/eval/test/summary.json").read_text())
+
+
+def test_overlays_logged_to_tensorboard(make_cfg, tmp_path, monkeypatch):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    monkeypatch.setenv("MCSEG_CACHE_DIR", str(tmp_path / "cache"))
+    run = tmp_path / "run"
+    train(make_cfg([*TINY_2D, "logger=tensorboard", "conformal.enabled=true", "conformal.alpha=0.4",
+                    "conformal.figures=1", "conformal.posthoc=false"], output_dir=run))
+    record = json.loads((run / "eval/test/conformal/raw/conformal.json").read_text())
+    first = record["applied"]["split_cases"][0]
+    assert f"{first}_conformal.png" in record["applied"]["files"]
+    events = EventAccumulator(str(run / "tensorboard"), size_guidance={"images": 0})
+    events.Reload()
+    tags = [t for t in events.Tags()["images"] if t.startswith("conformal/")]
+    assert tags == [f"conformal/raw/{first}"]  # the first conformal.figures cases, of each source
+    image = events.Images(tags[0])[0]
+    assert image.width > 100 and image.height > 100 and image.encoded_image_string[:4] == b"\x89PNG"
