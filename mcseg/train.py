@@ -99,13 +99,16 @@ def evaluate_test(run: Run, cfg: DictConfig) -> dict:
 
 def conformal_of_run(run: Run, cfg: DictConfig, scalers: dict, provenance: dict, summary: dict) -> dict:
     """``conformal.enabled=true``: evaluate.py's conformal pass (:mod:`mcseg.evaluation.conformal`), fitted on
-    every validation case of the run and applied to its test split, into ``<run>/eval/test/conformal``."""
+    every validation case of the run and applied to its test split, into ``<run>/eval/test/conformal``; the
+    overlay figures (``conformal.figures``) also go to the trackers (TensorBoard images ``conformal/<source>/<case>``)."""
     config = typed(cfg.get("conformal"), ConformalConfig, "conformal")
     check_conformal(config, "test", run.trainer.provenance["split"])
     if not config.enabled:
         return summary
+    step = run.trainer.global_step
     return conformal_pass(config, run.trainer.predictor, run.dataset, run.splits["val"], run.dataset,
-                          run.splits["test"], scalers, run.trainer.run_dir / "eval" / "test", provenance, summary)
+                          run.splits["test"], scalers, run.trainer.run_dir / "eval" / "test", provenance, summary,
+                          log_figure=lambda tag, figure: run.trackers.figure(tag, figure, step))
 
 
 def hparams_of(cfg: DictConfig) -> dict:
