@@ -60,3 +60,27 @@ def test_overlays_logged_to_tensorboard(make_cfg, tmp_path, monkeypatch):
     assert tags == [f"conformal/raw/{first}"]  # the first conformal.figures cases, of each source
     image = events.Images(tags[0])[0]
     assert image.width > 100 and image.height > 100 and image.encoded_image_string[:4] == b"\x89PNG"
+
+
+def test_report_section(make_cfg, tmp_path, monkeypatch):
+    from mcseg.report.cli import main as report
+
+    monkeypatch.setenv("MCSEG_CACHE_DIR", str(tmp_path / "cache"))
+    run = tmp_path / "runs/run"
+    train(make_cfg([*TINY_2D, "logger=none", "conformal.enabled=true", "conformal.alpha=0.4", "conformal.figures=1",
+                    "conformal.posthoc=false"], output_dir=run))
+    assert report([str(tmp_path / "runs"), "--out", str(tmp_path / "report"), "--no-eval", "--bootstrap", "10"]) == 0
+    text = (tmp_path / "report/report.md").read_text()
+    section = text[text.index("## Conformal guarantees"):].split("\n## ")[0]
+    record = json.loads((run / "eval/test/conformal/raw/conformal.json").read_text())
+    for name, fit in record["classes"].items():
+        test = record["test"][name]
+        line = next(line for line in section.splitlines() if f"| raw | {name} |" in line)
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[-7:] == [f"{fit['threshold']:.3g}", "yes" if fit["controlled"] else "NO",
+                              f"{test['mean_loss']:.3f} / 0.4", f"{test['mean_set_over_prediction']:.3f}",
+                              f"{fit['margin']['outer_mm']:.3g}", f"{fit['margin']['inner_mm']:.3g}",
+                              str(fit["n_cases"])]
+    figure = f"{record['applied']['split_cases'][0]}_conformal.png"
+    assert f"(../runs/run/eval/test/conformal/raw/{figure})" in section
+    assert (tmp_path / "report" / "../runs/run/eval/test/conformal/raw" / figure).is_file()
