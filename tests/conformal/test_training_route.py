@@ -62,6 +62,11 @@ def test_overlays_logged_to_tensorboard(make_cfg, tmp_path, monkeypatch):
     assert image.width > 100 and image.height > 100 and image.encoded_image_string[:4] == b"\x89PNG"
 
 
+def _text(value) -> str:
+    """A margin as the report writes it ('–': none, e.g. too few calibration cases for the quantile)."""
+    return "–" if value is None else f"{value:.3g}"
+
+
 def test_report_section(make_cfg, tmp_path, monkeypatch):
     from mcseg.report.cli import main as report
 
@@ -79,7 +84,7 @@ def test_report_section(make_cfg, tmp_path, monkeypatch):
         cells = [c.strip() for c in line.strip("|").split("|")]
         assert cells[-7:] == [f"{fit['threshold']:.3g}", "yes" if fit["controlled"] else "NO",
                               f"{test['mean_loss']:.3f} / 0.4", f"{test['mean_set_over_prediction']:.3f}",
-                              f"{fit['margin']['outer_mm']:.3g}", f"{fit['margin']['inner_mm']:.3g}",
+                              _text(fit["margin"]["outer_mm"]), _text(fit["margin"]["inner_mm"]),
                               str(fit["n_cases"])]
     figure = f"{record['applied']['split_cases'][0]}_conformal.png"
     assert f"(../runs/run/eval/test/conformal/raw/{figure})" in section
