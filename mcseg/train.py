@@ -27,6 +27,7 @@ from mcseg.trials import TrialPruned, trial_reporter
 
 def train(cfg: DictConfig) -> dict:
     """Train and evaluate as configured; return validation and test metrics."""
+    conformal_config(cfg)  # a bad conformal node refused before the training, not after it
     run = build_run(cfg)
     trainer, dataset, trackers = run.trainer, run.dataset, run.trackers
     tcfg, run_dir, device = trainer.cfg, trainer.run_dir, trainer.device
@@ -97,11 +98,16 @@ def evaluate_test(run: Run, cfg: DictConfig) -> dict:
     return summary
 
 
+def conformal_config(cfg: DictConfig) -> ConformalConfig:
+    """The training config's ``conformal`` node (configs/conformal/default.yaml), checked."""
+    return typed(cfg.get("conformal"), ConformalConfig, "conformal")
+
+
 def conformal_of_run(run: Run, cfg: DictConfig, scalers: dict, provenance: dict, summary: dict) -> dict:
     """``conformal.enabled=true``: evaluate.py's conformal pass (:mod:`mcseg.evaluation.conformal`), fitted on
     every validation case of the run and applied to its test split, into ``<run>/eval/test/conformal``; the
     overlay figures (``conformal.figures``) also go to the trackers (TensorBoard images ``conformal/<source>/<case>``)."""
-    config = typed(cfg.get("conformal"), ConformalConfig, "conformal")
+    config = conformal_config(cfg)
     check_conformal(config, "test", run.trainer.provenance["split"])
     if not config.enabled:
         return summary

@@ -89,3 +89,11 @@ def test_report_section(make_cfg, tmp_path, monkeypatch):
     figure = f"{record['applied']['split_cases'][0]}_conformal.png"
     assert f"(../runs/run/eval/test/conformal/raw/{figure})" in section
     assert (tmp_path / "report" / "../runs/run/eval/test/conformal/raw" / figure).is_file()
+
+
+def test_bad_node_refused_before_training(make_cfg, tmp_path):
+    from mcseg.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="conformal.alpha"):
+        train(make_cfg([*TINY_2D, "logger=none", "conformal.alpha=1.5"], output_dir=tmp_path / "run"))
+    assert not (tmp_path / "run/checkpoints").exists()
