@@ -11,8 +11,10 @@ import math
 from omegaconf import DictConfig
 
 from mcseg.calibration import fit_posthoc, scalers_to_apply
+from mcseg.config import typed
 from mcseg.environment import environment_record
 from mcseg.errors import TrainingInterrupted
+from mcseg.evaluation.conformal import ConformalConfig, check_conformal, conformal_pass
 from mcseg.evaluation.figures import summary_keys
 from mcseg.evaluation.provenance import checkpoint_identity, evaluation_provenance, hydra_overrides
 from mcseg.evaluation.split import evaluate_split, format_summary
@@ -25,6 +27,7 @@ from mcseg.trials import TrialPruned, trial_reporter
 
 def train(cfg: DictConfig) -> dict:
     """Train and evaluate as configured; return validation and test metrics."""
+    conformal_config(cfg)  # a bad conformal node refused before the training, not after it
     run = build_run(cfg)
     trainer, dataset, trackers = run.trainer, run.dataset, run.trackers
     tcfg, run_dir, device = trainer.cfg, trainer.run_dir, trainer.device
@@ -86,12 +89,32 @@ def evaluate_test(run: Run, cfg: DictConfig) -> dict:
         predictor, run.dataset, run.splits["test"], protocol, run_dir / "eval" / "test",
         inference.save_predictions, inference.save_probabilities, scalers, provenance,
     )
+    summary = conformal_of_run(run, cfg, scalers, provenance, summary)
     best_val = validation_score(next((h for h in trainer.history if h["epoch"] == trainer.best_epoch), {}),
                                 cfg.get("score"))
     run.trackers.evaluation("test", summary, run_dir / "eval" / "test", trainer.global_step,
                             hparams={"params": hparams_of(cfg), "metrics": {"final/best_val_score": best_val}})
     run.trackers.save_record(trainer.global_step)
     return summary
+
+
+def conformal_config(cfg: DictConfig) -> ConformalConfig:
+    """The training config's ``conformal`` node (configs/conformal/default.yaml), checked."""
+    return typed(cfg.get("conformal"), ConformalConfig, "conformal")
+
+
+def conformal_of_run(run: Run, cfg: DictConfig, scalers: dict, provenance: dict, summary: dict) -> dict:
+    """``conformal.enabled=true``: evaluate.py's conformal pass (:mod:`mcseg.evaluation.conformal`), fitted on
+    every validation case of the run and applied to its test split, into ``<run>/eval/test/conformal``; the
+    overlay figures (``conformal.figures``) also go to the trackers (TensorBoard images ``conformal/<source>/<case>``)."""
+    config = conformal_config(cfg)
+    check_conformal(config, "test", run.trainer.provenance["split"])
+    if not config.enabled:
+        return summary
+    step = run.trainer.global_step
+    return conformal_pass(config, run.trainer.predictor, run.dataset, run.splits["val"], run.dataset,
+                          run.splits["test"], scalers, run.trainer.run_dir / "eval" / "test", provenance, summary,
+                          log_figure=lambda tag, figure: run.trackers.figure(tag, figure, step))
 
 
 def hparams_of(cfg: DictConfig) -> dict:

@@ -108,9 +108,10 @@ def coverage_figure(rows: Sequence[dict], title: str = "") -> Figure:
 
 
 def case_overlay(path, case: str, probs, sets: dict, pred: np.ndarray, truth: np.ndarray | None, names: list[str],
-                 image: np.ndarray | None = None) -> None:
+                 image: np.ndarray | None = None) -> Figure:
     """:func:`overlay_figure` of one case's sets (:func:`mcseg.conformal.fit.case_sets`) saved as PNG at ``path``:
-    beneath, ``image`` or else each class's probability; the truth where there is a label."""
+    beneath, ``image`` or else each class's probability; the truth where there is a label. Returns the figure
+    (for the trackers' image logging)."""
     from mcseg.files import atomic_write
 
     masks = {names[k]: {"prediction": pred[k], **{kind: m[kind] for kind in ("sure", "possible")}}
@@ -119,3 +120,4 @@ def case_overlay(path, case: str, probs, sets: dict, pred: np.ndarray, truth: np
     fig = overlay_figure(background, masks, {names[k]: truth[k] for k in sets} if truth is not None else None,
                          title=case)
     atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
+    return fig

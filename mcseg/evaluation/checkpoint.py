@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 
 SELECTED = "best.pt"  # the checkpoint training selected; its evaluation is the run's official one
 # Keys of the evaluation's own config; every other key of the checkpoint's stored config is fixed by it.
-EVALUATION_KEYS = ("dataset", "evaluation", "posthoc", "paths", "task_name", "hydra")
+EVALUATION_KEYS = ("dataset", "evaluation", "posthoc", "conformal", "paths", "task_name", "hydra")
 # Parts of a dataset node the checkpoint fixes even when the data come from another dataset.
 FIXED_DATASET_KEYS = ("sampling",)
 

@@ -28,7 +28,8 @@ from mcseg.conformal.risks import class_masks
 from mcseg.errors import ConfigError
 from mcseg.files import write_csv, write_json
 
-__all__ = ["ConformalConfig", "add_to_summary", "check_conformal", "conformal_of_predictor", "headline"]
+__all__ = ["ConformalConfig", "add_to_summary", "check_conformal", "conformal_of_predictor", "conformal_pass",
+           "headline"]
 
 # the figures per class that go into summary.json's "conformal" block, and their means over the classes there
 HEADLINE = {"test_loss": "mean_loss", "set_over_prediction": "mean_set_over_prediction",
@@ -113,9 +114,11 @@ def _probabilities(predictor, dataset, refs, sources: dict[str, Callable | None]
 
 
 def conformal_of_predictor(config: ConformalConfig, predictor, own_dataset, val_refs, dataset, refs,
-                           scalers: Mapping[str, object], out_dir: Path, provenance: dict) -> dict:
+                           scalers: Mapping[str, object], out_dir: Path, provenance: dict,
+                           log_figure: Callable[[str, object], None] | None = None) -> dict:
     """Fit on ``val_refs`` of ``own_dataset``, apply to ``refs`` of ``dataset``, write ``out_dir/<source>/``;
-    returns per source the conformal.json record."""
+    returns per source the conformal.json record. ``log_figure(tag, figure)`` also gets each overlay figure
+    (``conformal.figures``), tagged ``conformal/<source>/<case>``: a run's trackers (TensorBoard)."""
     multilabel = predictor.multilabel
     names = list(dataset.class_names)
     settings = config.settings(names, multilabel)
@@ -146,8 +149,10 @@ def conformal_of_predictor(config: ConformalConfig, predictor, own_dataset, val_
                     written[name] += write_masks(out_dir / name, case.case_id, sets, names, affine)
                 if index < config.figures:
                     file = f"{case.case_id}_conformal.png"
-                    case_overlay(out_dir / name / file, case.case_id, probs, sets, pred, truth, names)
+                    figure = case_overlay(out_dir / name / file, case.case_id, probs, sets, pred, truth, names)
                     written[name].append(file)
+                    if log_figure is not None:
+                        log_figure(f"conformal/{name}/{case.case_id}", figure)
     return {name: _write_record(out_dir / name, name, settings, *fits[name], rows[name], written[name], provenance,
                                 names, [r.case_id for r in refs])
             for name in sources}
@@ -191,3 +196,21 @@ def add_to_summary(out_dir: Path, block: dict) -> None:
 
     path = Path(out_dir) / "summary.json"
     write_json(path, {**json.loads(path.read_text()), **block})
+
+
+def conformal_pass(config: ConformalConfig, predictor, own_dataset, val_refs, dataset, refs,
+                   scalers: Mapping[str, object], eval_dir: Path, provenance: dict, summary: dict,
+                   log_figure: Callable[[str, object], None] | None = None) -> dict:
+    """The conformal pass of an evaluation in ``eval_dir`` (evaluate.py's and a run's own test evaluation):
+    :func:`conformal_of_predictor` into ``eval_dir/conformal``, its headline added to summary.json for the table of
+    figures and printed; returns ``summary`` with its ``conformal`` block."""
+    out_dir = Path(eval_dir) / "conformal"
+    records = conformal_of_predictor(config, predictor, own_dataset, val_refs, dataset, refs, scalers, out_dir,
+                                     provenance, log_figure)
+    block = {name: headline(record) for name, record in records.items()}
+    add_to_summary(eval_dir, {"conformal": block})
+    for name, head in block.items():
+        print(f"conformal ({config.method}, {config.loss} <= {config.alpha}, {name}): " + ", ".join(
+            f"{c} t={r['threshold']:.3g}{'' if r['controlled'] else ' NOT controlled'} test {r['test_loss']}"
+            for c, r in head["classes"].items()) + f" -> {out_dir / name}")
+    return {**summary, "conformal": block}

@@ -181,19 +181,12 @@ def evaluate_predictor(cfg: DictConfig, ev: Evaluation, plans: list[PosthocPlan]
                              title=f"{ev.dataset.name} {ev.split} split ({ev.label}) -> {ev.out_dir}"))
     conformal = conformal_check(cfg, ev.own_split)
     if conformal.enabled:
-        from mcseg.evaluation.conformal import add_to_summary, conformal_of_predictor, headline
+        from mcseg.evaluation.conformal import conformal_pass
 
         own = ev.own_dataset or build_dataset(ev.run_cfg.dataset)
         by_id = {r.case_id: r for r in own.case_refs()}
-        records = conformal_of_predictor(conformal, ev.predictor, own, [by_id[c] for c in ev.own_split["val"]],
-                                         ev.dataset, ev.refs, scalers, ev.out_dir / "conformal", provenance)
-        # the headline of <out>/conformal/<source>/conformal.json, in summary.json for the table of figures
-        summary = {**summary, "conformal": {name: headline(record) for name, record in records.items()}}
-        add_to_summary(ev.out_dir, {"conformal": summary["conformal"]})
-        for name, block in summary["conformal"].items():
-            print(f"conformal ({conformal.method}, {conformal.loss} <= {conformal.alpha}, {name}): " + ", ".join(
-                f"{c} t={r['threshold']:.3g}{'' if r['controlled'] else ' NOT controlled'} test {r['test_loss']}"
-                for c, r in block["classes"].items()) + f" -> {ev.out_dir / 'conformal' / name}")
+        summary = conformal_pass(conformal, ev.predictor, own, [by_id[c] for c in ev.own_split["val"]], ev.dataset,
+                                 ev.refs, scalers, ev.out_dir, provenance, summary)
     if shift is not None:
         summary = {**summary, "shift": evaluate_shift(shift, ev.predictor, ev.dataset, ev.refs, protocol, ev.out_dir,
                                                       summary, {**provenance, **ev.shift_extra}, scalers, per_network,

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from mcseg.files import atomic_write
+from mcseg.report.conformal import conformal_section
 from mcseg.report.collect import RunRecord, collect_ensembles, collect_folder_evaluations, collect_runs, read_run
 from mcseg.report.figures import margin_heatmap, reliability_histograms, reliability_overlay, reliability_raters, \
     risk_coverage_overlay, shift_severity
@@ -146,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     notes = [f"**Warning{ENVIRONMENT_MARK}**: {w}; rows with a run unlike the most common are marked{ENVIRONMENT_MARK}."
              for w in differences]
     notes += [f"**Warning{SEEN_MARK}**: {w}: not figures of unseen data (rows marked{SEEN_MARK})." for w in seen]
-    text = markdown(rows, title, protocol_lines(runs, args) + notes) + "\n".join(failure_lines(runs))
+    text = (markdown(rows, title, protocol_lines(runs, args) + notes) + "\n"
+            + "\n".join([*conformal_section(runs, args.split, out), *failure_lines(runs)]))
     atomic_write(out / "report.md", lambda tmp: tmp.write_text(text))
     write_report_csv(rows, out / "report.csv")
     atomic_write(out / "report.tex", lambda tmp: tmp.write_text(latex(rows, title)))
