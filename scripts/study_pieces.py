@@ -612,6 +612,10 @@ STUDIES_DOC = {
                   "on the rater mean, on one rater and on a random rater per sample, seed 0; every figure "
                   "against each rater and the rater mean (the `raters` part of each summary.json, "
                   "per_rater.csv, per_case_raters.csv).",
+    "posthoc_calibrators": "The networks of \"Post-hoc calibrators compared\" (issue #45, docs/results.md): CE, CE + "
+                           "Dice and the margin loss (m = 3), three seeds; a piece here evaluates them raw and "
+                           "scaled, and scripts/posthoc_study.py compares every post-hoc calibrator on them "
+                           "(docs/results/posthoc_calibrators/).",
     "multirater_ensembles": "SIMULATED (as `multirater`): the three-seed ensembles of the networks trained on the "
                             "rater mean; their GED and Hungarian-matched IoU against the five raters. Seed 0 is "
                             "the `multirater` run.",

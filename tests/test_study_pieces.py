@@ -186,6 +186,9 @@ STUDIES_BEFORE = {
                                    seeds=(0, 1, 2), shift="rood_mri", extra=("evaluation.figures=false",),
                                    runs_of="uncertainty_study"),
     "multirater": Study(_MULTIRATER, _MULTIRATER_LABELS, base=_MULTIRATER_BASE, prepare=study_pieces.synthetic_raters),
+    # issue #45: the networks of the post-hoc calibrators study (scripts/posthoc_study.py compares the calibrators)
+    "posthoc_calibrators": Study({k: _UNCERTAINTY[k] for k in ("ce", "ce_dice", "margin3")}, _UNCERTAINTY_LABELS,
+                                 seeds=(0, 1, 2)),
     "multirater_ensembles": Study({k: _MULTIRATER[k] for k in ("ce_mean", "margin3_mean")}, _MULTIRATER_LABELS,
                                   seeds=(0, 1, 2), ensembles=True, base=_MULTIRATER_BASE, runs_of="multirater",
                                   prepare=study_pieces.synthetic_raters),
