@@ -220,4 +220,4 @@ class PECEScorer(Scorer):
             return {"pece": math.nan}
         if self.multilabel:
             return {"pece": nanmean([pece(case.probs[r], case.label[r] > 0) for r in range(self.num_classes)])}
-        return {"pece": pece(1.0 - case.probs[0], case.label != 0)}
+        return {"pece": pece(case.probs[0], case.label, of_background=True)}

@@ -18,33 +18,52 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["PECE_BINS", "PECE_DESCRIPTION", "PECE_FP_WEIGHT", "pece"]
+__all__ = ["CHUNK", "PECE_BINS", "PECE_DESCRIPTION", "PECE_FP_WEIGHT", "pece"]
 
 PECE_BINS = 10
 PECE_FP_WEIGHT = 2.0
 
 
-def pece(confidence: Tensor, foreground: Tensor, n_bins: int = PECE_BINS, fp_weight: float = PECE_FP_WEIGHT) -> float:
+CHUNK = 1 << 18  # voxels binned at a time (about 12 MB of float64 and int64 temporaries); the per-bin sums accumulate
+
+
+def pece(confidence: Tensor, foreground: Tensor, n_bins: int = PECE_BINS, fp_weight: float = PECE_FP_WEIGHT,
+         of_background: bool = False) -> float:
     """pECE (module docstring) of foreground confidences and the matching foreground indicator (any shape);
-    NaN for no voxel. Computed in float64 against the edges ``numpy.linspace(0, 1, n_bins + 1)``."""
-    p = confidence.detach().reshape(-1).to("cpu", torch.float64)
-    y = foreground.detach().reshape(-1).to("cpu", torch.float64)
-    if p.numel() == 0:
+    NaN for no voxel. ``of_background``: ``confidence`` is the background probability p_0 and ``foreground`` the
+    label map, and p = 1 - p_0, y = label != 0 are taken chunk by chunk (no full-size copy of either). Computed in float64 against the edges ``numpy.linspace(0, 1, n_bins + 1)``, over chunks of
+    :data:`CHUNK` voxels (a large volume's evaluation holds no float64 copy of it)."""
+    confidence, foreground = confidence.detach(), foreground.detach()
+    if confidence.dim() == 0:
+        confidence, foreground = confidence.reshape(1), foreground.reshape(1)
+    n = confidence.numel()
+    if n == 0:
         return math.nan
+    # slabs of the first axis, each at most CHUNK voxels (or one row): a strided view (a channel of a
+    # channels-last volume) is flattened one slab at a time, never whole
+    step = max(1, CHUNK // max(1, n // confidence.shape[0]))
     edges = torch.from_numpy(np.linspace(0.0, 1.0, n_bins + 1))
-    index = torch.bucketize(p, edges, right=False) - 1  # bin b holds (edges[b], edges[b + 1]]; -1: p <= 0
-    binned = index >= 0
-    background = binned & (y == 0)
-
-    def per_bin(where: Tensor, weights: Tensor | None = None) -> Tensor:
-        w = None if weights is None else weights[where]
-        return torch.bincount(index[where], weights=w, minlength=n_bins).to(torch.float64)
-
-    count, n_background = per_bin(binned), per_bin(background)
+    # per bin: voxels, background voxels, sum of p, sum of y, sum of p over the background voxels
+    sums = torch.zeros(5, n_bins, dtype=torch.float64)
+    for lo in range(0, confidence.shape[0], step):
+        p = confidence[lo:lo + step].reshape(-1).to("cpu", torch.float64)
+        y = foreground[lo:lo + step].reshape(-1)
+        if of_background:
+            p, y = 1.0 - p, y != 0
+        y = y.to("cpu", torch.float64)
+        index = torch.bucketize(p, edges, right=False) - 1  # bin b holds (edges[b], edges[b + 1]]; -1: p <= 0
+        binned = index >= 0
+        background = binned & (y == 0)
+        for row, (where, weights) in enumerate(((binned, None), (background, None), (binned, p), (binned, y),
+                                                (background, p))):
+            w = None if weights is None else weights[where]
+            sums[row] += torch.bincount(index[where], weights=w, minlength=n_bins).to(torch.float64)
+    count, n_background, sum_p, sum_y, sum_p_background = sums
     filled = count > 0
-    gap = (per_bin(binned, p) - per_bin(binned, y)) / count.clamp(min=1)
-    offset = fp_weight * per_bin(background, p) / n_background.clamp(min=1)
-    return float((count[filled] / p.numel() * (gap + offset)[filled].abs()).sum())
+    gap = (sum_p - sum_y) / count.clamp(min=1)
+    offset = fp_weight * sum_p_background / n_background.clamp(min=1)
+    return float((count[filled] / n * (gap + offset)[filled].abs()).sum())
+
 
 #: the definition, as the evaluation's summary.json states it (``protocol.pece``)
 PECE_DESCRIPTION = (f"SDC authors' pECE (arXiv 2503.05107, Algorithm 1): over all voxels of the case, p = 1 - p_0 against "

@@ -85,3 +85,18 @@ def test_the_evaluator_writes_it_per_case_and_in_the_summary(tmp_path, multilabe
     assert summary["mean_pece"] == pytest.approx(np.mean(expected), rel=1e-5)
     assert summary["calibration"]["pece"]["mean"] == summary["mean_pece"]
     assert "bins" in summary["protocol"]["pece"] and "2" in summary["protocol"]["pece"]
+
+
+def test_pece_of_the_background_probability_equals_pece_of_its_complement_across_chunks(monkeypatch):
+    """The evaluation passes p_0 and the label map (no full-size copies); chunked sums equal one pass."""
+    import torch
+
+    from mcseg.metrics import pece as module
+
+    gen = torch.Generator().manual_seed(3)
+    p0 = torch.rand(7, 9, 11, generator=gen)
+    label = torch.randint(0, 3, (7, 9, 11), generator=gen)
+    whole = module.pece(1.0 - p0, label != 0)
+    monkeypatch.setattr(module, "CHUNK", 200)  # 693 voxels in slabs of two rows (198 voxels)
+    assert module.pece(p0, label, of_background=True) == pytest.approx(whole, abs=1e-12)
+    assert module.pece(1.0 - p0, label != 0) == pytest.approx(whole, abs=1e-12)
