@@ -13,6 +13,9 @@ python=${PYTHON:-python3}
 gpu=${MCSEG_GPU:-0}
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 pip=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
+# Hydra loads every installed plugin: the Optuna sweeper plugin that mcseg used before its own
+# (hydra_plugins/mcseg_optuna_sweeper) needs optuna < 3, so a .venv set up before is rid of it here.
+.venv/bin/python -m pip uninstall --quiet --yes hydra-optuna-sweeper 2>/dev/null || true
 # nnU-Net's export code for tests/test_nnunet_folders.py and kin, without torchvision. Its other declared
 # dependencies stay missing on purpose (scripts/nnunet-tests.txt says why): --no-warn-conflicts keeps pip from
 # listing them. Under CI=true (as CI services set it) a failed install ends the set-up: the tests would error.
