@@ -255,7 +255,10 @@ def test_a_real_sigint_ends_the_command_in_one_line_without_a_traceback(folders,
 
     dirs, _ = folders
     out = tmp_path / "out"
+    # a process started in the background by a non-interactive shell inherits SIGINT ignored (CI launched with
+    # `&` did): restore Python's own handler, as an interactive terminal's process has it
     code = ("import os, signal, sys\n"
+            "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
             "from mcseg.evaluation.evaluator import Evaluator\n"
             "scored = Evaluator.add_case\n"
             "def add_case(self, *args, **kwargs):\n"
