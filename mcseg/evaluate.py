@@ -33,8 +33,17 @@ def evaluate(cfg: DictConfig) -> dict:
     if isinstance(cfg.get("ckpt"), (list, ListConfig)):  # ckpt=[<a>,<b>,...]: a deep ensemble
         return evaluate_ensemble(cfg, list(cfg.ckpt), hydra_overrides())
     if cfg.get("ckpt"):
-        return log_to_run(evaluate_checkpoint(cfg, Path(cfg.ckpt).expanduser().resolve(), hydra_overrides()))
+        return evaluate_into_run(cfg, Path(cfg.ckpt).expanduser().resolve())
     return evaluate_runs(cfg, Path(cfg.runs).expanduser().resolve())
+
+
+def evaluate_into_run(cfg: DictConfig, ckpt: Path) -> dict:
+    """:func:`evaluate_checkpoint`, then :func:`log_to_run` with the figures its conformal pass drew
+    (``conformal.figures``), kept until the run's trackers are reopened."""
+    figures: list[tuple[str, object]] = []
+    summary = evaluate_checkpoint(cfg, ckpt, hydra_overrides(),
+                                  log_figure=lambda tag, figure: figures.append((tag, figure)))
+    return log_to_run(summary, figures)
 
 
 # Nodes a debug preset (configs/debug/, shared with training) sets that an evaluation takes from the checkpoint.
@@ -62,10 +71,12 @@ def without_training_settings(cfg: DictConfig, overrides: list[str]) -> DictConf
     return cfg
 
 
-def log_to_run(summary: dict) -> dict:
+def log_to_run(summary: dict, figures: list[tuple[str, object]] = ()) -> dict:
     """Send an evaluation of a run's checkpoint to the trackers that run logged to (``<run>/trackers.json``:
-    the same MLflow run, the same wandb run id, its CSV file) as ``eval/<folder under eval/>/<metric>``, at the
-    run's last step; an evaluation outside a run, or of a run without trackers, logs nowhere else."""
+    the same MLflow run, the same wandb run id, its CSV file, its TensorBoard folder) as
+    ``eval/<folder under eval/>/<metric>``, and its ``figures`` (``(tag, figure)``: the conformal overlays) as
+    ``eval/<folder>/<tag>``, at the run's last step; an evaluation outside a run, or of a run without trackers, logs
+    nowhere else."""
     provenance = summary.get("provenance") or {}
     run_dir, out_dir = provenance.get("run_dir"), provenance.get("output_dir")
     if not run_dir or not out_dir:
@@ -77,7 +88,10 @@ def log_to_run(summary: dict) -> dict:
     trackers = reopen_trackers(run_dir, record)
     name = out_dir.relative_to(run_dir / "eval").as_posix() if (run_dir / "eval") in out_dir.parents \
         else out_dir.name
-    trackers.evaluation(name, summary, out_dir, int(record.get("step", 0)))
+    step = int(record.get("step", 0))
+    for tag, figure in figures:
+        trackers.figure(f"eval/{name}/{tag}", figure, step)
+    trackers.evaluation(name, summary, out_dir, step)
     trackers.close()
     return summary
 
@@ -99,7 +113,7 @@ def evaluate_runs(cfg: DictConfig, root: Path) -> dict:
     for i, run_dir in enumerate(runs, 1):
         log.info("run %d/%d: %s", i, len(runs), run_dir)
         try:
-            summary = log_to_run(evaluate_checkpoint(cfg, run_dir / "checkpoints" / cfg.checkpoint, hydra_overrides()))
+            summary = evaluate_into_run(cfg, run_dir / "checkpoints" / cfg.checkpoint)
             results[str(run_dir)] = {"status": "completed", "mean_foreground_dice": summary.get("mean_foreground_dice"),
                                      "mean_ece": summary.get("mean_ece")}
         except Exception as exc:  # one broken run must not hide the others' results

@@ -110,14 +110,15 @@ def coverage_figure(rows: Sequence[dict], title: str = "") -> Figure:
 def case_overlay(path, case: str, probs, sets: dict, pred: np.ndarray, truth: np.ndarray | None, names: list[str],
                  image: np.ndarray | None = None) -> Figure:
     """:func:`overlay_figure` of one case's sets (:func:`mcseg.conformal.fit.case_sets`) saved as PNG at ``path``:
-    beneath, ``image`` or else each class's probability; the truth where there is a label. Returns the figure
-    (for the trackers' image logging)."""
+    beneath, ``image`` or else (no image at hand) each class's probability, the title says which; the truth where
+    there is a label. Returns the figure (for the trackers' image logging)."""
     from mcseg.files import atomic_write
 
     masks = {names[k]: {"prediction": pred[k], **{kind: m[kind] for kind in ("sure", "possible")}}
              for k, m in sets.items()}
     background = image if image is not None else [np.asarray(probs[k]) for k in sets]
+    beneath = "over the image" if image is not None else "over each class's probability"
     fig = overlay_figure(background, masks, {names[k]: truth[k] for k in sets} if truth is not None else None,
-                         title=case)
+                         title=f"{case} ({beneath})")
     atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
     return fig

@@ -344,6 +344,13 @@ class SegmentationDataset(ABC):
             label = self.read(ref).label
         return self._view(label)
 
+    def original_image(self, case: CaseData) -> np.ndarray:
+        """The case's image (``C x *S``) in its file grid, where :meth:`restore` puts the probabilities: the loaded
+        (normalised) image when nothing was preprocessed, else the case read again (raw intensities)."""
+        if case.meta.get("geometry") is None:
+            return np.asarray(case.image)
+        return np.asarray(self._read_raw(case.meta["ref"]).image)
+
     def original_raters(self, case: CaseData) -> np.ndarray | None:
         """The case's raters' maps (``K x *S``) in its file grid; ``None`` for a case with one label."""
         if case.raters is None:

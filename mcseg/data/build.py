@@ -72,16 +72,23 @@ def resolve_split(dataset: SegmentationDataset, node: DictConfig, run_dir: Path)
 
 def check_run_inputs(cfg: DictConfig, dataset: SegmentationDataset, splits: Splits) -> None:
     """What a training run checks once its split is known, before loading or training anything:
-    the headers of every case of every split (:func:`~mcseg.data.validate.validate_cases`) and
-    that post-hoc calibration has validation cases to be fitted on, and that a rater target has raters to use."""
+    the headers of every case of every split (:func:`~mcseg.data.validate.validate_cases`), that post-hoc
+    calibration and the test evaluation's conformal pass have validation cases to be fitted on, and that a rater
+    target has raters to use."""
     check_target_has_raters(dataset.raters["target"], splits["all"], dataset.name)
     fit = list((cfg.get("posthoc") or {}).get("fit") or [])
-    if fit and not splits["val"]:
+    if not splits["val"]:
         split = cfg.dataset.get("split") or {}
         source = f"dataset.split.file={split.get('file')}" if split.get("file") else \
             f"dataset.split.val_fraction={split.get('val_fraction')}"
-        raise ConfigError(f"config key 'posthoc.fit'={fit}: post-hoc scalers are fitted on the validation split, "
-                          f"which is empty ({source}); set posthoc.fit=[] posthoc.apply=[] or give validation cases")
+        if fit:
+            raise ConfigError(f"config key 'posthoc.fit'={fit}: post-hoc scalers are fitted on the validation split, "
+                              f"which is empty ({source}); set posthoc.fit=[] posthoc.apply=[] or give validation "
+                              f"cases")
+        if (cfg.get("conformal") or {}).get("enabled"):
+            raise ConfigError(f"config key 'conformal.enabled'=true: the test evaluation's conformal thresholds and "
+                              f"margins are fitted on the validation split, which is empty ({source}); give "
+                              f"validation cases or set conformal.enabled=false")
     trainer = cfg.get("trainer") or {}
     capped = trainer.get("val_max_cases") and not trainer.get("full_val_every")  # then only those are fitted on
     n_val = min(len(splits["val"]), trainer.get("val_max_cases")) if capped else len(splits["val"])

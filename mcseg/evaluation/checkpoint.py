@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -186,29 +187,33 @@ def own_splits(ckpt: Path, dataset: SegmentationDataset, split: dict) -> Splits:
     return Splits({name: [by_id[c] for c in split[name]] for name in SPLITS})
 
 
-def evaluate_checkpoint(cfg: DictConfig, ckpt_path: Path, overrides: list[str] | None = None) -> dict:
+def evaluate_checkpoint(cfg: DictConfig, ckpt_path: Path, overrides: list[str] | None = None,
+                        log_figure: Callable[[str, object], None] | None = None) -> dict:
     """Evaluate ``ckpt_path`` (a file, or a run directory: its best.pt) as the module docstring says.
 
     ``cfg`` is an evaluate config (configs/evaluate.yaml); ``overrides`` the command line's, checked
-    and recorded in the provenance. Returns the summary (with its ``provenance``).
+    and recorded in the provenance; ``log_figure(tag, figure)`` gets the conformal pass's overlay figures.
+    Returns the summary (with its ``provenance``).
     """
     if cfg.split not in (*SPLITS, "all"):
         raise ConfigError(f"split={cfg.split!r}: expected one of {', '.join(SPLITS)} or all")
-    return _evaluate_held(cfg, resolve_checkpoint_path(Path(ckpt_path).expanduser().resolve()), overrides)
+    return _evaluate_held(cfg, resolve_checkpoint_path(Path(ckpt_path).expanduser().resolve()), overrides,
+                          log_figure)
 
 
 @holds_checkpoint_run  # never writes into a run another process is training or evaluating
-def _evaluate_held(cfg: DictConfig, ckpt: Path, overrides: list[str] | None) -> dict:
+def _evaluate_held(cfg: DictConfig, ckpt: Path, overrides: list[str] | None,
+                   log_figure: Callable[[str, object], None] | None = None) -> dict:
     """A checkpoint of a deterministic run is evaluated with torch's deterministic algorithms on, which also
     keeps the CPU thread count fixed (:class:`mcseg.runtime.AdaptiveThreads`): the same figures under load."""
     state = load_checkpoint(ckpt)
     deterministic = bool((state.get("config") or {}).get("trainer", {}).get("deterministic", False))
     with deterministic_algorithms(deterministic):
-        return _evaluate_state(cfg, ckpt, state, overrides, deterministic)
+        return _evaluate_state(cfg, ckpt, state, overrides, deterministic, log_figure)
 
 
 def _evaluate_state(cfg: DictConfig, ckpt: Path, state: dict, overrides: list[str] | None,
-                    deterministic: bool) -> dict:
+                    deterministic: bool, log_figure: Callable[[str, object], None] | None = None) -> dict:
     overrides = list(overrides or [])
     run_cfg = OmegaConf.create(state["config"])
     check_targets(run_cfg)  # a checkpoint's stored config is untrusted input: refused before anything is built
@@ -275,5 +280,5 @@ def _evaluate_state(cfg: DictConfig, ckpt: Path, state: dict, overrides: list[st
         [r.case_id for r in splits["all"]], out_dir, {"checkpoint": checkpoint,
                                                        "run_dir": str(run_dir) if run_dir is not None else None},
         state, run_cfg, ckpt, split, None if other else dataset, None if other else str(cfg.split), overrides,
-        environment_record(device, deterministic), sha, f"{ckpt.name}, sha256 {sha[:8]}")
+        environment_record(device, deterministic), sha, f"{ckpt.name}, sha256 {sha[:8]}", log_figure=log_figure)
     return evaluate_predictor(cfg, evaluation, plans, protocol, reuse, shift, pool_after)

@@ -53,7 +53,7 @@ class ConformalConfig:
     classes: list[str] | None = None
     posthoc: bool = True
     masks: bool = True
-    figures: int = 0  # how many test cases get an overlay figure <case>_conformal.png (over their probabilities)
+    figures: int = 0  # how many test cases get an overlay figure <case>_conformal.png (over their image)
 
     def __post_init__(self) -> None:
         for key, allowed in (("method", METHODS), ("loss", tuple(LOSSES)), ("rcps_bound", RCPS_BOUNDS),
@@ -117,8 +117,9 @@ def conformal_of_predictor(config: ConformalConfig, predictor, own_dataset, val_
                            scalers: Mapping[str, object], out_dir: Path, provenance: dict,
                            log_figure: Callable[[str, object], None] | None = None) -> dict:
     """Fit on ``val_refs`` of ``own_dataset``, apply to ``refs`` of ``dataset``, write ``out_dir/<source>/``;
-    returns per source the conformal.json record. ``log_figure(tag, figure)`` also gets each overlay figure
-    (``conformal.figures``), tagged ``conformal/<source>/<case>``: a run's trackers (TensorBoard)."""
+    returns per source the conformal.json record. The overlay figures (``conformal.figures``) are drawn over each
+    case's image (first channel) on its file grid, where the restored probabilities and the masks are;
+    ``log_figure(tag, figure)`` also gets each, tagged ``conformal/<source>/<case>``: a run's trackers (TensorBoard)."""
     multilabel = predictor.multilabel
     names = list(dataset.class_names)
     settings = config.settings(names, multilabel)
@@ -138,6 +139,7 @@ def conformal_of_predictor(config: ConformalConfig, predictor, own_dataset, val_
         rows: dict[str, list[dict]] = {name: [] for name in sources}
         written: dict[str, list[str]] = {name: [] for name in sources}
         for index, (case, per_source) in enumerate(_probabilities(predictor, dataset, refs, sources)):
+            image = dataset.original_image(case)[0] if index < config.figures else None  # first channel
             for name, (probs, label, spacing, affine) in per_source.items():
                 _, thresholds, margins = fits[name]
                 pred = predicted_masks(probs, multilabel)
@@ -149,7 +151,7 @@ def conformal_of_predictor(config: ConformalConfig, predictor, own_dataset, val_
                     written[name] += write_masks(out_dir / name, case.case_id, sets, names, affine)
                 if index < config.figures:
                     file = f"{case.case_id}_conformal.png"
-                    figure = case_overlay(out_dir / name / file, case.case_id, probs, sets, pred, truth, names)
+                    figure = case_overlay(out_dir / name / file, case.case_id, probs, sets, pred, truth, names, image)
                     written[name].append(file)
                     if log_figure is not None:
                         log_figure(f"conformal/{name}/{case.case_id}", figure)

@@ -15,6 +15,7 @@ way for both:
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -133,6 +134,7 @@ class Evaluation:
     label: str  # how the console title names the predictor
     fit_extra: dict = field(default_factory=dict)  # more provenance for the pooled fit (an ensemble's members)
     shift_extra: dict = field(default_factory=dict)  # more provenance for the shift suite
+    log_figure: Callable[[str, object], None] | None = None  # gets the conformal overlays (a run's trackers)
 
 
 def plan_members(cfg: DictConfig, own_split: dict | None, members: list[Member], pooled: Member, fit_dir: Path,
@@ -186,7 +188,7 @@ def evaluate_predictor(cfg: DictConfig, ev: Evaluation, plans: list[PosthocPlan]
         own = ev.own_dataset or build_dataset(ev.run_cfg.dataset)
         by_id = {r.case_id: r for r in own.case_refs()}
         summary = conformal_pass(conformal, ev.predictor, own, [by_id[c] for c in ev.own_split["val"]], ev.dataset,
-                                 ev.refs, scalers, ev.out_dir, provenance, summary)
+                                 ev.refs, scalers, ev.out_dir, provenance, summary, ev.log_figure)
     if shift is not None:
         summary = {**summary, "shift": evaluate_shift(shift, ev.predictor, ev.dataset, ev.refs, protocol, ev.out_dir,
                                                       summary, {**provenance, **ev.shift_extra}, scalers, per_network,

@@ -111,7 +111,7 @@ class Trackers:
         if self.run_dir is None:
             return
         records = {t.name: {**r, "_target_": target_of(t)} for t in self.trackers if (r := t.record()) is not None}
-        if not records:  # TensorBoard alone keeps nothing to reopen
+        if not records:  # no tracker on, or none that keeps a record
             return
         if step is not None:
             records["step"] = int(step)
@@ -282,8 +282,8 @@ def recorded_nodes(record: dict) -> dict[str, dict]:
 
 def reopen_trackers(run_dir: Path, record: dict | None = None) -> Trackers:
     """The trackers a run logged to, reopened from its ``trackers.json`` (a re-evaluation): each entry names its
-    class and says where (MLflow's store and run id, wandb's id and mode, the CSV folder). TensorBoard keeps
-    training only (it records nothing)."""
+    class and says where (MLflow's store and run id, wandb's id and mode, the CSV folder; TensorBoard: the run's
+    folder)."""
     record = read_record(run_dir) if record is None else record
     return build_trackers(recorded_nodes(record), run_dir, reopen=True)
 

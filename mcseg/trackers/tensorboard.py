@@ -9,9 +9,9 @@ from mcseg.trackers.tb_logger import TensorBoardLogger
 
 
 class TensorBoardTracker(Tracker):
-    """Scalars, validation overlays and reliability diagrams at the global step, and the HParams view of the
-    training's test evaluation. TensorBoard's own full-disk handling (one warning) stays; its failure is
-    recorded like any tracker's."""
+    """Scalars, validation overlays and reliability diagrams at the global step, the HParams view of the
+    training's test evaluation, and the figures a re-evaluation draws (conformal overlays). TensorBoard's own
+    full-disk handling (one warning) stays; its failure is recorded like any tracker's."""
 
     name = "tensorboard"
 
@@ -40,6 +40,9 @@ class TensorBoardTracker(Tracker):
         if hparams is not None:  # the training's own test evaluation: TensorBoard's HParams view of a sweep's runs
             final = {f"final/test_{k}": metrics.get(k) for k in summary_keys("hparams")}
             self._call("hparams", hparams["params"], final | hparams.get("metrics", {}))
+
+    def record(self):
+        return {}  # its events are in <run>/tensorboard; kept so that a re-evaluation reopens it (its figures)
 
     def close(self, status="FINISHED"):
         self._call("close")

@@ -1,4 +1,5 @@
-"""The ``conformal`` node of evaluate.py: off by default, typed, and refused where no guarantee can hold."""
+"""The ``conformal`` node of evaluate.py and train.py: off by default, typed, and refused where no guarantee can
+hold (a training without validation cases: at its start)."""
 from __future__ import annotations
 
 import pytest
@@ -59,3 +60,17 @@ def test_headline_block_means_over_classes():
     assert block["classes"]["b"] == {"threshold": 0.3, "controlled": True, "n_cases": 9, "outer_mm": 2.0,
                                      "inner_mm": None, "test_loss": 0.15, "set_over_prediction": None,
                                      "covered": 0.5, "sure_inside": 1.0}
+
+
+def test_a_training_without_validation_cases_is_refused_at_its_start(tmp_path):
+    """The conformal pass of a run's test evaluation fits on its validation cases: none is said before any training
+    step, naming the key that left none (not after the training, by the test evaluation)."""
+    from mcseg.train import train
+    from tests.conftest import TINY_2D
+
+    run = tmp_path / "run"
+    cfg = compose_config("train", [*TINY_2D, "logger=none", "conformal.enabled=true", "dataset.split.val_fraction=0",
+                                   "posthoc.fit=[]", "posthoc.apply=[]"], run)
+    with pytest.raises(ConfigError, match=r"conformal.enabled.*dataset.split.val_fraction=0"):
+        train(cfg)
+    assert not (run / "checkpoints").exists() and not (run / "eval").exists()

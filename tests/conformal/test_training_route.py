@@ -44,22 +44,37 @@ def test_disabled_by_default(make_cfg, tmp_path, monkeypatch):
     assert "conformal" not in json.loads((tmp_path / "run/eval/test/summary.json").read_text())
 
 
-def test_overlays_logged_to_tensorboard(make_cfg, tmp_path, monkeypatch):
+def _conformal_images(run, prefix: str) -> dict:
+    """The run's TensorBoard images whose tag starts with ``prefix``: tag -> its events."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    events = EventAccumulator(str(run / "tensorboard"), size_guidance={"images": 0})
+    events.Reload()
+    return {t: events.Images(t) for t in events.Tags()["images"] if t.startswith(prefix)}
+
+
+def test_overlays_logged_to_tensorboard(make_cfg, tmp_path, monkeypatch):
+    """By the run's own test evaluation, and by evaluate.py of the run's checkpoint (its trackers reopened from
+    trackers.json, TensorBoard included), at the run's last step."""
     monkeypatch.setenv("MCSEG_CACHE_DIR", str(tmp_path / "cache"))
     run = tmp_path / "run"
-    train(make_cfg([*TINY_2D, "logger=tensorboard", "conformal.enabled=true", "conformal.alpha=0.4",
-                    "conformal.figures=1", "conformal.posthoc=false"], output_dir=run))
+    conformal = ["conformal.enabled=true", "conformal.alpha=0.4", "conformal.figures=1", "conformal.posthoc=false"]
+    train(make_cfg([*TINY_2D, "logger=tensorboard", *conformal], output_dir=run))
     record = json.loads((run / "eval/test/conformal/raw/conformal.json").read_text())
     first = record["applied"]["split_cases"][0]
     assert f"{first}_conformal.png" in record["applied"]["files"]
-    events = EventAccumulator(str(run / "tensorboard"), size_guidance={"images": 0})
-    events.Reload()
-    tags = [t for t in events.Tags()["images"] if t.startswith("conformal/")]
-    assert tags == [f"conformal/raw/{first}"]  # the first conformal.figures cases, of each source
-    image = events.Images(tags[0])[0]
+    images = _conformal_images(run, "conformal/")
+    assert list(images) == [f"conformal/raw/{first}"]  # the first conformal.figures cases, of each source
+    image = images[f"conformal/raw/{first}"][0]
     assert image.width > 100 and image.height > 100 and image.encoded_image_string[:4] == b"\x89PNG"
+
+    evaluate(compose_config("evaluate", ["evaluation.bootstrap_samples=10", f"ckpt={run}", "split=test",
+                                         "overwrite=true", *conformal], tmp_path / "job"))
+    images = _conformal_images(run, "eval/")
+    assert list(images) == [f"eval/test/conformal/raw/{first}"]  # eval/<its folder under eval/>/conformal/...
+    [image] = images[f"eval/test/conformal/raw/{first}"]
+    assert image.step == json.loads((run / "trackers.json").read_text())["step"]
+    assert image.width > 100 and image.encoded_image_string[:4] == b"\x89PNG"
 
 
 def _text(value) -> str:
