@@ -57,7 +57,8 @@ def test_overlays_logged_to_tensorboard(make_cfg, tmp_path, monkeypatch):
     events = EventAccumulator(str(run / "tensorboard"), size_guidance={"images": 0})
     events.Reload()
     tags = [t for t in events.Tags()["images"] if t.startswith("conformal/")]
-    assert tags == [f"conformal/raw/{first}"]  # the first conformal.figures cases, of each source
+    # the first conformal.figures cases, of each source, and its coverage figure over the re-splits
+    assert sorted(tags) == sorted([f"conformal/raw/{first}", "conformal/raw/coverage"])
     image = events.Images(tags[0])[0]
     assert image.width > 100 and image.height > 100 and image.encoded_image_string[:4] == b"\x89PNG"
 
