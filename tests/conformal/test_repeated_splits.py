@@ -12,8 +12,6 @@ import json
 import math
 import sys
 
-import nibabel as nib
-import numpy as np
 import pytest
 import torch
 
@@ -23,23 +21,10 @@ from mcseg.conformal.risks import class_masks
 from mcseg.conformal.validity import validity_rows
 from mcseg.data.synthetic import SyntheticDataset
 from mcseg.evaluation.conformal import ConformalConfig, conformal_of_predictor
+from tests.conformal.synthetic import Oracle, mcseg_folder
 
 NUMBERS = ("mean_test_risk", "mean_test_risk_se", "violation_rate", "violation_rate_se", "mean_threshold",
            "uncontrolled_splits", "mean_set_over_prediction", "mean_covered", "mean_sure_inside")
-
-
-class Oracle:
-    """A predictor whose logits are the case's one-hot label plus seeded noise (the evaluation's interface)."""
-
-    multilabel, device = False, torch.device("cpu")
-
-    def predict(self, case):
-        g = torch.Generator().manual_seed(int(case.case_id.rsplit("_", 1)[1]))
-        onehot = torch.nn.functional.one_hot(torch.as_tensor(case.label).long(), 4).movedim(-1, 0).float()
-        return onehot * 3 + torch.randn(onehot.shape, generator=g) * 1.5, None, {}
-
-    def probabilities(self, logits):
-        return torch.softmax(logits, 0)
 
 
 @pytest.fixture(scope="module")
@@ -106,31 +91,13 @@ def test_no_re_splits_with_repeats_0_and_bad_values_refused(tmp_path):
         typed({"repeats": -1}, ConformalConfig, "conformal")
 
 
-def _mcseg_folder(folder, labels, names, seed):
-    """mcseg's ``<case>_probs.nii.gz`` and label map of each case of ``names``, and its label in ``labels``."""
-    from tests.test_monai_folders import AFFINE
-    from tests.tool_outputs import blob_label
-
-    folder.mkdir(parents=True)
-    labels.mkdir(exist_ok=True)
-    (labels / "dataset.json").write_text(json.dumps({"labels": {"0": "background", "1": "outer", "2": "inner"}}))
-    g = torch.Generator().manual_seed(seed)
-    for i, name in enumerate(names):
-        label = blob_label((11, 9, 6), seed * 100 + i)
-        nib.save(nib.Nifti1Image(label, AFFINE), str(labels / f"{name}.nii.gz"))
-        z = torch.nn.functional.one_hot(torch.from_numpy(label).long(), 3).movedim(-1, 0) * 3.0
-        probs = torch.softmax(z + torch.randn(z.shape, generator=g) * 2.0, 0)
-        nib.save(nib.Nifti1Image(np.moveaxis(probs.numpy(), 0, -1), AFFINE), str(folder / f"{name}_probs.nii.gz"))
-        nib.save(nib.Nifti1Image(probs.argmax(0).numpy().astype(np.uint8), AFFINE), str(folder / f"{name}.nii.gz"))
-
-
 def test_folder_command_and_the_script_split_the_same_pool(tmp_path):
     from mcseg.conformal_folder import main as conformal
     from tests.conftest import ROOT
 
     labels = tmp_path / "labels"
-    _mcseg_folder(tmp_path / "fit", labels, [f"a{i:02d}" for i in range(10)], 1)  # sorted before the test cases
-    _mcseg_folder(tmp_path / "test", labels, [f"b{i:02d}" for i in range(5)], 2)
+    mcseg_folder(tmp_path / "fit", labels, [f"a{i:02d}" for i in range(10)], 1)  # sorted before the test cases
+    mcseg_folder(tmp_path / "test", labels, [f"b{i:02d}" for i in range(5)], 2)
     out = tmp_path / "out"
     assert conformal(["--fit", str(tmp_path / "fit"), "--reference", str(labels), "--apply", str(tmp_path / "test"),
                       "-o", str(out), "--alpha", "0.3", "--repeats", "15", "--alphas", "0.2"]) == 0
