@@ -122,3 +122,24 @@ def test_folder_command_and_the_script_split_the_same_pool(tmp_path):
                       "-o", str(out), "--alpha", "0.3", "--repeats", "0", "--overwrite"]) == 0
     assert "validity" not in json.loads((out / "conformal.json").read_text())
     assert not (out / "validity.csv").exists() and not (out / "coverage.png").exists()
+
+
+def test_a_split_whose_calibration_cases_lack_a_class_counts_it_as_not_controlled():
+    """A class in few cases of the pool (absent='skip'): a random split may leave it out of every calibration case,
+    where no threshold can be fitted. That split counts the class as not controlled, instead of stopping the
+    evaluation whose fixed split was fitted."""
+    import numpy as np
+
+    from mcseg.conformal.validity import over_splits, summarise_splits
+    from tests.conformal.synthetic import synthetic_summaries
+
+    rng = np.random.default_rng(4)
+    pool = CaseSummary.join([synthetic_summaries(rng, 1), synthetic_summaries(rng, 9, absent_every=1)])
+    assert (pool.counts.positives[:, 2] > 0).tolist() == [True] + [False] * 9  # class 2 in the first case only
+    settings = ConformalSettings(classes=[1, 2], alpha=0.4)
+    rows = over_splits(pool, settings, 3, repeats=30, seed=1)
+    lacking = [not (r["threshold"] == r["threshold"]) for r in rows[2]]  # NaN: no calibration case had class 2
+    assert 0 < sum(lacking) < 30
+    summary = summarise_splits(rows[2], 0.4)
+    assert summary["uncontrolled_splits"] >= sum(lacking) and np.isfinite(summary["mean_threshold"])
+    assert all(r["controlled"] for r in rows[1]) and summarise_splits(rows[1], 0.4)["splits"] == 30
