@@ -14,6 +14,7 @@ at several alphas, written beside conformal.json (``validity.csv``, ``coverage.p
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -38,11 +39,19 @@ POOLED = ("the calibration and the test cases pooled and split again at random, 
 
 
 def split_once(calibration: CaseSummary, test: CaseSummary, settings: ConformalSettings) -> dict[int, dict]:
-    """Per class: the fitted threshold and margins on ``calibration`` and what they give on ``test``."""
-    thresholds = fit_thresholds(calibration, settings)
+    """Per class: the fitted threshold and margins on ``calibration`` and what they give on ``test``. A class
+    that no calibration case holds under ``absent="skip"`` (a random split of a pool where it is rare) has no
+    threshold: its row is not controlled, with NaN figures."""
+    fitted = [k for k in settings.classes if len(loss_table(calibration.counts, k, settings.loss, settings.absent)[0])]
+    thresholds = fit_thresholds(calibration, replace(settings, classes=fitted))
     margins = fit_margins(calibration, settings)
     rows = {}
     for k in settings.classes:
+        if k not in thresholds:
+            rows[k] = {"threshold": math.nan, "controlled": False, "test_risk": math.nan,
+                       "set_over_prediction": math.nan, "outer_mm": margins[k]["outer_mm"],
+                       "inner_mm": margins[k]["inner_mm"], "covered": math.nan, "sure_inside": math.nan}
+            continue
         table, _ = loss_table(test.counts, k, settings.loss, settings.absent)
         present = test.margins[test.counts.positives[:, k] > 0, k]
         index, predicted = thresholds[k]["index"], test.predicted[:, k]
@@ -93,7 +102,7 @@ def summarise_splits(rows: list[dict], alpha: float) -> dict:
     out = {"splits": len(rows)}
     out["mean_test_risk"], out["mean_test_risk_se"] = _mean_se(risk)
     out["violation_rate"], out["violation_rate_se"] = _mean_se(violated)
-    out["mean_threshold"] = float(np.mean([r["threshold"] for r in rows]))
+    out["mean_threshold"] = _mean_se(np.array([r["threshold"] for r in rows], np.float64))[0]
     out["uncontrolled_splits"] = int(sum(not r["controlled"] for r in rows))
     for key in ("set_over_prediction", "covered", "sure_inside", "outer_mm", "inner_mm"):
         out[f"mean_{key}"], out[f"mean_{key}_se"] = _mean_se(np.array([r[key] for r in rows], np.float64))
