@@ -10,8 +10,9 @@ rate) of a new case, and outer / inner margins in mm, fitted on the cases of val
 in the reference, what they achieve (``per_case.csv``, ``conformal.json`` ``test``) and, over ``--repeats`` random
 re-splits of the fit and labelled test cases pooled, at ``--alpha`` and ``--alphas``, what the guarantee gives
 (``validity.csv``, ``coverage.png``, ``conformal.json`` ``validity``; :func:`mcseg.conformal.validity.pooled_splits`).
-Everything is recorded in ``OUT_DIR/conformal.json``. The output folder follows :mod:`mcseg.evaluation.folder_outputs` (never another
-tool's folder; an earlier fit replaced only with ``--overwrite``; ``status.json`` while written).
+Everything is recorded in ``OUT_DIR/conformal.json``. The output folder follows
+:mod:`mcseg.evaluation.folder_outputs` (never another tool's folder; an earlier fit replaced only with
+``--overwrite``; ``status.json`` while written).
 
 The guarantee is per case and needs the test cases to be exchangeable with the calibration cases: a test folder
 holding calibration cases is refused.

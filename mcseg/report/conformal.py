@@ -1,5 +1,5 @@
-"""``## Conformal guarantees`` of mcseg-report (docs/conformal.md): every conformal fit found (:func:`collect_conformal`)
-per source of the probabilities and class: the fitted threshold, whether it is controlled, the test loss against
+"""``## Conformal guarantees`` of mcseg-report (docs/conformal.md): every conformal fit found
+(:func:`collect_conformal`) per source of the probabilities and class: the fitted threshold, whether it is controlled, the test loss against
 alpha, the set's volume relative to the prediction, the margins in mm and n calibration cases, links to its overlay
 figures; and where the fit's calibration and test cases were split again at random (conformal.json's ``validity``:
 ``conformal.repeats``, ``mcseg-conformal-folder --repeats``), its coverage figure and, per class at the fit's
