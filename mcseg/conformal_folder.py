@@ -7,9 +7,12 @@ rate) of a new case, and outer / inner margins in mm, fitted on the cases of val
 --fold``) against their labels. Applied to a test folder, it writes per case and class the masks
 ``<case>_set_<class>.nii.gz``, ``<case>_possible_<class>.nii.gz`` (grown) and ``<case>_sure_<class>.nii.gz``
 (shrunk) on the label's grid (with ``--figures`` an overlay ``<case>_conformal.png``), and, the test labels being
-in the reference, what they achieve (``per_case.csv``, ``conformal.json`` ``test``). Everything is recorded in
-``OUT_DIR/conformal.json``. The output folder follows :mod:`mcseg.evaluation.folder_outputs` (never another
-tool's folder; an earlier fit replaced only with ``--overwrite``; ``status.json`` while written).
+in the reference, what they achieve (``per_case.csv``, ``conformal.json`` ``test``) and, over ``--repeats`` random
+re-splits of the fit and labelled test cases pooled, at ``--alpha`` and ``--alphas``, what the guarantee gives
+(``validity.csv``, ``coverage.png``, ``conformal.json`` ``validity``; :func:`mcseg.conformal.validity.pooled_splits`).
+Everything is recorded in ``OUT_DIR/conformal.json``. The output folder follows
+:mod:`mcseg.evaluation.folder_outputs` (never another tool's folder; an earlier fit replaced only with
+``--overwrite``; ``status.json`` while written).
 
 The guarantee is per case and needs the test cases to be exchangeable with the calibration cases: a test folder
 holding calibration cases is refused.
@@ -31,6 +34,7 @@ from mcseg.conformal.control import FWER_METHODS, RCPS_BOUNDS
 from mcseg.conformal.fit import class_indices
 from mcseg.conformal.record import class_records, settings_record, test_figures, versions, write_masks
 from mcseg.conformal.risks import class_masks
+from mcseg.conformal.validity import ALPHAS, COVERAGE_FIGURE, REPEATS, VALIDITY_FILE, levels, pooled_splits
 from mcseg.data.io import Volume, VolumeError, read_volume
 from mcseg.data.reference import FolderError, Reference, fold_cases, read_reference
 from mcseg.evaluation.folder_outputs import (CONFORMAL_TOOL, EXIT_INTERRUPTED, FolderInterrupted, claim_output,
@@ -61,7 +65,7 @@ def add_input_options(p: argparse.ArgumentParser) -> None:
 def add_method_options(p: argparse.ArgumentParser, alphas: bool = False) -> None:
     """What is controlled and how (:class:`mcseg.conformal.ConformalSettings`); ``alphas``: several levels."""
     if alphas:
-        p.add_argument("--alpha", nargs="+", type=float, default=[0.05, 0.1, 0.2], help="the risk levels")
+        p.add_argument("--alpha", nargs="+", type=float, default=list(ALPHAS), help="the risk levels")
     else:
         p.add_argument("--alpha", type=float, default=0.1, help="the risk level (default 0.1)")
     p.add_argument("--method", choices=METHODS, default="crc")
@@ -96,6 +100,12 @@ def _parser() -> argparse.ArgumentParser:
     add_method_options(p)
     p.add_argument("--figures", action="store_true", help="also <case>_conformal.png per test case: per class, on "
                    "its largest predicted slice, the prediction, the possible and sure masks and the ground truth")
+    p.add_argument("--repeats", type=int, default=REPEATS,
+                   help=f"random re-splits of the fit cases and the labelled --apply cases pooled, as many to "
+                        f"calibrate as the fit has (0: none): {VALIDITY_FILE} and {COVERAGE_FIGURE} (default "
+                        f"{REPEATS})")
+    p.add_argument("--alphas", nargs="+", type=float, default=list(ALPHAS),
+                   help=f"the levels of the re-splits, besides --alpha (default {' '.join(map(str, ALPHAS))})")
     p.add_argument("--images", type=Path, help="the --apply cases' images (<case>_0000.nii.gz or <case>.nii.gz, e.g. "
                    "an nnU-Net imagesTs): the grid of a case without a label, and what --figures draws beneath "
                    "(default: the class's probability)")
@@ -177,11 +187,12 @@ def case_figure(case: str, probs, sets: dict, pred: np.ndarray, truth: np.ndarra
 
 
 def apply_folder(target: PredictionFormat, reference: Reference, settings: ConformalSettings, thresholds: dict,
-                 margins: dict, out: Path, images: Path | None = None,
-                 figures: bool = False) -> tuple[list[str], list[dict], list[Path]]:
+                 margins: dict, out: Path, images: Path | None = None, figures: bool = False,
+                 summary_grid=None) -> tuple[list[str], list[dict], list[Path], list[CaseSummary]]:
     """Each test case's masks (and with ``figures`` its overlay) written to ``out``; its per-class test rows;
-    the files read."""
-    task, written, rows, read = reference.task, [], [], []
+    the files read; with ``summary_grid`` (a threshold grid) the labelled cases' summaries (:func:`summarise`, as
+    the fit cases')."""
+    task, written, rows, read, tested = reference.task, [], [], [], []
     for case in target.cases():
         labelled = case in reference.labels
         if labelled:
@@ -198,10 +209,13 @@ def apply_folder(target: PredictionFormat, reference: Reference, settings: Confo
         if labelled:
             for k, result in case_test(sets, truth, pred, settings.loss, settings.tau).items():
                 rows.append({"case": case, "class": task.class_names[k], **result})
+            if summary_grid is not None:
+                tested.append(summarise(case, probs, torch.from_numpy(truth), pred, grid.spacing, summary_grid,
+                                        settings.tau, settings.classes))
         written += write_masks(out, case, sets, task.class_names, grid.affine, source)
         if figures:
             written.append(case_figure(case, probs, sets, pred, truth, task.class_names, images, out))
-    return written, rows, read
+    return written, rows, read, tested
 
 
 def _earlier_files(out: Path) -> tuple[str, ...]:
@@ -210,7 +224,8 @@ def _earlier_files(out: Path) -> tuple[str, ...]:
         stored = json.loads((out / CONFORMAL_FILE).read_text())
     except (OSError, json.JSONDecodeError):
         return ()
-    return (CONFORMAL_FILE, "per_case.csv", *((stored.get("applied") or {}).get("files") or []))
+    return (CONFORMAL_FILE, "per_case.csv", VALIDITY_FILE, COVERAGE_FIGURE,
+            *((stored.get("applied") or {}).get("files") or []))
 
 
 def _refuse_fit_cases(target: PredictionFormat, fit_cases: Sequence[str]) -> None:
@@ -224,6 +239,9 @@ def _refuse_fit_cases(target: PredictionFormat, fit_cases: Sequence[str]) -> Non
 def conformal(args: argparse.Namespace) -> dict:
     """Fit, apply and record (module docstring); returns the record written to conformal.json."""
     out = args.output_dir.resolve()
+    if args.repeats < 0 or any(not 0 < a < 1 for a in args.alphas):
+        raise FolderError(f"--repeats {args.repeats} --alphas {' '.join(map(str, args.alphas))}: expected repeats >= "
+                          f"0 and each alpha in (0, 1)")
     if args.images is not None and not args.apply:
         raise FolderError("--images gives the --apply cases' grid (and the background of --figures): pass --apply")
     inputs = [d.resolve() for d in [*args.fit, *([args.apply] if args.apply else [])]]
@@ -258,8 +276,9 @@ def conformal(args: argparse.Namespace) -> dict:
         margins = fit_margins(summaries, settings)
         stored = _record(args, reference, settings, summaries, thresholds, margins, fit, read)
         if target is not None:
-            files, rows, applied_read = apply_folder(target, reference, settings, thresholds, margins, out,
-                                                     args.images, args.figures)
+            files, rows, applied_read, tested = apply_folder(target, reference, settings, thresholds, margins, out,
+                                                             args.images, args.figures,
+                                                             grid if args.repeats else None)
             if rows:
                 write_csv(out / "per_case.csv", rows)
             stored["applied"] = {"to": str(Path(target.path).resolve()), "format": target.format,
@@ -268,6 +287,10 @@ def conformal(args: argparse.Namespace) -> dict:
                                  "input_files_sha256": {str(p.resolve()): file_sha256(p)
                                                         for p in dict.fromkeys(applied_read)}}
             stored["test"] = test_figures(rows, settings)
+            if tested:  # the fit and the labelled test cases pooled and split again (docs/conformal.md)
+                stored["validity"], _ = pooled_splits(summaries, CaseSummary.stack(tested), settings,
+                                                      reference.task.class_names, levels(args.alphas, args.alpha),
+                                                      args.repeats, out)
         write_json(out / CONFORMAL_FILE, stored)
     return stored
 

@@ -6,7 +6,7 @@
 Every case of the folders (disjoint folders, e.g. nnU-Net's fold_k/validation, or one folder; ``--splits --fold``
 to choose) is read once and summarised (:func:`mcseg.conformal_folder.summarise_fit`: counts on the threshold
 grid, margins in mm); then, for each alpha, ``--repeats`` random splits into ``--calibration`` (a fraction, or a
-number of cases) calibration cases and the others as test cases (:func:`mcseg.conformal.validity.validity_rows`):
+number of cases) calibration cases and the others as test cases (:func:`mcseg.conformal.validity.over_alphas`):
 per class the mean test risk with its Monte-Carlo standard error (<= alpha for CRC), the violation rate (test risk
 > alpha; <= delta for RCPS and LTT), the mean threshold, the set's volume over the predicted structure's (what
 the guarantee costs), and the margins' coverage and mean size. Re-splitting one
@@ -27,6 +27,7 @@ COLUMNS = ("class", "method", "loss", "alpha", "delta", "n_calibration", "n_test
 
 
 def _parser() -> argparse.ArgumentParser:
+    from mcseg.conformal.validity import REPEATS
     from mcseg.conformal_folder import add_input_options, add_method_options
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -34,7 +35,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--reference", type=Path, required=True)
     add_method_options(p, alphas=True)
     p.add_argument("--calibration", type=float, default=0.5, help="a fraction (< 1) or a number of cases")
-    p.add_argument("--repeats", type=int, default=200)
+    p.add_argument("--repeats", type=int, default=REPEATS)
     p.add_argument("--seed", type=int, default=0)
     add_input_options(p)
     p.add_argument("-o", "--output", type=Path, required=True, help="the CSV table")
@@ -54,10 +55,8 @@ def markdown(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT))
-    from dataclasses import replace
-
     from mcseg.conformal import default_thresholds
-    from mcseg.conformal.validity import validity_rows
+    from mcseg.conformal.validity import coverage_title, over_alphas
     from mcseg.conformal_folder import settings_of, summarise_fit
     from mcseg.data.reference import fold_cases, read_reference
     from mcseg.evaluation.folder_posthoc import _fit_owners
@@ -73,18 +72,15 @@ def main(argv: list[str] | None = None) -> int:
     owners = _fit_owners(folders, fold_cases(args.splits, args.fold) if args.splits else None)
     summaries, _ = summarise_fit(owners, reference, settings, default_thresholds(args.grid_size))
     n_cal = int(round(args.calibration * len(summaries))) if args.calibration < 1 else int(args.calibration)
-    rows = []
-    for alpha in alphas:
-        rows += validity_rows(summaries, replace(settings, alpha=alpha), reference.task.class_names, n_cal,
-                              args.repeats, args.seed)
+    rows = over_alphas(summaries, settings, reference.task.class_names, alphas, n_cal, args.repeats, args.seed)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     write_csv(args.output, rows)
     if args.figure is not None:
         from mcseg.conformal.plots import coverage_figure
 
         args.figure.parent.mkdir(parents=True, exist_ok=True)
-        coverage_figure(rows, f"{settings.method.upper()} of the {settings.loss.upper()}, {len(summaries)} cases, "
-                              f"{n_cal} to calibrate, {args.repeats} splits").savefig(args.figure, dpi=100)
+        coverage_figure(rows, coverage_title(settings, len(summaries), n_cal, args.repeats)).savefig(args.figure,
+                                                                                                   dpi=100)
     print(f"{len(summaries)} cases, {n_cal} to calibrate, {args.repeats} random splits; {args.output}")
     print(markdown(rows))
     return 0

@@ -53,7 +53,8 @@ def class_indices(names: Sequence[str] | None, class_names: Sequence[str], multi
 class CaseSummary:
     """Calibration cases, summarised: their names, counts on the threshold grid ``thresholds``, ``C x 2``
     (outer, inner) margins in mm and the ``C`` voxel counts of the predicted structures (the reference of a set's
-    volume); one case (:func:`summarise`) or n stacked on a leading axis (:meth:`stack`, :meth:`take`)."""
+    volume); one case (:func:`summarise`) or n stacked on a leading axis (:meth:`stack`, :meth:`take`,
+    :meth:`join`)."""
 
     cases: list[str]
     thresholds: np.ndarray
@@ -69,6 +70,17 @@ class CaseSummary:
         return CaseSummary([c for s in summaries for c in s.cases], grid,
                            CaseCounts.stack([s.counts for s in summaries]), np.stack([s.margins for s in summaries]),
                            np.stack([s.predicted for s in summaries]))
+
+    @staticmethod
+    def join(parts: Sequence[CaseSummary]) -> CaseSummary:
+        """Stacked summaries one after another (e.g. calibration and test cases pooled)."""
+        grid = parts[0].thresholds
+        if any(not np.array_equal(p.thresholds, grid) for p in parts):
+            raise ValueError("case summaries on different threshold grids cannot be joined")
+        counts = CaseCounts(*(np.concatenate([getattr(p.counts, f) for p in parts])
+                              for f in ("positives", "selected", "hits")))
+        return CaseSummary([c for p in parts for c in p.cases], grid, counts,
+                           np.concatenate([p.margins for p in parts]), np.concatenate([p.predicted for p in parts]))
 
     def take(self, cases: np.ndarray) -> CaseSummary:
         """The stacked summaries of ``cases`` (indices)."""

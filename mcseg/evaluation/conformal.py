@@ -12,7 +12,7 @@ evaluation's pass stays as it is. The evaluated split must not hold validation c
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +25,7 @@ from mcseg.conformal.fit import class_indices
 from mcseg.conformal.plots import case_overlay
 from mcseg.conformal.record import class_records, settings_record, test_figures, versions, write_masks
 from mcseg.conformal.risks import class_masks
+from mcseg.conformal.validity import ALPHAS, REPEATS, levels, pooled_splits
 from mcseg.errors import ConfigError
 from mcseg.files import write_csv, write_json
 
@@ -54,6 +55,8 @@ class ConformalConfig:
     posthoc: bool = True
     masks: bool = True
     figures: int = 0  # how many test cases get an overlay figure <case>_conformal.png (over their image)
+    repeats: int = REPEATS  # random re-splits of the pooled validation and test cases (0: none): validity.csv
+    alphas: list[float] = field(default_factory=lambda: list(ALPHAS))  # their levels, with alpha
 
     def __post_init__(self) -> None:
         for key, allowed in (("method", METHODS), ("loss", tuple(LOSSES)), ("rcps_bound", RCPS_BOUNDS),
@@ -68,6 +71,10 @@ class ConformalConfig:
                               "expected loss")
         if self.delta is not None and not 0 < self.delta < 1:
             raise ConfigError(f"config key 'conformal.delta': expected 0 < delta < 1, got {self.delta}")
+        if self.repeats < 0:
+            raise ConfigError(f"config key 'conformal.repeats': expected >= 0 (0: no re-splits), got {self.repeats}")
+        if any(not 0 < a < 1 for a in self.alphas):
+            raise ConfigError(f"config key 'conformal.alphas': expected each 0 < alpha < 1, got {list(self.alphas)}")
 
     def settings(self, class_names: list[str], multilabel: bool) -> ConformalSettings:
         try:
@@ -138,6 +145,7 @@ def conformal_of_predictor(config: ConformalConfig, predictor, own_dataset, val_
             fits[name] = (stacked, fit_thresholds(stacked, settings), fit_margins(stacked, settings))
         rows: dict[str, list[dict]] = {name: [] for name in sources}
         written: dict[str, list[str]] = {name: [] for name in sources}
+        tested: dict[str, list[CaseSummary]] = {name: [] for name in sources}  # for conformal.repeats
         for index, (case, per_source) in enumerate(_probabilities(predictor, dataset, refs, sources)):
             image = dataset.original_image(case)[0] if index < config.figures else None  # first channel
             for name, (probs, label, spacing, affine) in per_source.items():
@@ -147,6 +155,9 @@ def conformal_of_predictor(config: ConformalConfig, predictor, own_dataset, val_
                 truth = class_masks(label, probs.shape[0], multilabel).numpy()
                 rows[name] += [{"case": case.case_id, "class": names[k], **r}
                                for k, r in case_test(sets, truth, pred, settings.loss, settings.tau).items()]
+                if config.repeats:
+                    tested[name].append(summarise(case.case_id, probs, torch.from_numpy(truth), pred, spacing, grid,
+                                                  settings.tau, settings.classes))
                 if config.masks:
                     written[name] += write_masks(out_dir / name, case.case_id, sets, names, affine)
                 if index < config.figures:
@@ -155,20 +166,38 @@ def conformal_of_predictor(config: ConformalConfig, predictor, own_dataset, val_
                     written[name].append(file)
                     if log_figure is not None:
                         log_figure(f"conformal/{name}/{case.case_id}", figure)
+    validity = {name: _repeated_splits(config, settings, names, fits[name][0], tested[name], out_dir / name, name,
+                                       log_figure) for name in sources}
     return {name: _write_record(out_dir / name, name, settings, *fits[name], rows[name], written[name], provenance,
-                                names, [r.case_id for r in refs])
+                                names, [r.case_id for r in refs], validity[name])
             for name in sources}
+
+
+def _repeated_splits(config: ConformalConfig, settings: ConformalSettings, names: list[str], fitted: CaseSummary,
+                     tested: list[CaseSummary], folder: Path, source: str,
+                     log_figure: Callable[[str, object], None] | None) -> dict | None:
+    """``conformal.repeats`` random re-splits of the validation and test cases pooled
+    (:func:`mcseg.conformal.validity.pooled_splits`: ``validity.csv`` and ``coverage.png`` in ``folder``, the
+    figure also to ``log_figure`` as ``conformal/<source>/coverage``); conformal.json's ``validity`` block."""
+    if not config.repeats or not tested:
+        return None
+    block, figure = pooled_splits(fitted, CaseSummary.stack(tested), settings, names,
+                                  levels(config.alphas, config.alpha), config.repeats, folder)
+    if log_figure is not None:
+        log_figure(f"conformal/{source}/coverage", figure)
+    return block
 
 
 def _write_record(folder: Path, source: str, settings: ConformalSettings, summaries: CaseSummary, thresholds: dict,
                   margins: dict, rows: list[dict], files: list[str], provenance: dict, names: list[str],
-                  cases: list[str]) -> dict:
+                  cases: list[str], validity: dict | None = None) -> dict:
     folder.mkdir(parents=True, exist_ok=True)
     record = {**settings_record(settings, summaries),
               "probabilities": "raw" if source == "raw" else f"after the post-hoc scaler {source}",
               "classes": class_records(settings, thresholds, margins, names),
               "fit_cases": summaries.cases, "provenance": {**provenance, "versions": versions()},
-              "applied": {"split_cases": cases, "files": files}, "test": test_figures(rows, settings)}
+              "applied": {"split_cases": cases, "files": files}, "test": test_figures(rows, settings),
+              **({"validity": validity} if validity else {})}
     if rows:
         write_csv(folder / "per_case.csv", rows)
     write_json(folder / "conformal.json", record)

@@ -2,7 +2,9 @@
 
 Runs whose evaluation (or post-hoc temperature scaling) is missing are evaluated first with
 ``evaluate.py``'s code and default protocol, or listed with ``--no-eval``. Evaluations of other tools' prediction
-folders under the directories (``mcseg-evaluate-folder``) are rows of their own, the tool in the loss column. Writes
+folders under the directories (``mcseg-evaluate-folder``) are rows of their own, the tool in the loss column; the
+conformal fits of runs, ensembles and ``mcseg-conformal-folder`` outputs have a section (:mod:`mcseg.report.conformal`).
+Writes
 ``report.md``, ``report.csv``, ``report.tex``, ``reliability_selected.png``,
 ``reliability_histogram_selected.png`` (the dataset reliability histograms), where the evaluations scored
 several raters ``reliability_raters.png`` (against the rater mean beside against one rater), for margin sweeps
@@ -18,7 +20,7 @@ import sys
 from pathlib import Path
 
 from mcseg.files import atomic_write
-from mcseg.report.conformal import conformal_section
+from mcseg.report.conformal import collect_conformal, conformal_section, folder_fits
 from mcseg.report.collect import RunRecord, collect_ensembles, collect_folder_evaluations, collect_runs, read_run
 from mcseg.report.figures import margin_heatmap, reliability_histograms, reliability_overlay, reliability_raters, \
     risk_coverage_overlay, shift_severity
@@ -127,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    if not runs:
+    if not runs and not folder_fits(args.dirs):  # mcseg-conformal-folder outputs alone: their section
         print(f"error: no runs under {', '.join(map(str, args.dirs))}", file=sys.stderr)
         return 1
     if not args.no_eval:
@@ -148,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
              for w in differences]
     notes += [f"**Warning{SEEN_MARK}**: {w}: not figures of unseen data (rows marked{SEEN_MARK})." for w in seen]
     text = (markdown(rows, title, protocol_lines(runs, args) + notes) + "\n"
-            + "\n".join([*conformal_section(runs, args.split, out), *failure_lines(runs)]))
+            + "\n".join([*conformal_section(collect_conformal(runs, ensembles, args.dirs, args.split), out),
+                         *failure_lines(runs)]))
     atomic_write(out / "report.md", lambda tmp: tmp.write_text(text))
     write_report_csv(rows, out / "report.csv")
     atomic_write(out / "report.tex", lambda tmp: tmp.write_text(latex(rows, title)))

@@ -127,7 +127,7 @@ def test_monai_folders(nn, tmp_path):
     out = tmp_path / "conformal"
     assert conformal(["--fit", str(fit), "--reference", str(nn["raw"]), "--apply", str(test), "-o", str(out),
                       "--alpha", "0.2", "--method", "rcps", "--rcps-bound", "hoeffding", "--delta", "0.2",
-                      "--classes", "right"]) == 0
+                      "--classes", "right", "--repeats", "0"]) == 0  # re-splits: test_repeated_splits.py
     record = json.loads((out / "conformal.json").read_text())
     assert list(record["classes"]) == ["right"] and record["delta"] == 0.2 and record["rcps_bound"] == "hoeffding"
     assert record["provenance"]["predictions"][0]["format"] == "monai"
@@ -182,7 +182,7 @@ def test_mcseg_maps_margins_in_world_mm_of_a_permuted_anisotropic_affine(tmp_pat
         nib.save(nib.Nifti1Image(probs.argmax(0).numpy().astype(np.uint8), AFFINE), str(folder / f"case_{i}.nii.gz"))
     out = tmp_path / "out"
     assert conformal(["--fit", str(fit), "--reference", str(labels), "--apply", str(test), "-o", str(out),
-                      "--alpha", "0.2"]) == 0
+                      "--alpha", "0.2", "--repeats", "0"]) == 0
     record = json.loads((out / "conformal.json").read_text())
     assert record["provenance"]["predictions"][0]["format"] == "mcseg"
 

@@ -37,7 +37,7 @@ def test_overlay_is_drawn_over_the_cases_image_on_its_file_grid(tmp_path):
     dataset = build_dataset(cfg.dataset)
     refs = dataset.case_refs()
     figures = {}
-    conformal_of_predictor(ConformalConfig(enabled=True, alpha=0.4, figures=1, masks=False), Oracle(), dataset,
+    conformal_of_predictor(ConformalConfig(enabled=True, alpha=0.4, figures=1, masks=False, repeats=0), Oracle(), dataset,
                            refs[:3], dataset, refs[3:], {}, tmp_path / "out", {},
                            log_figure=lambda tag, figure: figures.setdefault(tag, figure))
     case = refs[3].case_id

@@ -64,14 +64,16 @@ def test_overlays_logged_to_tensorboard(make_cfg, tmp_path, monkeypatch):
     first = record["applied"]["split_cases"][0]
     assert f"{first}_conformal.png" in record["applied"]["files"]
     images = _conformal_images(run, "conformal/")
-    assert list(images) == [f"conformal/raw/{first}"]  # the first conformal.figures cases, of each source
+    # the first conformal.figures cases, of each source, and its coverage figure over the re-splits
+    assert sorted(images) == sorted([f"conformal/raw/{first}", "conformal/raw/coverage"])
     image = images[f"conformal/raw/{first}"][0]
     assert image.width > 100 and image.height > 100 and image.encoded_image_string[:4] == b"\x89PNG"
 
     evaluate(compose_config("evaluate", ["evaluation.bootstrap_samples=10", f"ckpt={run}", "split=test",
                                          "overwrite=true", *conformal], tmp_path / "job"))
     images = _conformal_images(run, "eval/")
-    assert list(images) == [f"eval/test/conformal/raw/{first}"]  # eval/<its folder under eval/>/conformal/...
+    # eval/<its folder under eval/>/conformal/...: the overlay and the coverage figure
+    assert sorted(images) == sorted([f"eval/test/conformal/raw/{first}", "eval/test/conformal/raw/coverage"])
     [image] = images[f"eval/test/conformal/raw/{first}"]
     assert image.step == json.loads((run / "trackers.json").read_text())["step"]
     assert image.width > 100 and image.encoded_image_string[:4] == b"\x89PNG"
