@@ -54,6 +54,7 @@ def test_every_model_preset_has_tiny_widths_here():
     assert sorted(BACKBONES) == options("model"), "add the new preset's tiny widths to BACKBONES"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "option,dims", [(o, d) for o in sorted(BACKBONES) for d in (2, 3) if not (o in TWO_D_ONLY and d == 3)],
     ids=lambda v: str(v) if isinstance(v, str) else f"{v}d",

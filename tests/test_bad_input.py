@@ -69,6 +69,7 @@ def test_dataset_json_cannot_point_outside_root(tmp_path):
     _fails_with(MSD_TINY + [f"dataset.root={root}"], tmp_path, "outside the dataset root")
 
 
+@pytest.mark.slow
 def test_dataset_without_root_names_the_key(tmp_path, monkeypatch):
     monkeypatch.delenv("MCSEG_ACDC_ROOT", raising=False)
     _fails_with(["dataset=acdc", "debug=fast"], tmp_path, "dataset.root")

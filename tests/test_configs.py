@@ -34,6 +34,7 @@ def test_every_option_composes_and_validates(make_cfg, tmp_path, group, option):
     validate_train_config(cfg)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("option", options("model"))
 @pytest.mark.parametrize("dims", [2, 3])
 def test_every_model_builds_and_runs(make_cfg, option, dims):

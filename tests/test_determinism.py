@@ -61,6 +61,7 @@ def quiet_run(tmp_path_factory):
     return load_checkpoint(out / "checkpoints/last.pt")["model"], json.loads((out / "eval/test/summary.json").read_text())
 
 
+@pytest.mark.slow
 def test_a_deterministic_run_on_a_busy_machine_keeps_its_threads_and_its_numbers(make_cfg, tmp_path, monkeypatch,
                                                                                    quiet_run):
     """The defect of issue #21: AdaptiveThreads lowered torch's threads mid-run on a shared CPU and the

@@ -56,6 +56,7 @@ def _max_difference(a: dict, b: dict) -> float:
     return max(float((a[k] - b[k]).abs().max()) for k in a if a[k].is_floating_point())
 
 
+@pytest.mark.slow
 def test_torchrun_two_cpu_processes_train_like_one_process_with_the_global_batch(make_cfg, tmp_path, one_thread):
     # SGD keeps gradients linear in the weights' update, so the comparison is to rounding error;
     # each rank takes batches of 2 from its half of every epoch: together the batches of 4 of one process

@@ -43,6 +43,7 @@ def test_preset_is_a_study_sweep(preset):
     assert str(sweeper.params.seed) == "0,1,2"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", PRESETS)
 def test_preset_trains_one_tiny_step(preset, make_cfg, tmp_path, request, one_thread):
     from mcseg.train import train

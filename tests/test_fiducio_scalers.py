@@ -82,6 +82,7 @@ def test_every_scaler_says_what_it_guarantees():
         assert kind.preserves_argmax == (kind.guarantee != "none"), name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_mcsegs_probabilities_are_fiducios_own_transform_of_the_saved_calibrator(name, fits, monkeypatch):
     scaler, record, directory = fits(name)

@@ -30,7 +30,13 @@ LOSSES_3D = ("ce", "ce_dice", "margin", "svls", "nacl", "hardl1ace_dice_ce", "so
 OVERRIDES_3D = {"ce_dml_boundary": ["loss=ce_dml", "loss.boundary_epsilon=0.1"]}
 
 
-@pytest.mark.parametrize("loss", LOSSES)
+# The default run trains the field's baseline, the margin loss and a multi-label loss; every other loss trains in
+# the slow run (CI runs both), which keeps the default run under 15 minutes on 2 cores.
+QUICK = {"ce", "margin", "bce"}
+
+
+@pytest.mark.parametrize("loss", [pytest.param(loss, marks=() if loss in QUICK else pytest.mark.slow)
+                                  for loss in LOSSES])
 def test_every_loss_trains_and_evaluates(make_cfg, tmp_path, loss, one_thread):
     """...and reproduces its regression answer (tests/answers/loss_runs.json)."""
     if loss in MULTILABEL:
@@ -64,6 +70,7 @@ def test_every_loss_trains_and_evaluates(make_cfg, tmp_path, loss, one_thread):
         assert not torch.equal(state["loss"]["gamma"], torch.ones(15, dtype=torch.float64))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("loss", LOSSES_3D)
 def test_losses_in_3d_reproduce_their_answers(make_cfg, tmp_path, loss, one_thread):
     train(make_cfg(TINY_3D + EXACT + ["trainer.max_epochs=2", *OVERRIDES_3D.get(loss, [f"loss={loss}"])]))

@@ -89,6 +89,7 @@ def test_scalers_say_what_they_need():
 
 
 # ------------------------------------------------------------------ LTS
+@pytest.mark.slow
 @pytest.mark.parametrize("dims,shape,patch", [(2, (8, 48, 48), [48, 48]), (3, (24, 24, 24), [24, 24, 24])])
 def test_lts_recovers_a_spatially_varying_temperature(tmp_path, dims, shape, patch):
     """T = 0.5 on the left half, 2 on the right, learnt from the logits and the image (2D slices / 3D patches

@@ -107,6 +107,7 @@ def test_ece_objective_recovers_a_known_temperature_of_sigmoid_regions():
     assert fitted["ece_after"] < 0.01 < fitted["ece_before"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("objective", ["nll", "ece"])
 @pytest.mark.parametrize("true_t", [0.5, 1.0, 2.0])
 def test_region_fitted_temperature_never_raises_the_fit_regions_ece(objective, true_t):

@@ -63,7 +63,7 @@ def _assert_same_run(a: Path, b: Path) -> None:
     [
         # mid-epoch 2, after the mid-epoch checkpoint at step 2 of that epoch; resumed in a process given one
         # torch thread, which must take the run's own count back (the count orders float reductions: issue #21)
-        ({"MCSEG_KILL_AT_STEP": "6"}, {"OMP_NUM_THREADS": "1"}),
+        pytest.param({"MCSEG_KILL_AT_STEP": "6"}, {"OMP_NUM_THREADS": "1"}, marks=pytest.mark.slow),
         pytest.param({"MCSEG_KILL_AT_STEP": "9"}, {}, marks=pytest.mark.slow),  # first step of epoch 3
         ({"MCSEG_KILL_IN_SAVE": "4"}, {}),  # while writing a checkpoint
     ],
@@ -110,6 +110,7 @@ def test_signal_to_the_process_group_with_loader_workers_checkpoints_and_resumes
     _assert_same_run(uninterrupted, run)
 
 
+@pytest.mark.slow
 def test_sigterm_during_validation_stops_after_the_case_and_resume_finishes(tmp_path, uninterrupted):
     """SLURM's grace period and torchrun's 30 s before SIGKILL are shorter than a full validation."""
     run = tmp_path / "run"

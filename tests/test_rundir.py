@@ -39,6 +39,7 @@ def _error_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.strip()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overrides, says", [
     (["loss=margin", "optim.lr=0.5"], "last.pt exists"),  # another config, no resume
     (["trainer.resume=true", "trainer.max_epochs=3"], "scheduler.total_iters=3"),  # a changed config on resume
@@ -53,6 +54,7 @@ def test_a_refused_launch_leaves_the_run_directory_byte_identical(finished_run, 
     assert snapshot(finished_run) == before
 
 
+@pytest.mark.slow
 def test_resume_with_another_dataset_config_is_refused(finished_run):
     before = snapshot(finished_run)
     done = run_cli("train.py", TINY_2D + ["trainer.resume=true", "dataset.normalization.scheme=none",

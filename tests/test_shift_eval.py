@@ -57,6 +57,7 @@ def test_a_clean_evaluation_from_before_the_rater_options_is_still_of_the_same_p
         "another evaluation protocol (evaluation.rater_crop: 'all' stored, 'curvas2024' requested)")
 
 
+@pytest.mark.slow
 def test_a_shift_suite_writes_one_evaluation_per_condition_and_a_summary(tiny_run, tmp_path):
     clean = tiny_run / "eval" / "test"
     official = (clean / "summary.json").read_bytes()
@@ -102,6 +103,7 @@ def test_a_shift_suite_writes_one_evaluation_per_condition_and_a_summary(tiny_ru
         summary["predictors"]["raw"]["dice"]["values"]["affine"]
 
 
+@pytest.mark.slow
 def test_an_ensemble_is_evaluated_under_shift_in_its_own_folder(tiny_run, tmp_path):
     other = tiny_run.parent / "s1"
     result = _evaluate(tmp_path / "job", f"ckpt=[{tiny_run},{other}]", "shift=ct", "shift.corruptions=[noise]",

@@ -38,6 +38,7 @@ def margin_sweep(tmp_path_factory) -> Path:
     return sweep
 
 
+@pytest.mark.slow
 def test_a_failed_job_does_not_end_the_sweep_and_is_summarised(margin_sweep):
     jobs = _job_dirs(margin_sweep)
     assert len(jobs) == 6
@@ -92,6 +93,7 @@ def test_report_rows_match_the_runs_own_summaries(margin_sweep, tmp_path):
     assert (out / "margin_heatmap.png").stat().st_size > 1000
 
 
+@pytest.mark.slow
 def test_evaluate_a_whole_sweep_on_another_split(margin_sweep, tmp_path):
     proc = run_cli("evaluate.py", [f"runs={margin_sweep}", "split=val", "posthoc.apply=[temperature]",
                                    "evaluation.bootstrap_samples=10", "save_predictions=false",
@@ -104,6 +106,7 @@ def test_evaluate_a_whole_sweep_on_another_split(margin_sweep, tmp_path):
     assert "evaluated 4 of 4 runs" in proc.stdout
 
 
+@pytest.mark.slow
 def test_joblib_launcher_runs_jobs_in_parallel_processes(tmp_path):
     sweep = tmp_path / "parallel"
     # with a loader worker: DataLoader workers must start inside joblib's (loky) worker processes
@@ -116,6 +119,7 @@ def test_joblib_launcher_runs_jobs_in_parallel_processes(tmp_path):
     assert len({s["pid"] for s in statuses}) == 2  # one worker process per job
 
 
+@pytest.mark.slow
 def test_slurm_preset_composes_and_submitit_runs_locally(make_cfg, tmp_path):
     from hydra import compose, initialize_config_dir
 

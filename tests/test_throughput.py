@@ -292,6 +292,7 @@ def test_default_workers_take_the_cores_the_step_leaves_free(monkeypatch, device
     assert default_workers(torch.device(device)) == expected
 
 
+@pytest.mark.slow
 def test_a_large_volume_is_evaluated_holding_at_most_two_probability_tensors():
     """Sliding-window inference, softmax and every metric of one 256 x 256 x 160 volume with 5
     classes (200 MB of probabilities; small windows, so the volume dominates): peak memory above

@@ -158,6 +158,7 @@ def test_evaluate_reproduces_the_runs_own_evaluation(make_cfg, tmp_path):
     assert (tmp_path / "again/per_case.csv").read_text() == (run / "eval/test/per_case.csv").read_text()
 
 
+@pytest.mark.slow
 def test_hippocampus_preset_trains_on_the_shared_copy(make_cfg, tmp_path, hippocampus_root):
     cfg = make_cfg(["dataset=hippocampus", f"dataset.root={hippocampus_root}", "debug=fast",
                     "model.channels=[8,16,32]", "model.strides=[2,2]", "model.num_res_units=1",

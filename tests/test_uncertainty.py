@@ -167,6 +167,7 @@ def test_an_ensemble_pools_its_members_probabilities():
 
 
 # -------------------------------------------------------------------------------------------- evaluations
+@pytest.mark.slow
 def test_every_evaluation_reports_failure_detection_and_a_single_network_has_no_epistemic_part(runs, make_cfg,
                                                                                                tmp_path):
     summary = _read(runs.s0 / "eval/test/summary.json")
