@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from mcseg.calibration import PosthocConfig
 from mcseg.calibration.posthoc import OBJECTIVES, VOXEL_SAMPLES
@@ -22,11 +21,11 @@ from mcseg.calibration.scalers import softmax_only_message
 from mcseg.calibration.scalers import SCALER_TYPES
 from mcseg.data.io import VolumeError
 from mcseg.config import EvalProtocol
+from mcseg.evaluation.folder_options import add_fit_apply_options, add_input_options
 from mcseg.evaluation.folder_outputs import CALIBRATE_TOOL, EXIT_INTERRUPTED, FolderInterrupted, claim_output, writing
 from mcseg.evaluation.folder_posthoc import NO_IMAGE, calibrate_folder, fit_folders, record_applied, take_over
 from mcseg.data.reference import FolderError, fold_cases, read_reference
-from mcseg.evaluation.formats import (PredictionFormat, declared_classes, format_names, open_folder,
-                                      prediction_files)
+from mcseg.evaluation.formats import PredictionFormat, declared_classes, open_folder, prediction_files
 from mcseg.metrics.regions import REGIONS
 from mcseg.rundir import RunDirBusy
 
@@ -41,16 +40,14 @@ def _parser() -> argparse.ArgumentParser:
                     "regression, Fiducio's calibrators, local temperature scaling: --scaler) on saved validation "
                     "probabilities of nnU-Net, MONAI or mcseg and write the calibrated test probabilities in the "
                     f"tool's own format. Refused: {NO_IMAGE}.")
-    p.add_argument("--fit", nargs="+", type=Path, required=True, metavar="VAL_DIR",
-                   help="validation prediction folders (e.g. nnU-Net's fold_0/validation ... fold_4/validation)")
-    p.add_argument("--reference", type=Path, required=True,
-                   help="their labels: an nnU-Net raw dataset, an MSD folder or a folder of <case>.nii.gz")
-    p.add_argument("--apply", type=Path, metavar="TEST_DIR", help="the prediction folder to calibrate")
-    p.add_argument("-o", "--output-dir", type=Path, required=True,
-                   help="where calibration.json and the calibrated files go: a new folder (never an input folder, "
-                   "a folder of predictions or an evaluation; an earlier calibration only with --overwrite)")
-    p.add_argument("--overwrite", action="store_true", help="replace an earlier calibration in OUT_DIR (its "
-                   "calibration.json and the files it wrote; never a folder of another tool's files)")
+    add_fit_apply_options(
+        p, fit="validation prediction folders (e.g. nnU-Net's fold_0/validation ... fold_4/validation)",
+        reference="their labels: an nnU-Net raw dataset, an MSD folder or a folder of <case>.nii.gz",
+        apply="the prediction folder to calibrate",
+        output="where calibration.json and the calibrated files go: a new folder (never an input folder, a folder "
+               "of predictions or an evaluation; an earlier calibration only with --overwrite)",
+        overwrite="replace an earlier calibration in OUT_DIR (its calibration.json and the files it wrote; never a "
+                  "folder of another tool's files)")
     p.add_argument("--allow-fit-cases", action="store_true", help="calibrate an --apply folder holding fit cases "
                    "(refused otherwise: their evaluation would score the cases the scaler was fitted on); "
                    "recorded in calibration.json and in the provenance of the calibrated folder's evaluation")
@@ -67,15 +64,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=posthoc.seed)
     p.add_argument("--region", choices=REGIONS, default=defaults.region, help="the calibration region (--voxels region)")
     p.add_argument("--n-bins", type=int, default=defaults.n_bins, help="ECE bins of --objective ece")
-    p.add_argument("--splits", type=Path, help="nnU-Net's splits_final.json: fit on the validation cases of --fold")
-    p.add_argument("--fold", help="a fold of --splits, or 'all'")
-    p.add_argument("--format", dest="fmt", default="auto", choices=("auto", *format_names()))
-    p.add_argument("--monai-postfix", default="trans")
-    p.add_argument("--dataset-json", type=Path, help="the dataset.json that gives the classes (default: the "
-                   "reference's, or beside/above its labels)")
-    p.add_argument("--num-classes", type=int, help="number of classes K of the task, background included, when "
-                   "nothing else says (a softmax)")
-    p.add_argument("--class-names", nargs="+", help="K class names, background first, when nothing else says")
+    add_input_options(p, fold_use="fit on")
     return p
 
 

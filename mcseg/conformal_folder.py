@@ -39,9 +39,10 @@ from mcseg.data.io import Volume, VolumeError, read_volume
 from mcseg.data.reference import FolderError, Reference, fold_cases, read_reference
 from mcseg.evaluation.folder_outputs import (CONFORMAL_TOOL, EXIT_INTERRUPTED, FolderInterrupted, claim_output,
                                              writing)
+from mcseg.evaluation.folder_options import add_fit_apply_options, add_input_options
 from mcseg.evaluation.folder_posthoc import _fit_owners
 from mcseg.evaluation.folders import read_case
-from mcseg.evaluation.formats import PredictionFormat, declared_classes, format_names, open_folder, prediction_files
+from mcseg.evaluation.formats import PredictionFormat, declared_classes, open_folder, prediction_files
 from mcseg.evaluation.provenance import file_sha256
 from mcseg.files import write_csv, write_json
 from mcseg.rundir import RunDirBusy
@@ -49,17 +50,6 @@ from mcseg.rundir import RunDirBusy
 __all__ = ["CONFORMAL_FILE", "conformal", "main"]
 
 CONFORMAL_FILE = "conformal.json"
-
-
-def add_input_options(p: argparse.ArgumentParser) -> None:
-    """How the prediction folders and their reference are read (as mcseg-evaluate-folder reads them)."""
-    p.add_argument("--splits", type=Path, help="nnU-Net's splits_final.json: take the validation cases of --fold")
-    p.add_argument("--fold", help="a fold of --splits, or 'all'")
-    p.add_argument("--format", dest="fmt", default="auto", choices=("auto", *format_names()))
-    p.add_argument("--monai-postfix", default="trans")
-    p.add_argument("--dataset-json", type=Path, help="the dataset.json that gives the classes")
-    p.add_argument("--num-classes", type=int, help="number of classes K, background included, when nothing says")
-    p.add_argument("--class-names", nargs="+", help="K class names, background first, when nothing else says")
 
 
 def add_method_options(p: argparse.ArgumentParser, alphas: bool = False) -> None:
@@ -88,15 +78,13 @@ def _parser() -> argparse.ArgumentParser:
         description="Fit per-class conformal thresholds (CRC, RCPS or Learn-then-Test on the per-case false-negative "
                     "or false-discovery rate) and margins in mm on saved validation probabilities of nnU-Net, MONAI "
                     "or mcseg, and write the set, grown and shrunk masks of a test folder.")
-    p.add_argument("--fit", nargs="+", type=Path, required=True, metavar="VAL_DIR",
-                   help="validation prediction folders holding different cases (e.g. nnU-Net's fold_k/validation)")
-    p.add_argument("--reference", type=Path, required=True,
-                   help="their labels (and the test cases'): an nnU-Net raw dataset, an MSD folder or <case>.nii.gz")
-    p.add_argument("--apply", type=Path, metavar="TEST_DIR", help="the prediction folder to give sets and margins")
-    p.add_argument("-o", "--output-dir", type=Path, required=True,
-                   help="where conformal.json and the masks go: a new folder (never an input folder or another "
-                        "tool's; an earlier conformal fit only with --overwrite)")
-    p.add_argument("--overwrite", action="store_true", help="replace an earlier conformal fit in OUT_DIR")
+    add_fit_apply_options(
+        p, fit="validation prediction folders holding different cases (e.g. nnU-Net's fold_k/validation)",
+        reference="their labels (and the test cases'): an nnU-Net raw dataset, an MSD folder or <case>.nii.gz",
+        apply="the prediction folder to give sets and margins",
+        output="where conformal.json and the masks go: a new folder (never an input folder or another tool's; an "
+               "earlier conformal fit only with --overwrite)",
+        overwrite="replace an earlier conformal fit in OUT_DIR")
     add_method_options(p)
     p.add_argument("--figures", action="store_true", help="also <case>_conformal.png per test case: per class, on "
                    "its largest predicted slice, the prediction, the possible and sure masks and the ground truth")

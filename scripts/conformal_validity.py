@@ -28,7 +28,8 @@ COLUMNS = ("class", "method", "loss", "alpha", "delta", "n_calibration", "n_test
 
 def _parser() -> argparse.ArgumentParser:
     from mcseg.conformal.validity import REPEATS
-    from mcseg.conformal_folder import add_input_options, add_method_options
+    from mcseg.conformal_folder import add_method_options
+    from mcseg.evaluation.folder_options import add_input_options
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--predictions", nargs="+", type=Path, required=True, help="prediction folders, disjoint cases")
