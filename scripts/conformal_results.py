@@ -43,7 +43,8 @@ def variants(root: Path) -> list[str]:
 def fixed_rows(root: Path, variant: str = "") -> list[dict]:
     """Per run, alpha, source and class: the fit on the validation split and its test figures (``variant``:
     another method's pieces; a source not measured is left out). The test risk is named by its loss
-    (``test_fnr``, ``test_fdr``)."""
+    (``test_fnr``, ``test_fdr``); a variant's rows also give the calibration risk at the threshold and the
+    ``bound`` its method compared with alpha there (RCPS's upper confidence bound, LTT's p-value)."""
     rows = []
     for run in _runs(root):
         base = run / variant
@@ -57,9 +58,11 @@ def fixed_rows(root: Path, variant: str = "") -> list[dict]:
                 record = json.loads(path.read_text())
                 for name, fit in record["classes"].items():
                     test = record["test"][name]
-                    rows.append({"run": run.name, "alpha": alpha, "source": source, "class": name,
-                                 "threshold": fit["threshold"], "controlled": fit["controlled"],
-                                 "n_val": fit["n_cases"], f"test_{record.get('loss', 'fnr')}": test["mean_loss"],
+                    row = {"run": run.name, "alpha": alpha, "source": source, "class": name,
+                           "threshold": fit["threshold"], "controlled": fit["controlled"]}
+                    if variant:  # the calibration risk at t and what the method compared with alpha there
+                        row.update({"calibration_risk": fit["calibration_risk"], "bound": fit["bound"]})
+                    rows.append({**row, "n_val": fit["n_cases"], f"test_{record.get('loss', 'fnr')}": test["mean_loss"],
                                  "test_cases_above_alpha": f"{test['loss_above_alpha']}/{test['n_cases_with_class']}",
                                  "set_over_prediction": test["mean_set_over_prediction"],
                                  "possible_over_prediction": test["mean_possible_over_prediction"],

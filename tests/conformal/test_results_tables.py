@@ -63,7 +63,8 @@ def _variant(root, name: str, variant: str, threshold: float, controlled: bool, 
     folder = base / "fixed" / "a0.1" / "raw"
     folder.mkdir(parents=True)
     record = _record(threshold, set_ratio, 3.0)
-    record["loss"], record["classes"]["A"]["controlled"] = variant.rsplit("_", 1)[1], controlled
+    record["loss"] = variant.rsplit("_", 1)[1]
+    record["classes"]["A"].update(controlled=controlled, calibration_risk=0.01, bound=0.09)
     (folder / "conformal.json").write_text(json.dumps(record))
     with (base / "validity_raw.csv").open("w", newline="") as f:
         writer = csv.DictWriter(f, (*VALIDITY, "loss"))
@@ -82,7 +83,9 @@ def test_other_methods_tabulated_over_seeds_beside_crc_sets(tmp_path):
     _variant(tmp_path, "ce_s1", "rcps_fnr", 0.0, False, 5.0, uncontrolled=40)
     _variant(tmp_path, "ce_s0", "ltt_fdr", 1.0, False, 0.0, uncontrolled=100)
     assert conformal_results.variants(tmp_path) == ["ltt_fdr", "rcps_fnr"]
-    assert conformal_results.fixed_rows(tmp_path, "ltt_fdr")[0]["test_fdr"] == 0.05
+    fdr = conformal_results.fixed_rows(tmp_path, "ltt_fdr")[0]
+    assert (fdr["test_fdr"], fdr["calibration_risk"], fdr["bound"]) == (0.05, 0.01, 0.09)
+    assert "bound" not in conformal_results.fixed_rows(tmp_path)[0]  # CRC's tables keep their columns
     rows = conformal_results.against_crc(tmp_path, "rcps_fnr")
     assert len(rows) == 1  # raw only: no temperature pieces of this method
     row = rows[0]
