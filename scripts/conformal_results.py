@@ -217,7 +217,7 @@ def markdown(rows: list[dict]) -> str:
         return f"{value:.4g}" if isinstance(value, float) else str(value)
 
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    return "\n".join(lines + ["| " + " | ".join(cell(r[c]) for c in columns) + " |" for r in rows])
+    return "\n".join(lines + ["| " + " | ".join(cell(r.get(c, "–")) for c in columns) + " |" for r in rows])
 
 
 def main(argv: list[str] | None = None) -> int:
