@@ -131,15 +131,22 @@ def _range(values: list[float]) -> str:
     return f"{min(values):.3g}" if min(values) == max(values) else f"{min(values):.3g}–{max(values):.3g}"
 
 
-def by_loss(fixed: list[dict], splits: list[dict]) -> list[dict]:
-    """Per loss (the run's name before ``_s<seed>``), alpha, source and class, over its seeds: the range of the
-    thresholds, of the fixed split's test FNR and of the splits' mean test FNR, the largest spread and share of
-    splits above alpha, the mean volume ratios and the range of the outer margin."""
+def _per_loss(fixed: list[dict], splits: list[dict]) -> dict[tuple, dict]:
+    """The rows of the fixed split and of the random splits grouped by loss (the run's name before ``_s<seed>``),
+    alpha, source and class: ``{key: {"fixed": [...], "splits": [...]}}``."""
     groups: dict[tuple, dict] = {}
     for kind, rows in (("fixed", fixed), ("splits", splits)):
         for r in rows:
             key = (r["run"].rsplit("_s", 1)[0], float(r["alpha"]), r["source"], r["class"])
             groups.setdefault(key, {"fixed": [], "splits": []})[kind].append(r)
+    return groups
+
+
+def by_loss(fixed: list[dict], splits: list[dict]) -> list[dict]:
+    """Per loss (the run's name before ``_s<seed>``), alpha, source and class, over its seeds: the range of the
+    thresholds, of the fixed split's test FNR and of the splits' mean test FNR, the largest spread and share of
+    splits above alpha, the mean volume ratios and the range of the outer margin."""
+    groups = _per_loss(fixed, splits)
     out = []
     for (loss, alpha, source, name), g in sorted(groups.items()):
         f, s = g["fixed"], g["splits"]
@@ -179,11 +186,7 @@ def against_crc(root: Path, variant: str) -> list[dict]:
         for r in rows:
             crc.setdefault((kind, r["run"].rsplit("_s", 1)[0], float(r["alpha"]), r["source"], r["class"]),
                            []).append(r["set_over_prediction"])
-    groups: dict[tuple, dict] = {}
-    for kind, rows in (("fixed", fixed_rows(root, variant)), ("splits", split_rows(root, variant))):
-        for r in rows:
-            key = (r["run"].rsplit("_s", 1)[0], float(r["alpha"]), r["source"], r["class"])
-            groups.setdefault(key, {"fixed": [], "splits": []})[kind].append(r)
+    groups = _per_loss(fixed_rows(root, variant), split_rows(root, variant))
     out = []
     for (loss, alpha, source, name), g in sorted(groups.items()):
         f, s = g["fixed"], g["splits"]
