@@ -32,7 +32,8 @@ from mcseg.conformal import (ABSENT_POLICIES, LOSSES, METHODS, CaseSummary, Conf
                              default_thresholds, fit_margins, fit_thresholds, predicted_masks, summarise)
 from mcseg.conformal.control import FWER_METHODS, RCPS_BOUNDS
 from mcseg.conformal.fit import class_indices
-from mcseg.conformal.record import class_records, settings_record, test_figures, versions, write_masks
+from mcseg.conformal.record import (CONFORMAL_FILE, class_records, settings_record, test_figures, versions,
+                                   write_masks)
 from mcseg.conformal.risks import class_masks
 from mcseg.conformal.validity import ALPHAS, COVERAGE_FIGURE, REPEATS, VALIDITY_FILE, levels, pooled_splits
 from mcseg.data.io import Volume, VolumeError, read_volume
@@ -47,9 +48,7 @@ from mcseg.evaluation.provenance import file_sha256
 from mcseg.files import write_csv, write_json
 from mcseg.rundir import RunDirBusy
 
-__all__ = ["CONFORMAL_FILE", "conformal", "main"]
-
-CONFORMAL_FILE = "conformal.json"
+__all__ = ["conformal", "main"]
 
 
 def add_method_options(p: argparse.ArgumentParser, alphas: bool = False) -> None:

@@ -12,8 +12,10 @@ import numpy as np
 from mcseg.conformal.fit import CaseSummary, ConformalSettings
 from mcseg.conformal.risks import ABSENT_POLICIES, LOSSES
 
-__all__ = ["GUARANTEE", "KINDS", "class_records", "finite", "settings_record", "test_figures", "versions",
-           "write_masks"]
+__all__ = ["CONFORMAL_FILE", "GUARANTEE", "KINDS", "class_records", "finite", "settings_record", "test_figures",
+           "versions", "write_masks"]
+
+CONFORMAL_FILE = "conformal.json"  # the record of one fit: mcseg-conformal-folder's and an evaluation's
 
 KINDS = ("set", "possible", "sure")  # the masks written per case and class
 

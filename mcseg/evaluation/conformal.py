@@ -23,7 +23,8 @@ from mcseg.conformal import (ABSENT_POLICIES, LOSSES, METHODS, CaseSummary, Conf
 from mcseg.conformal.control import FWER_METHODS, RCPS_BOUNDS
 from mcseg.conformal.fit import class_indices
 from mcseg.conformal.plots import case_overlay
-from mcseg.conformal.record import class_records, settings_record, test_figures, versions, write_masks
+from mcseg.conformal.record import (CONFORMAL_FILE, class_records, settings_record, test_figures, versions,
+                                   write_masks)
 from mcseg.conformal.risks import class_masks
 from mcseg.conformal.validity import ALPHAS, REPEATS, levels, pooled_splits
 from mcseg.errors import ConfigError
@@ -200,7 +201,7 @@ def _write_record(folder: Path, source: str, settings: ConformalSettings, summar
               **({"validity": validity} if validity else {})}
     if rows:
         write_csv(folder / "per_case.csv", rows)
-    write_json(folder / "conformal.json", record)
+    write_json(folder / CONFORMAL_FILE, record)
     return record
 
 

@@ -18,12 +18,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from mcseg.conformal.record import CONFORMAL_FILE
 from mcseg.report.collect import EnsembleRecord, RunRecord
 
 __all__ = ["ConformalFit", "collect_conformal", "conformal_section", "folder_fits"]
 
 log = logging.getLogger(__name__)
-CONFORMAL_FILE = "conformal.json"
 
 
 @dataclass
