@@ -28,13 +28,16 @@ from pathlib import Path
 from mcseg.files import write_json
 from mcseg.rundir import LOCK_FILE, RUN_MARKERS, STATUS_FILE, held, state_of
 
-__all__ = ["CALIBRATE_TOOL", "CONFORMAL_TOOL", "EVALUATE_TOOL", "EXIT_INTERRUPTED", "FolderInterrupted", "Held", "OutputRefused",
+__all__ = ["CALIBRATE_TOOL", "CONFORMAL_TOOL", "EVALUATE_TOOL", "EXIT_INTERRUPTED", "FolderInterrupted", "Held",
+           "NEW_CASES_TOOL", "OutputRefused",
            "claim_output", "folder_status", "held_by", "writing"]
 
 EVALUATE_TOOL = "mcseg-evaluate-folder"
 CALIBRATE_TOOL = "mcseg-calibrate-folder"
 CONFORMAL_TOOL = "mcseg-conformal-folder"
-KINDS = {EVALUATE_TOOL: "evaluation", CALIBRATE_TOOL: "calibration", CONFORMAL_TOOL: "conformal fit"}
+NEW_CASES_TOOL = "mcseg-new-cases"
+KINDS = {EVALUATE_TOOL: "evaluation", CALIBRATE_TOOL: "calibration", CONFORMAL_TOOL: "conformal fit",
+         NEW_CASES_TOOL: "set of statements for new cases"}
 CALIBRATION_FILE = "calibration.json"
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells expect of a command ended by Ctrl-C (as mcseg.sweep's jobs)
 # What an evaluation writes at the top of its folder (Evaluator.write, failure detection, provenance)
