@@ -36,18 +36,14 @@ from mcseg.evaluation.folder_posthoc import _fit_owners
 from mcseg.evaluation.folders import read_case
 from mcseg.evaluation.formats import PredictionFormat, declared_classes, open_folder, prediction_files
 from mcseg.evaluation.provenance import file_sha256
-from mcseg.files import write_csv, write_json
 from mcseg.rundir import RunDirBusy
-from mcseg.statements.features import case_features, case_truth, voxel_ml
+from mcseg.statements.features import case_row
 from mcseg.statements.review import PROCEDURES
 from mcseg.statements.shift import case_vector, density_ratio_weights, image_statistics
-from mcseg.statements.statements import StatementSettings, make_statements
+from mcseg.statements.statements import OUTPUTS, StatementSettings, make_statements, write_statements
 from mcseg.statements.table import CaseTable
 
 __all__ = ["OUTPUTS", "main", "new_cases"]
-
-OUTPUTS = ("statements.csv", "statements.json", "calibration_cases.csv", "new_cases.csv")
-
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -81,16 +77,14 @@ def _parser() -> argparse.ArgumentParser:
 
 def _figures(probs: torch.Tensor | None, prediction, spacing, classes: list[int], multilabel: bool, where: str,
              truth: torch.Tensor | None = None) -> dict[str, np.ndarray]:
-    """One case's row of the table: the label-free figures and, with ``truth``, the truth."""
+    """One case's row of the table (:func:`mcseg.statements.features.case_row`); label maps alone refused."""
     if probs is None:
         raise FolderError(f"{where} holds a label map without probabilities: volumes with intervals and quality "
                           f"bounds need the probabilities (nnU-Net: --save_probabilities; MONAI/mcseg: the "
                           f"probability maps), not a mask")
     pred = predicted_masks(probs, multilabel, prediction)
-    row = {"voxel_ml": np.full(len(classes), voxel_ml(spacing)), **case_features(probs, pred, spacing, classes)}
-    if truth is not None:
-        row.update(case_truth(class_masks(truth, probs.shape[0], multilabel).numpy(), pred, spacing, classes))
-    return row
+    masks = class_masks(truth, probs.shape[0], multilabel).numpy() if truth is not None else None
+    return case_row(probs, pred, spacing, classes, masks)
 
 
 def _image_stats(images: Path | None, case: str) -> np.ndarray | None:
@@ -190,10 +184,7 @@ def new_cases(args: argparse.Namespace) -> dict:
                              "input_files_sha256": {str(p.resolve()): file_sha256(p) for p in dict.fromkeys(files)}},
               "rows": rows}
     with writing(out, NEW_CASES_TOOL, status, OUTPUTS if earlier is not None else ()):
-        calibration.write(out / "calibration_cases.csv")
-        new.write(out / "new_cases.csv")
-        write_csv(out / "statements.csv", rows)
-        write_json(out / "statements.json", record)
+        write_statements(out, calibration, new, rows, record)
     return record
 
 

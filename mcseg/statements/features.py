@@ -29,7 +29,7 @@ import torch
 
 from mcseg.metrics.surface import surface_distances
 
-__all__ = ["BAND", "FEATURES", "TRUTH", "case_features", "case_truth", "voxel_ml"]
+__all__ = ["BAND", "FEATURES", "TRUTH", "case_features", "case_row", "case_truth", "voxel_ml"]
 
 FEATURES = ("volume_mask_ml", "volume_expected_ml", "volume_sd_ml", "soft_dice", "band_mm")
 TRUTH = ("volume_true_ml", "dice_true", "hd95_true_mm")
@@ -76,3 +76,13 @@ def case_truth(truth: np.ndarray, pred: np.ndarray, spacing: Sequence[float],
     dice = np.where(sizes > 0, 2 * both / np.where(sizes > 0, sizes, 1), 1.0)
     return {"volume_true_ml": flat_g.sum(1) * voxel_ml(spacing), "dice_true": dice.astype(np.float64),
             "hd95_true_mm": _hd95(m, g, spacing)}
+
+
+def case_row(probs: torch.Tensor, pred: np.ndarray, spacing: Sequence[float], classes: Sequence[int],
+             truth: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """One case's row of the per-case table (:class:`mcseg.statements.table.CaseTable`): the voxel volume, the
+    label-free figures and, given the ``C x *S`` boolean ``truth``, the truth."""
+    row = {"voxel_ml": np.full(len(classes), voxel_ml(spacing)), **case_features(probs, pred, spacing, classes)}
+    if truth is not None:
+        row.update(case_truth(truth, pred, spacing, classes))
+    return row

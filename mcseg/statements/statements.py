@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
+from mcseg.files import write_csv, write_json
 from mcseg.statements.intervals import STATEMENTS, bounds, covered, quantiles
 from mcseg.statements.quantiles import effective_sample_size, minimum_cases
 from mcseg.statements.review import PROCEDURES, ReviewRule, failures, fit_review, risk_scores
 from mcseg.statements.table import CaseTable
 
-__all__ = ["ASSUMPTION", "StatementSettings", "make_statements"]
+__all__ = ["ASSUMPTION", "OUTPUTS", "StatementSettings", "make_statements", "write_statements"]
+
+OUTPUTS = ("statements.csv", "statements.json", "calibration_cases.csv", "new_cases.csv")
 
 ASSUMPTION = ("the new case and the calibration cases are exchangeable (drawn from the same population: same "
               "scanner, protocol and model); the guarantee is marginal over the draw of the cases, per structure and "
@@ -131,3 +135,13 @@ def make_statements(calibration: CaseTable, new: CaseTable, settings: StatementS
                            "weights_new": {"min": float(weights[1].min()), "max": float(weights[1].max())}}
         record["review"]["note"] = "the review rule is not weighted: its guarantee is the exchangeable one"
     return rows, record
+
+
+def write_statements(out: Path, calibration: CaseTable, new: CaseTable, rows: list[dict], record: dict) -> None:
+    """:data:`OUTPUTS` into ``out``: the two per-case tables, statements.csv (``rows``) and statements.json."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    calibration.write(out / "calibration_cases.csv")
+    new.write(out / "new_cases.csv")
+    write_csv(out / "statements.csv", rows)
+    write_json(out / "statements.json", {**record, "rows": rows} if "rows" not in record else record)

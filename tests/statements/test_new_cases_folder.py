@@ -116,3 +116,20 @@ def test_too_few_calibration_cases_give_infinite_bounds_said_in_words(folders, t
     assert "5 calibration cases are too few for finite bounds at alpha 0.1 (at least 9)" in printed
     assert "flag every case" in printed
     assert all(float(r["volume_upper_ml"]) == math.inf for r in _rows(out / "statements.csv"))
+
+
+def test_the_report_lists_the_cases_flagged_first(folders, tmp_path):
+    from mcseg.report.cli import main as report
+
+    out = tmp_path / "outputs" / "statements"
+    assert _run(folders, out, "--alpha", "0.2", "--floor", "0.6") == 0
+    rows = _rows(out / "statements.csv")
+    assert report([str(tmp_path / "outputs"), "--no-eval", "--out", str(tmp_path / "report")]) == 0
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert "## Statements for new cases" in text and "n = 20 calibration cases" in text
+    table = [line for line in text.splitlines() if line.startswith("| case_")]
+    flagged = {r["case"] for r in rows if r["review"] == "True"}
+    assert len(table) == len(NEW)
+    assert [line.split(" | ")[0][2:] for line in table[:len(flagged)]] == sorted(
+        flagged, key=lambda c: -float(next(r["risk_score"] for r in rows if r["case"] == c))) or not flagged
+    assert "Measured on the new cases' labels (never fitted on)" in text
