@@ -59,3 +59,23 @@ def test_the_script_on_written_tables(tmp_path, capsys):
         summary = list(csv.DictReader(f))
     assert {r["statement"] for r in summary} == {"volume", "volume_normalised", "dice", "hd95", "review"}
     assert "Spearman" in capsys.readouterr().out
+
+
+def test_the_study_summary_from_committed_pieces(tmp_path):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    from statements_results import main as results
+    from statements_validity import main as validity
+
+    for run, seed in (("a", 0), ("b", 1)):
+        table = synthetic_table(40, seed)
+        piece = tmp_path / run / "raw"
+        table.take(range(20)).write(piece / "calibration_cases.csv")
+        table.take(range(20, 40)).write(piece / "new_cases.csv")
+        assert validity([str(piece / "calibration_cases.csv"), str(piece / "new_cases.csv"), "-o", str(piece),
+                         "--repeats", "4", "--alpha", "0.1", "0.2"]) == 0
+    assert results([str(tmp_path)]) == 0
+    text = (tmp_path / "summary.md").read_text()
+    assert "Runs: a, b." in text and "| raw | 0.1 | dice | s |" in text and "| raw | 0.2 |" in text
