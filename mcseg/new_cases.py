@@ -27,23 +27,22 @@ from mcseg.conformal import predicted_masks
 from mcseg.conformal.fit import class_indices
 from mcseg.conformal.risks import class_masks
 from mcseg.conformal_folder import image_path, read_unlabelled
-from mcseg.data.io import VolumeError, read_volume
+from mcseg.data.io import read_volume
 from mcseg.data.reference import FolderError, Reference, fold_cases, read_reference
 from mcseg.evaluation.folder_options import add_fit_apply_options, add_input_options
-from mcseg.evaluation.folder_outputs import (EXIT_INTERRUPTED, NEW_CASES_TOOL, FolderInterrupted, claim_output,
-                                             writing)
+from mcseg.evaluation.folder_outputs import NEW_CASES_TOOL, claim_output, run_command, writing
 from mcseg.evaluation.folder_posthoc import _fit_owners
 from mcseg.evaluation.folders import read_case
 from mcseg.evaluation.formats import PredictionFormat, declared_classes, open_folder, prediction_files
 from mcseg.evaluation.provenance import file_sha256
-from mcseg.rundir import RunDirBusy
 from mcseg.statements.features import case_row
 from mcseg.statements.review import PROCEDURES
 from mcseg.statements.shift import case_vector, density_ratio_weights, image_statistics
 from mcseg.statements.statements import OUTPUTS, StatementSettings, make_statements, write_statements
 from mcseg.statements.table import CaseTable
 
-__all__ = ["OUTPUTS", "main", "new_cases"]
+__all__ = ["main", "new_cases"]
+
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -216,15 +215,9 @@ def summary_lines(record: dict) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    try:
-        record = new_cases(args)
-    except (FolderError, VolumeError, ValueError, RunDirBusy) as exc:
-        print(f"{NEW_CASES_TOOL}: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt as exc:
-        print(str(exc) if isinstance(exc, FolderInterrupted) else
-              f"{NEW_CASES_TOOL}: interrupted (Ctrl-C) before anything was written", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    code, record = run_command(NEW_CASES_TOOL, lambda: new_cases(args))
+    if code:
+        return code
     print("\n".join(summary_lines(record)))
     print(f"written: {args.output_dir / 'statements.csv'}, {args.output_dir / 'statements.json'}")
     return 0

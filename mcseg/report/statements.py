@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mcseg.report.collect import RunRecord
+from mcseg.report.conformal import tool_records
 
 __all__ = ["StatementSet", "collect_statements", "statement_folders", "statements_section"]
 
@@ -33,24 +34,10 @@ class StatementSet:
 
 def statement_folders(roots: list[Path]) -> list[StatementSet]:
     """The completed ``mcseg-new-cases`` outputs under ``roots`` (or ``roots`` themselves)."""
-    from mcseg.evaluation.folder_outputs import NEW_CASES_TOOL, folder_status
+    from mcseg.evaluation.folder_outputs import NEW_CASES_TOOL
 
-    found = []
-    for path in sorted({p.resolve() for root in roots for p in Path(root).glob(f"**/{FILE}")}):
-        try:
-            record = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            log.warning("%s: unreadable JSON (%s); ignored", path, exc)
-            continue
-        if not isinstance(record, dict) or record.get("tool") != NEW_CASES_TOOL:
-            continue  # a run's statements: found through the run
-        status = folder_status(path.parent)
-        if status is not None and status["status"] != "completed":
-            log.warning("%s: %s is %s; not reported (run its command again)", path.parent, NEW_CASES_TOOL,
-                        status["status"])
-            continue
-        found.append(StatementSet("/".join(path.parent.parts[-2:]), "saved files", path.parent, record))
-    return found
+    return [StatementSet("/".join(folder.parts[-2:]), "saved files", folder, record)
+            for folder, record in tool_records(roots, FILE, NEW_CASES_TOOL)]
 
 
 def collect_statements(runs: list[RunRecord], roots: list[Path], split: str) -> list[StatementSet]:
@@ -100,7 +87,7 @@ def qc_lines(found: StatementSet) -> list[str]:
                  / max(1, sum(r["structure"] == s for r in measured)) for name in COVERED for s in structures}
         accepted = [r for r in measured if not r["review"]]
         rate = sum(r["failure"] for r in accepted) / len(accepted) if accepted else 0.0
-        lines += ["", f"Measured on the new cases' labels (never fitted on): coverage " + ", ".join(
+        lines += ["", "Measured on the new cases' labels (never fitted on): coverage " + ", ".join(
             f"{k} {v:.2f}" for k, v in cover.items()) + f" (level {record['level']:.3g}); failure rate among the "
             f"cases not flagged {rate:.3f} (alpha {record['alpha']:g})."]
     return [*lines, ""]

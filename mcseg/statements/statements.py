@@ -17,7 +17,7 @@ import numpy as np
 from mcseg.files import write_csv, write_json
 from mcseg.statements.intervals import STATEMENTS, bounds, covered, quantiles
 from mcseg.statements.quantiles import effective_sample_size, minimum_cases
-from mcseg.statements.review import PROCEDURES, ReviewRule, failures, fit_review, risk_scores
+from mcseg.statements.review import PROCEDURES, failures, fit_review, risk_scores
 from mcseg.statements.table import CaseTable
 
 __all__ = ["ASSUMPTION", "OUTPUTS", "StatementSettings", "make_statements", "write_statements"]
