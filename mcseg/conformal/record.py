@@ -75,13 +75,14 @@ def class_records(settings: ConformalSettings, thresholds: dict, margins: dict, 
 
 
 def test_figures(rows: list[dict], settings: ConformalSettings) -> dict:
-    """Per class over the test cases: mean loss (FNR over the cases that contain the class), the sets' and grown
+    """Per class over the test cases: mean loss (a loss that needs the class, e.g. the FNR: over the cases that contain
+    it under the skip policy), the sets' and grown
     masks' volume relative to the prediction, the fraction covered and the fraction whose shrunk mask is inside."""
     out = {}
     for name in dict.fromkeys(r["class"] for r in rows):
         mine = [r for r in rows if r["class"] == name]
         present = [r for r in mine if r["present"]]
-        scored = present if settings.loss == "fnr" and settings.absent == "skip" else mine
+        scored = present if LOSSES[settings.loss].needs_class and settings.absent == "skip" else mine
         losses = np.array([0.0 if math.isnan(r["loss"]) else r["loss"] for r in scored], np.float64)
 
         def mean(key: str, among=present) -> float | None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mcseg.registry import unique
 from mcseg.statements.quantiles import conformal_quantile, weighted_quantile
 from mcseg.statements.table import CaseTable
 
@@ -54,7 +55,7 @@ def _around_volume(f: dict, width: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.maximum(centre - width, 0.0), centre + width
 
 
-STATEMENTS = {s.name: s for s in (
+STATEMENTS: dict[str, Statement] = unique((
     Statement("volume", "volume_true_ml", "two-sided",
               "true volume in [V - q, V + q] mL, V the mask's volume, s = |V_true - V|",
               lambda f: np.abs(f["volume_true_ml"] - f["volume_mask_ml"]),
@@ -71,7 +72,7 @@ STATEMENTS = {s.name: s for s in (
               "HD95 <= H + q mm, H the width of the probability band 0.25-0.75 (HD95 in mm), s = HD95 - H",
               lambda f: f["hd95_true_mm"] - f["band_mm"],
               lambda f, q: (np.zeros_like(q), f["band_mm"] + q)),
-)}
+), lambda s: s.name, "statement")
 
 
 def statement(name: str) -> Statement:
