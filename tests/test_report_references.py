@@ -244,3 +244,24 @@ def test_evaluations_against_labels_and_regions_of_one_folder_are_two_datasets(t
     by = {r.runs[0].path.name: r for r in rows}
     assert "regions" in by["r"].dataset and "regions" not in by["l"].dataset
     assert by["r"].runs[0].dataset_key != by["l"].runs[0].dataset_key
+
+
+def test_an_evaluation_whose_prediction_files_are_gone_is_reported_with_a_warning(tmp_path, caplog):
+    """Files deleted after their evaluation (disk space) are not files of other content: the evaluation is reported
+    as it was made, with a warning that its figures can no longer be checked."""
+    import logging
+    import shutil
+
+    from mcseg.evaluate_folder import main as evaluate_folder
+    from mcseg.report.collect import collect_folder_evaluations
+
+    from .tool_outputs import make_monai
+
+    labels, _ = _labels_pair(tmp_path)
+    pred = make_monai(tmp_path / "pred", labels)
+    assert evaluate_folder([str(pred), str(labels), "-o", str(tmp_path / "evals/e1"), *FAST]) == 0
+    shutil.rmtree(pred)
+    with caplog.at_level(logging.WARNING):
+        rows = build_rows(collect_folder_evaluations([tmp_path / "evals"]), baseline=None, n_boot=10)
+    assert len(rows) == 1 and rows[0].runs[0].status == "completed"
+    assert any("evals/e1" in r.message and "are gone" in r.message for r in caplog.records)
