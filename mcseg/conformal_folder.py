@@ -36,17 +36,15 @@ from mcseg.conformal.record import (CONFORMAL_FILE, class_records, settings_reco
                                    write_masks)
 from mcseg.conformal.risks import class_masks
 from mcseg.conformal.validity import ALPHAS, COVERAGE_FIGURE, REPEATS, VALIDITY_FILE, levels, pooled_splits
-from mcseg.data.io import Volume, VolumeError, read_volume
+from mcseg.data.io import Volume, read_volume
 from mcseg.data.reference import FolderError, Reference, fold_cases, read_reference
-from mcseg.evaluation.folder_outputs import (CONFORMAL_TOOL, EXIT_INTERRUPTED, FolderInterrupted, claim_output,
-                                             writing)
+from mcseg.evaluation.folder_outputs import CONFORMAL_TOOL, claim_output, run_command, writing
 from mcseg.evaluation.folder_options import add_fit_apply_options, add_input_options
 from mcseg.evaluation.folder_posthoc import _fit_owners
 from mcseg.evaluation.folders import read_case
 from mcseg.evaluation.formats import PredictionFormat, declared_classes, open_folder, prediction_files
 from mcseg.evaluation.provenance import file_sha256
 from mcseg.files import write_csv, write_json
-from mcseg.rundir import RunDirBusy
 
 __all__ = ["conformal", "main"]
 
@@ -298,15 +296,9 @@ def _record(args, reference: Reference, settings: ConformalSettings, summaries: 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    try:
-        stored = conformal(args)
-    except (FolderError, VolumeError, ValueError, RunDirBusy) as exc:
-        print(f"{CONFORMAL_TOOL}: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt as exc:
-        print(str(exc) if isinstance(exc, FolderInterrupted) else
-              f"{CONFORMAL_TOOL}: interrupted (Ctrl-C) before anything was written", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    code, stored = run_command(CONFORMAL_TOOL, lambda: conformal(args))
+    if code:
+        return code
     for name, fit in stored["classes"].items():
         margin = fit["margin"]
         test = (stored.get("test") or {}).get(name)

@@ -29,6 +29,7 @@ from mcseg.conformal.risks import class_masks
 from mcseg.conformal.validity import ALPHAS, REPEATS, levels, pooled_splits
 from mcseg.errors import ConfigError
 from mcseg.files import write_csv, write_json
+from mcseg.statements.features import case_row
 
 __all__ = ["ConformalConfig", "add_to_summary", "check_conformal", "conformal_of_predictor", "conformal_pass",
            "headline"]
@@ -58,6 +59,8 @@ class ConformalConfig:
     figures: int = 0  # how many test cases get an overlay figure <case>_conformal.png (over their image)
     repeats: int = REPEATS  # random re-splits of the pooled validation and test cases (0: none): validity.csv
     alphas: list[float] = field(default_factory=lambda: list(ALPHAS))  # their levels, with alpha
+    statements: bool = False  # the new-case statements (mcseg.statements) of each test case: <source>/statements/
+    floor: float = 0.7  # their review flag's failure: a structure's Dice below this
 
     def __post_init__(self) -> None:
         for key, allowed in (("method", METHODS), ("loss", tuple(LOSSES)), ("rcps_bound", RCPS_BOUNDS),
@@ -76,6 +79,8 @@ class ConformalConfig:
             raise ConfigError(f"config key 'conformal.repeats': expected >= 0 (0: no re-splits), got {self.repeats}")
         if any(not 0 < a < 1 for a in self.alphas):
             raise ConfigError(f"config key 'conformal.alphas': expected each 0 < alpha < 1, got {list(self.alphas)}")
+        if not 0 <= self.floor <= 1:
+            raise ConfigError(f"config key 'conformal.floor': expected a Dice in [0, 1], got {self.floor}")
 
     def settings(self, class_names: list[str], multilabel: bool) -> ConformalSettings:
         try:
@@ -134,12 +139,16 @@ def conformal_of_predictor(config: ConformalConfig, predictor, own_dataset, val_
     grid = default_thresholds(config.grid_size)
     sources = _sources({n: s.to(predictor.device) for n, s in scalers.items()}, config.posthoc)
     fit: dict[str, list[CaseSummary]] = {name: [] for name in sources}
+    table = {name: {"val": {}, "test": {}} for name in sources}  # conformal.statements: the per-case tables
     with torch.no_grad():
         for case, per_source in _probabilities(predictor, own_dataset, val_refs, sources):
             for name, (probs, label, spacing, _) in per_source.items():
                 truth = class_masks(label, probs.shape[0], multilabel)
-                fit[name].append(summarise(case.case_id, probs, truth, predicted_masks(probs, multilabel), spacing,
-                                           grid, settings.tau, settings.classes))
+                pred = predicted_masks(probs, multilabel)
+                fit[name].append(summarise(case.case_id, probs, truth, pred, spacing, grid, settings.tau,
+                                           settings.classes))
+                if config.statements:
+                    table[name]["val"][case.case_id] = case_row(probs, pred, spacing, settings.classes, truth.numpy())
         fits = {}
         for name, summaries in fit.items():
             stacked = CaseSummary.stack(summaries)
@@ -154,6 +163,8 @@ def conformal_of_predictor(config: ConformalConfig, predictor, own_dataset, val_
                 pred = predicted_masks(probs, multilabel)
                 sets = case_sets(probs, pred, spacing, thresholds, margins)
                 truth = class_masks(label, probs.shape[0], multilabel).numpy()
+                if config.statements:
+                    table[name]["test"][case.case_id] = case_row(probs, pred, spacing, settings.classes, truth)
                 rows[name] += [{"case": case.case_id, "class": names[k], **r}
                                for k, r in case_test(sets, truth, pred, settings.loss, settings.tau).items()]
                 if config.repeats:
@@ -167,11 +178,30 @@ def conformal_of_predictor(config: ConformalConfig, predictor, own_dataset, val_
                     written[name].append(file)
                     if log_figure is not None:
                         log_figure(f"conformal/{name}/{case.case_id}", figure)
+    if config.statements:
+        for name in sources:
+            statements_of_split(config, [names[k] for k in settings.classes], table[name], out_dir / name)
     validity = {name: _repeated_splits(config, settings, names, fits[name][0], tested[name], out_dir / name, name,
                                        log_figure) for name in sources}
     return {name: _write_record(out_dir / name, name, settings, *fits[name], rows[name], written[name], provenance,
                                 names, [r.case_id for r in refs], validity[name])
             for name in sources}
+
+
+def statements_of_split(config: ConformalConfig, structures: list[str], table: dict[str, dict], folder: Path) -> dict:
+    """``conformal.statements``: the new-case statements (:mod:`mcseg.statements`) fitted on the validation cases'
+    table and stated for the test cases, whose labels only measure them; ``folder/statements/`` holds what
+    ``mcseg-new-cases`` writes. Returns the record."""
+    from mcseg.statements.statements import StatementSettings, make_statements, write_statements
+    from mcseg.statements.table import CaseTable
+
+    parts = {part: CaseTable.from_rows(list(rows), structures, list(rows.values())) for part, rows in table.items()}
+    settings = StatementSettings(config.alpha, config.delta if config.delta is not None else 0.1, config.floor)
+    rows, record = make_statements(parts["val"], parts["test"], settings)
+    record = {**record, "classes": structures, "calibration_cases": parts["val"].cases,
+              "new_cases": parts["test"].cases, "rows": rows}
+    write_statements(folder / "statements", parts["val"], parts["test"], rows, record)
+    return record
 
 
 def _repeated_splits(config: ConformalConfig, settings: ConformalSettings, names: list[str], fitted: CaseSummary,
