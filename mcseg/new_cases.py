@@ -70,6 +70,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--shift", choices=("none", "weighted"), default="none", help="weighted: weighted conformal "
                    "intervals with density-ratio weights from a cross-fitted classifier (needs >= 10 new cases)")
     p.add_argument("--classes", nargs="+", help="structures (class names; default every class but the background)")
+    p.add_argument("--figure", action="store_true", help="also statements.png: per structure the cases' volume "
+                   "intervals, flagged cases in red, true volumes where the new cases' labels were given")
     add_input_options(p)
     return p
 
@@ -182,8 +184,14 @@ def new_cases(args: argparse.Namespace) -> dict:
                              "reference": {"path": str(reference.root.resolve()), "kind": reference.kind},
                              "input_files_sha256": {str(p.resolve()): file_sha256(p) for p in dict.fromkeys(files)}},
               "rows": rows}
-    with writing(out, NEW_CASES_TOOL, status, OUTPUTS if earlier is not None else ()):
+    with writing(out, NEW_CASES_TOOL, status, (*OUTPUTS, "statements.png") if earlier is not None else ()):
         write_statements(out, calibration, new, rows, record)
+        if args.figure:
+            from mcseg.files import atomic_write
+            from mcseg.statements.plots import statements_figure
+
+            figure = statements_figure(rows, record["level"], len(calibration))
+            atomic_write(out / "statements.png", lambda tmp: figure.savefig(tmp, format="png", dpi=110))
     return record
 
 

@@ -180,7 +180,8 @@ def conformal_of_predictor(config: ConformalConfig, predictor, own_dataset, val_
                         log_figure(f"conformal/{name}/{case.case_id}", figure)
     if config.statements:
         for name in sources:
-            statements_of_split(config, [names[k] for k in settings.classes], table[name], out_dir / name)
+            statements_of_split(config, [names[k] for k in settings.classes], table[name], out_dir / name,
+                                name, log_figure)
     validity = {name: _repeated_splits(config, settings, names, fits[name][0], tested[name], out_dir / name, name,
                                        log_figure) for name in sources}
     return {name: _write_record(out_dir / name, name, settings, *fits[name], rows[name], written[name], provenance,
@@ -188,10 +189,12 @@ def conformal_of_predictor(config: ConformalConfig, predictor, own_dataset, val_
             for name in sources}
 
 
-def statements_of_split(config: ConformalConfig, structures: list[str], table: dict[str, dict], folder: Path) -> dict:
+def statements_of_split(config: ConformalConfig, structures: list[str], table: dict[str, dict], folder: Path,
+                        source: str = "raw", log_figure: Callable[[str, object], None] | None = None) -> dict:
     """``conformal.statements``: the new-case statements (:mod:`mcseg.statements`) fitted on the validation cases'
     table and stated for the test cases, whose labels only measure them; ``folder/statements/`` holds what
-    ``mcseg-new-cases`` writes. Returns the record."""
+    ``mcseg-new-cases`` writes and ``statements.png`` (:func:`mcseg.statements.plots.statements_figure`), also
+    given to ``log_figure`` as ``conformal/<source>/statements``. Returns the record."""
     from mcseg.statements.statements import StatementSettings, make_statements, write_statements
     from mcseg.statements.table import CaseTable
 
@@ -201,6 +204,13 @@ def statements_of_split(config: ConformalConfig, structures: list[str], table: d
     record = {**record, "classes": structures, "calibration_cases": parts["val"].cases,
               "new_cases": parts["test"].cases, "rows": rows}
     write_statements(folder / "statements", parts["val"], parts["test"], rows, record)
+    from mcseg.files import atomic_write
+    from mcseg.statements.plots import statements_figure
+
+    figure = statements_figure(rows, record["level"], len(parts["val"]))
+    atomic_write(folder / "statements" / "statements.png", lambda tmp: figure.savefig(tmp, format="png", dpi=110))
+    if log_figure is not None:
+        log_figure(f"conformal/{source}/statements", figure)
     return record
 
 

@@ -117,6 +117,7 @@ def test_statements_of_the_run_equal_the_folder_commands(run, tmp_path, monkeypa
                       str(path / "eval/test/predictions"), "-o", str(folder), "--alpha", "0.4"]) == 0
     read = lambda p: list(csv.DictReader(p.open()))  # noqa: E731
     ours, theirs = read(tmp_path / "eval/conformal/raw/statements/statements.csv"), read(folder / "statements.csv")
+    assert (tmp_path / "eval/conformal/raw/statements/statements.png").read_bytes()[:4] == b"\x89PNG"
     assert [(r["case"], r["structure"]) for r in ours] == [(r["case"], r["structure"]) for r in theirs]
     for a, b in zip(ours, theirs):
         for key in ("volume_mask_ml", "volume_lower_ml", "volume_upper_ml", "dice_lower", "review"):

@@ -31,8 +31,9 @@ def _rows(path):
 
 def test_statements_with_and_without_the_new_labels(folders, tmp_path, capsys):
     labelled, blind = tmp_path / "labelled", tmp_path / "blind"
-    assert _run(folders, labelled, "--alpha", "0.2") == 0
+    assert _run(folders, labelled, "--alpha", "0.2", "--figure") == 0
     printed = capsys.readouterr().out
+    assert (labelled / "statements.png").read_bytes()[:4] == b"\x89PNG"
     assert "guarantee: each statement holds with probability >= 0.8" in printed and "n = 20" in printed
     record = json.loads((labelled / "statements.json").read_text())
     assert record["new_cases"] == NEW and record["calibration_cases"] == CALIBRATION
