@@ -30,7 +30,7 @@ import torch
 
 from mcseg.conformal import (ABSENT_POLICIES, LOSSES, METHODS, CaseSummary, ConformalSettings, case_sets, case_test,
                              default_thresholds, fit_margins, fit_thresholds, predicted_masks, summarise)
-from mcseg.conformal.control import FWER_METHODS, RCPS_BOUNDS
+from mcseg.conformal.control import FWER_METHODS, RCPS_BOUNDS, NotMonotone, controllable
 from mcseg.conformal.fit import class_indices
 from mcseg.conformal.record import (CONFORMAL_FILE, class_records, settings_record, test_figures, versions,
                                    write_masks)
@@ -229,6 +229,10 @@ def conformal(args: argparse.Namespace) -> dict:
     if args.repeats < 0 or any(not 0 < a < 1 for a in args.alphas):
         raise FolderError(f"--repeats {args.repeats} --alphas {' '.join(map(str, args.alphas))}: expected repeats >= "
                           f"0 and each alpha in (0, 1)")
+    try:  # from the command line alone: refused before any folder is read
+        controllable(args.loss, args.method)
+    except NotMonotone as exc:
+        raise FolderError(f"--loss {args.loss} with --method {args.method}: {exc}") from None
     if args.images is not None and not args.apply:
         raise FolderError("--images gives the --apply cases' grid (and the background of --figures): pass --apply")
     inputs = [d.resolve() for d in [*args.fit, *([args.apply] if args.apply else [])]]

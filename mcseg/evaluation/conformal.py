@@ -20,7 +20,7 @@ import torch
 
 from mcseg.conformal import (ABSENT_POLICIES, LOSSES, METHODS, CaseSummary, ConformalSettings, case_sets, case_test,
                              default_thresholds, fit_margins, fit_thresholds, predicted_masks, summarise)
-from mcseg.conformal.control import FWER_METHODS, RCPS_BOUNDS
+from mcseg.conformal.control import FWER_METHODS, RCPS_BOUNDS, NotMonotone, controllable
 from mcseg.conformal.fit import class_indices
 from mcseg.conformal.plots import case_overlay
 from mcseg.conformal.record import (CONFORMAL_FILE, class_records, settings_record, test_figures, versions,
@@ -67,6 +67,11 @@ class ConformalConfig:
                                   f"got {getattr(self, key)!r}")
         if not 0 < self.alpha < 1:
             raise ConfigError(f"config key 'conformal.alpha': expected 0 < alpha < 1, got {self.alpha}")
+        try:  # what the threshold fit would refuse after the whole evaluation
+            controllable(self.loss, self.method)
+        except NotMonotone as exc:
+            raise ConfigError(f"config key 'conformal.loss'={self.loss} with conformal.method={self.method}: {exc} "
+                              f"(conformal.method=ltt with conformal.delta), or conformal.loss=fnr") from None
         if self.method == "crc" and self.delta is not None:
             raise ConfigError("config key 'conformal.delta': belongs to method rcps or ltt; CRC controls the "
                               "expected loss")
