@@ -66,7 +66,7 @@ def test_headline_block_means_over_classes():
 
 def test_a_training_without_validation_cases_is_refused_at_its_start(tmp_path):
     """The conformal pass of a run's test evaluation fits on its validation cases: none is said before any training
-    step, naming the key that left none (not after the training, by the test evaluation)."""
+    step, naming the key that left none (not after the training, by the test evaluation), and writes nothing."""
     from mcseg.train import train
     from tests.conftest import TINY_2D
 
@@ -75,7 +75,8 @@ def test_a_training_without_validation_cases_is_refused_at_its_start(tmp_path):
                                    "posthoc.fit=[]", "posthoc.apply=[]"], run)
     with pytest.raises(ConfigError, match=r"conformal.enabled.*dataset.split.val_fraction=0"):
         train(cfg)
-    assert not (run / "checkpoints").exists() and not (run / "eval").exists()
+    # nothing written: no split.json, which the corrected launch (val_fraction=0.2) would otherwise take as its own
+    assert not run.exists() or sorted(p.name for p in run.iterdir()) == []
 
 
 def test_a_loss_its_method_cannot_control_is_refused_before_the_training(tmp_path, monkeypatch):
