@@ -32,8 +32,8 @@ from mcseg.conformal import (ABSENT_POLICIES, LOSSES, METHODS, CaseSummary, Conf
                              default_thresholds, fit_margins, fit_thresholds, predicted_masks, summarise)
 from mcseg.conformal.control import FWER_METHODS, RCPS_BOUNDS, NotMonotone, controllable
 from mcseg.conformal.fit import class_indices
-from mcseg.conformal.record import (CONFORMAL_FILE, class_records, settings_record, test_figures, versions,
-                                   write_masks)
+from mcseg.conformal.record import (CONFORMAL_FILE, class_records, fit_lines, settings_record, test_figures,
+                                   versions, write_masks)
 from mcseg.conformal.risks import class_masks
 from mcseg.conformal.validity import ALPHAS, COVERAGE_FIGURE, REPEATS, VALIDITY_FILE, levels, pooled_splits
 from mcseg.data.io import Volume, VolumeError, read_volume
@@ -311,14 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         print(str(exc) if isinstance(exc, FolderInterrupted) else
               f"{CONFORMAL_TOOL}: interrupted (Ctrl-C) before anything was written", file=sys.stderr)
         return EXIT_INTERRUPTED
-    for name, fit in stored["classes"].items():
-        margin = fit["margin"]
-        test = (stored.get("test") or {}).get(name)
-        print(f"{name}: t = {fit['threshold']:.4g} ({stored['method']}, {stored['loss']} <= {stored['alpha']}; "
-              f"calibration risk {fit['calibration_risk']:.4g}, n = {fit['n_cases']}"
-              f"{'' if fit['controlled'] else ', NOT controlled: the most conservative threshold'}); margins "
-              f"{margin['outer_mm']} mm out, {margin['inner_mm']} mm in"
-              + (f"; test {stored['loss']} {test['mean_loss']}, covered {test['covered']}" if test else ""))
+    print("\n".join(fit_lines(stored)))
     print(f"recorded in {args.output_dir / CONFORMAL_FILE}")
     return 0
 

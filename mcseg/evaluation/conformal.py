@@ -23,8 +23,8 @@ from mcseg.conformal import (ABSENT_POLICIES, LOSSES, METHODS, CaseSummary, Conf
 from mcseg.conformal.control import FWER_METHODS, RCPS_BOUNDS, NotMonotone, controllable
 from mcseg.conformal.fit import class_indices
 from mcseg.conformal.plots import case_overlay
-from mcseg.conformal.record import (CONFORMAL_FILE, class_records, settings_record, test_figures, versions,
-                                   write_masks)
+from mcseg.conformal.record import (CONFORMAL_FILE, class_records, fit_lines, settings_record, test_figures,
+                                   versions, write_masks)
 from mcseg.conformal.risks import class_masks
 from mcseg.conformal.validity import ALPHAS, REPEATS, levels, pooled_splits
 from mcseg.errors import ConfigError
@@ -246,8 +246,7 @@ def conformal_pass(config: ConformalConfig, predictor, own_dataset, val_refs, da
                                      provenance, log_figure)
     block = {name: headline(record) for name, record in records.items()}
     add_to_summary(eval_dir, {"conformal": block})
-    for name, head in block.items():
-        print(f"conformal ({config.method}, {config.loss} <= {config.alpha}, {name}): " + ", ".join(
-            f"{c} t={r['threshold']:.3g}{'' if r['controlled'] else ' NOT controlled'} test {r['test_loss']}"
-            for c, r in head["classes"].items()) + f" -> {out_dir / name}")
+    for name, record in records.items():
+        print(f"conformal, {name} probabilities -> {out_dir / name}:\n" + "\n".join(
+            f"  {line}" for line in fit_lines(record)))
     return {**summary, "conformal": block}
