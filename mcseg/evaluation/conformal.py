@@ -27,11 +27,12 @@ from mcseg.conformal.record import (CONFORMAL_FILE, class_records, fit_lines, se
                                    versions, write_masks)
 from mcseg.conformal.risks import class_masks
 from mcseg.conformal.validity import ALPHAS, REPEATS, levels, pooled_splits
+from mcseg.config import typed
 from mcseg.errors import ConfigError
 from mcseg.files import write_csv, write_json
 
-__all__ = ["ConformalConfig", "add_to_summary", "check_conformal", "conformal_of_predictor", "conformal_pass",
-           "headline"]
+__all__ = ["ConformalConfig", "add_to_summary", "check_conformal", "conformal_config", "conformal_of_predictor",
+           "conformal_pass", "headline"]
 
 # the figures per class that go into summary.json's "conformal" block, and their means over the classes there
 HEADLINE = {"test_loss": "mean_loss", "set_over_prediction": "mean_set_over_prediction",
@@ -91,6 +92,11 @@ class ConformalConfig:
         return ConformalSettings(alpha=self.alpha, delta=delta, method=self.method, loss=self.loss,
                                  absent=self.absent, rcps_bound=self.rcps_bound, fwer=self.fwer, tau=self.tau,
                                  classes=classes)
+
+
+def conformal_config(cfg) -> ConformalConfig:
+    """An entry point's ``conformal`` node (configs/conformal/default.yaml), typed and checked: refused at start."""
+    return typed(cfg.get("conformal"), ConformalConfig, "conformal")
 
 
 def check_conformal(config: ConformalConfig, split: str, own_split: dict | None) -> None:

@@ -149,9 +149,9 @@ def plan_members(cfg: DictConfig, own_split: dict | None, members: list[Member],
 
 def conformal_check(cfg: DictConfig, own_split: dict | None):
     """The ``conformal`` node (configs/conformal/default.yaml) as checked by :mod:`mcseg.evaluation.conformal`."""
-    from mcseg.evaluation.conformal import ConformalConfig, check_conformal
+    from mcseg.evaluation.conformal import check_conformal, conformal_config
 
-    config = typed(cfg.get("conformal"), ConformalConfig, "conformal")
+    config = conformal_config(cfg)
     check_conformal(config, str(cfg.split), own_split)
     return config
 

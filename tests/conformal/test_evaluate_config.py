@@ -97,6 +97,10 @@ def test_a_loss_its_method_cannot_control_is_refused_before_the_training(tmp_pat
                          tmp_path)
     with pytest.raises(ConfigError, match=r"conformal.loss'=fdr"):
         conformal_check(cfg, {"train": ["a"], "val": ["b"], "test": ["c"]})
+    from mcseg.evaluate import evaluate
+
+    with pytest.raises(ConfigError, match=r"conformal.loss'=fdr"):  # before the checkpoint (here none) is read
+        evaluate(cfg)
     cfg = compose_config("evaluate", ["ckpt=x", "split=test", "conformal.enabled=true", "conformal.loss=fdr",
                                       "conformal.method=ltt", "conformal.delta=0.1"], tmp_path)
     assert conformal_check(cfg, {"train": ["a"], "val": ["b"], "test": ["c"]}).loss == "fdr"  # LTT controls it
