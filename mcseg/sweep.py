@@ -25,7 +25,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
@@ -205,7 +205,7 @@ def _note_stop(reason: str) -> None:
     _stop_reason = reason
 
 
-def refuse_sweep(exc: BaseException) -> None:
+def refuse_sweep(exc: BaseException) -> NoReturn:
     """End a sweep its sweeper refused before launching any job (a config error: a search space or a storage that
     cannot work): ``error: <exc>`` on stderr, one paragraph naming the key, and exit status 1, without Hydra's
     traceback. At exit :class:`SweepSummary` then writes no summary and gives no advice to continue the sweep

@@ -48,11 +48,11 @@ def check_storage(url: str) -> None:
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
-    where = f"config key '{STORAGE_KEY}'={url}"
     try:
         parsed = make_url(url)
     except ArgumentError:
-        raise ConfigError(f"{where}: not a database URL ({STORAGE_EXAMPLES})") from None
+        raise ConfigError(f"config key '{STORAGE_KEY}'={url}: not a database URL ({STORAGE_EXAMPLES})") from None
+    where = f"config key '{STORAGE_KEY}'={shown_url(url)}"
     try:
         dialect = parsed.get_dialect()
     except NoSuchModuleError:
@@ -67,6 +67,17 @@ def check_storage(url: str) -> None:
         if not folder.is_dir():
             raise ConfigError(f"{where}: the folder of its SQLite file, {folder}, does not exist; create it or "
                               f"give another path ({STORAGE_EXAMPLES})")
+
+
+def shown_url(url: str) -> str:
+    """A storage URL for messages and logs: its password, if any, as ``***``."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return url
 
 
 def open_storage(url: str, attempts: int = 3):

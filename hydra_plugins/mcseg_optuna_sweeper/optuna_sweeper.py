@@ -36,7 +36,7 @@ from omegaconf import DictConfig
 
 from mcseg.files import atomic_write
 from mcseg.sweep import refuse_sweep
-from mcseg.trials import TrialPruned, check_storage, open_storage, storage_url
+from mcseg.trials import TrialPruned, check_storage, open_storage, shown_url, storage_url
 
 log = logging.getLogger(__name__)
 
@@ -109,8 +109,8 @@ class OptunaSweeper(Sweeper):
         try:
             storage = open_storage(self.url)
         except SQLAlchemyError as exc:
-            raise ValueError(f"config key 'hydra.sweeper.storage'={self.url}: the study's storage cannot be opened "
-                             f"({str(exc).splitlines()[0]})") from None
+            raise ValueError(f"config key 'hydra.sweeper.storage'={shown_url(self.url)}: the study's storage cannot "
+                             f"be opened ({str(exc).splitlines()[0]})") from None
         study = optuna.create_study(storage=storage, sampler=self._sampler(space),
                                     pruner=self.pruner, study_name=self.study_name, direction=self.direction,
                                     load_if_exists=True)
