@@ -11,10 +11,9 @@ import math
 from omegaconf import DictConfig
 
 from mcseg.calibration import fit_posthoc, scalers_to_apply
-from mcseg.config import typed
 from mcseg.environment import environment_record
 from mcseg.errors import TrainingInterrupted
-from mcseg.evaluation.conformal import ConformalConfig, check_conformal, conformal_pass
+from mcseg.evaluation.conformal import check_conformal, conformal_config, conformal_pass
 from mcseg.evaluation.figures import summary_keys
 from mcseg.evaluation.provenance import checkpoint_identity, evaluation_provenance, hydra_overrides
 from mcseg.evaluation.split import evaluate_split, format_summary
@@ -96,11 +95,6 @@ def evaluate_test(run: Run, cfg: DictConfig) -> dict:
                             hparams={"params": hparams_of(cfg), "metrics": {"final/best_val_score": best_val}})
     run.trackers.save_record(trainer.global_step)
     return summary
-
-
-def conformal_config(cfg: DictConfig) -> ConformalConfig:
-    """The training config's ``conformal`` node (configs/conformal/default.yaml), checked."""
-    return typed(cfg.get("conformal"), ConformalConfig, "conformal")
 
 
 def conformal_of_run(run: Run, cfg: DictConfig, scalers: dict, provenance: dict, summary: dict) -> dict:

@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from mcseg.errors import ConfigError
+
 log = logging.getLogger(__name__)
 
 STORAGE_FILE = "optuna.db"  # the study's SQLite file in the sweep directory when no storage is configured
@@ -32,6 +34,50 @@ class TrialPruned(RuntimeError):
 def storage_url(storage: str | None, sweep_dir: str | Path) -> str:
     """The study's RDB storage: ``storage`` as configured, or an SQLite file in the sweep directory."""
     return str(storage) if storage else f"sqlite:///{Path(sweep_dir).resolve() / STORAGE_FILE}"
+
+
+STORAGE_KEY = "hydra.sweeper.storage"
+STORAGE_EXAMPLES = ("e.g. sqlite:////<absolute path>/optuna.db, sqlite:///optuna.db (in the working directory) or "
+                    "postgresql://<user>@<host>/<database>; null: <sweep dir>/optuna.db")
+
+
+def check_storage(url: str) -> None:
+    """Refuse, before the study is opened, a storage URL that cannot work, naming ``hydra.sweeper.storage``: not a
+    database URL (a bare file name), a database whose driver is not installed, an SQLite file in a folder that
+    does not exist."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise ConfigError(f"config key '{STORAGE_KEY}'={url}: not a database URL ({STORAGE_EXAMPLES})") from None
+    where = f"config key '{STORAGE_KEY}'={shown_url(url)}"
+    try:
+        dialect = parsed.get_dialect()
+    except NoSuchModuleError:
+        raise ConfigError(f"{where}: SQLAlchemy knows no database {parsed.drivername!r} ({STORAGE_EXAMPLES})") from None
+    try:
+        dialect.import_dbapi() if hasattr(dialect, "import_dbapi") else dialect.dbapi()
+    except ImportError as exc:
+        raise ConfigError(f"{where}: the driver of {parsed.drivername} is not installed ({exc}); install it in "
+                          f"this environment (and the jobs'), or use an SQLite file ({STORAGE_EXAMPLES})") from None
+    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+        folder = Path(parsed.database).expanduser().absolute().parent
+        if not folder.is_dir():
+            raise ConfigError(f"{where}: the folder of its SQLite file, {folder}, does not exist; create it or "
+                              f"give another path ({STORAGE_EXAMPLES})")
+
+
+def shown_url(url: str) -> str:
+    """A storage URL for messages and logs: its password, if any, as ``***``."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return url
 
 
 def open_storage(url: str, attempts: int = 3):

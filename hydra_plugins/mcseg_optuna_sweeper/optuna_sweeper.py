@@ -35,7 +35,8 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
 from mcseg.files import atomic_write
-from mcseg.trials import TrialPruned, open_storage, storage_url
+from mcseg.sweep import refuse_sweep
+from mcseg.trials import TrialPruned, check_storage, open_storage, shown_url, storage_url
 
 log = logging.getLogger(__name__)
 
@@ -67,11 +68,14 @@ class OptunaSweeper(Sweeper):
         self.sweep_dir = Path(str(config.hydra.sweep.dir))
 
     def sweep(self, arguments: list[str]) -> None:
-        parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
-        space, fixed = search_space(parser.parse_overrides([f"{k}={v}" for k, v in self.params.items()]
-                                                           + list(arguments)))
-        self.sweep_dir.mkdir(parents=True, exist_ok=True)
-        study = self._open_study(space)
+        try:  # a config error is one paragraph naming its key, before anything is written (mcseg.sweep.refuse_sweep)
+            space, fixed = self._search_space(arguments)
+            self.url = storage_url(self.storage, self.sweep_dir)
+            check_storage(self.url)
+            self.sweep_dir.mkdir(parents=True, exist_ok=True)
+            study = self._open_study(space)
+        except ValueError as exc:  # ConfigError, and what Optuna or the storage refuse (_search_space, _open_study)
+            refuse_sweep(exc)
         ours = [f"hydra.sweeper.storage={as_value(self.url)}", f"hydra.sweeper.study_name={as_value(study.study_name)}"]
         while (left := self.n_trials - len(counted_trials(study))) > 0:
             trials = [study.ask(space) for _ in range(min(self.n_jobs, left))]
@@ -84,11 +88,30 @@ class OptunaSweeper(Sweeper):
                 tell(study, trial, ret)
         self._write_results(study)
 
-    def _open_study(self, space: dict):
-        import optuna
+    def _search_space(self, arguments: list[str]) -> tuple[dict, list[str]]:
+        """:func:`search_space` of ``params`` and the command line; an override Hydra cannot parse is a
+        ValueError naming it."""
+        from hydra.errors import HydraException
 
-        self.url = storage_url(self.storage, self.sweep_dir)
-        study = optuna.create_study(storage=open_storage(self.url), sampler=self._sampler(space),
+        lines = [f"{k}={v}" for k, v in self.params.items()] + list(arguments)
+        parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
+        try:
+            overrides = parser.parse_overrides(lines)
+        except HydraException as exc:
+            raise ValueError(f"hydra.sweeper.params or the command line: {str(exc).splitlines()[0]}") from None
+        return search_space(overrides)
+
+    def _open_study(self, space: dict):
+        """The study in ``self.url``; a storage that cannot be opened is a ValueError naming the key."""
+        import optuna
+        from sqlalchemy.exc import SQLAlchemyError
+
+        try:
+            storage = open_storage(self.url)
+        except SQLAlchemyError as exc:
+            raise ValueError(f"config key 'hydra.sweeper.storage'={shown_url(self.url)}: the study's storage cannot "
+                             f"be opened ({str(exc).splitlines()[0]})") from None
+        study = optuna.create_study(storage=storage, sampler=self._sampler(space),
                                     pruner=self.pruner, study_name=self.study_name, direction=self.direction,
                                     load_if_exists=True)
         if study.direction.name.lower() != self.direction:

@@ -20,19 +20,20 @@ import torch
 
 from mcseg.conformal import (ABSENT_POLICIES, LOSSES, METHODS, CaseSummary, ConformalSettings, case_sets, case_test,
                              default_thresholds, fit_margins, fit_thresholds, predicted_masks, summarise)
-from mcseg.conformal.control import FWER_METHODS, RCPS_BOUNDS
+from mcseg.conformal.control import FWER_METHODS, RCPS_BOUNDS, NotMonotone, controllable
 from mcseg.conformal.fit import class_indices
 from mcseg.conformal.plots import case_overlay
-from mcseg.conformal.record import (CONFORMAL_FILE, class_records, settings_record, test_figures, versions,
-                                   write_masks)
+from mcseg.conformal.record import (CONFORMAL_FILE, class_records, fit_lines, settings_record, test_figures,
+                                   versions, write_masks)
 from mcseg.conformal.risks import class_masks
 from mcseg.conformal.validity import ALPHAS, REPEATS, levels, pooled_splits
+from mcseg.config import typed
 from mcseg.errors import ConfigError
 from mcseg.files import write_csv, write_json
 from mcseg.statements.features import case_row
 
-__all__ = ["ConformalConfig", "add_to_summary", "check_conformal", "conformal_of_predictor", "conformal_pass",
-           "headline"]
+__all__ = ["ConformalConfig", "add_to_summary", "check_conformal", "conformal_config", "conformal_of_predictor",
+           "conformal_pass", "headline"]
 
 # the figures per class that go into summary.json's "conformal" block, and their means over the classes there
 HEADLINE = {"test_loss": "mean_loss", "set_over_prediction": "mean_set_over_prediction",
@@ -70,6 +71,11 @@ class ConformalConfig:
                                   f"got {getattr(self, key)!r}")
         if not 0 < self.alpha < 1:
             raise ConfigError(f"config key 'conformal.alpha': expected 0 < alpha < 1, got {self.alpha}")
+        try:  # what the threshold fit would refuse after the whole evaluation
+            controllable(self.loss, self.method)
+        except NotMonotone as exc:
+            raise ConfigError(f"config key 'conformal.loss'={self.loss} with conformal.method={self.method}: {exc} "
+                              f"(conformal.method=ltt with conformal.delta), or conformal.loss=fnr") from None
         if self.method == "crc" and self.delta is not None:
             raise ConfigError("config key 'conformal.delta': belongs to method rcps or ltt; CRC controls the "
                               "expected loss")
@@ -91,6 +97,11 @@ class ConformalConfig:
         return ConformalSettings(alpha=self.alpha, delta=delta, method=self.method, loss=self.loss,
                                  absent=self.absent, rcps_bound=self.rcps_bound, fwer=self.fwer, tau=self.tau,
                                  classes=classes)
+
+
+def conformal_config(cfg) -> ConformalConfig:
+    """An entry point's ``conformal`` node (configs/conformal/default.yaml), typed and checked: refused at start."""
+    return typed(cfg.get("conformal"), ConformalConfig, "conformal")
 
 
 def check_conformal(config: ConformalConfig, split: str, own_split: dict | None) -> None:
@@ -281,8 +292,7 @@ def conformal_pass(config: ConformalConfig, predictor, own_dataset, val_refs, da
                                      provenance, log_figure)
     block = {name: headline(record) for name, record in records.items()}
     add_to_summary(eval_dir, {"conformal": block})
-    for name, head in block.items():
-        print(f"conformal ({config.method}, {config.loss} <= {config.alpha}, {name}): " + ", ".join(
-            f"{c} t={r['threshold']:.3g}{'' if r['controlled'] else ' NOT controlled'} test {r['test_loss']}"
-            for c, r in head["classes"].items()) + f" -> {out_dir / name}")
+    for name, record in records.items():
+        print(f"conformal, {name} probabilities -> {out_dir / name}:\n" + "\n".join(
+            f"  {line}" for line in fit_lines(record)))
     return {**summary, "conformal": block}

@@ -153,7 +153,8 @@ def conformal_section(fits: list[ConformalFit], out: Path) -> list[str]:
              "cases (a run's validation cases), whether the bound holds there, the mean test loss (FNR, or FDR) "
              "against alpha, the mean set volume over the predicted volume, the outer and inner margins in mm "
              "(their quantile at 1 - alpha) and n calibration cases with the class. Cases, not voxels, are the "
-             "units (docs/conformal.md).", "",
+             "units (docs/conformal.md). –: not computed (no finite margin when alpha < 1/(n+1) or a calibration "
+             "case has an empty prediction; no test case with the class).", "",
              "| run | source | class | threshold | controlled | test loss / alpha | set / prediction | outer mm | "
              "inner mm | n |", "|---|---|---|---|---|---|---|---|---|---|"]
     figures = []
