@@ -127,8 +127,10 @@ def make_statements(calibration: CaseTable, new: CaseTable, settings: StatementS
                              else "none"),
     }
     if len(calibration) < minimum_cases(settings.alpha):
-        record["warning"] = (f"{len(calibration)} calibration cases are too few for finite bounds at alpha "
-                             f"{settings.alpha} (at least {minimum_cases(settings.alpha)}): the intervals are infinite")
+        n = len(calibration)
+        record["warning"] = (f"{n} calibration cases are too few for finite bounds at alpha {settings.alpha} (at "
+                             f"least {minimum_cases(settings.alpha)}; {n} cases allow alpha >= {1 / (n + 1):.3g}, "
+                             f"option --alpha or conformal.alpha): the bounds are infinite")
     if weights is not None:
         record["shift"] = {"n_eff": effective_sample_size(weights[0]),
                            "weights_calibration": {"min": float(weights[0].min()), "max": float(weights[0].max())},

@@ -114,7 +114,8 @@ def test_too_few_calibration_cases_give_infinite_bounds_said_in_words(folders, t
     assert new_cases(["--fit", str(few), "--reference", str(folders["labels"]), "--apply", str(folders["new"]),
                       "-o", str(out), *NAMES]) == 0
     printed = capsys.readouterr().out
-    assert "5 calibration cases are too few for finite bounds at alpha 0.1 (at least 9)" in printed
+    assert "5 calibration cases are too few for finite bounds at alpha 0.1 (at least 9; 5 cases allow alpha >= " \
+           "0.167, option --alpha" in printed
     assert "flag every case" in printed
     assert all(float(r["volume_upper_ml"]) == math.inf for r in _rows(out / "statements.csv"))
 
