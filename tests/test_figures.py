@@ -1,6 +1,5 @@
 """The table of figures (mcseg/evaluation/figures.py) is the one list: what the evaluator writes is exactly what it
-declares (and what
-docs/protocol.md lists), and each place that shows figures takes its selection from it."""
+declares (and docs/protocol.md lists), and each place that shows figures takes its selection from it."""
 from __future__ import annotations
 
 import csv
