@@ -34,6 +34,7 @@ from mcseg.files import atomic_write, json_text, write_json
 from mcseg.errors import as_disk_full
 from mcseg.identity import hydra_job
 from mcseg.rundir import STATUS_FILE, find_run_dirs, state_of
+from mcseg.slots import slot_record
 
 log = logging.getLogger("mcseg")
 
@@ -116,6 +117,8 @@ def run_job(fn: Callable[[DictConfig], Any], cfg: DictConfig, checks_itself: boo
     out_dir = Path(cfg.paths.output_dir)
     record = {"status": "running", "overrides": overrides, "job_num": num, "pid": os.getpid(),
               "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    if slot_record():  # hydra/launcher=slots: the GPU or CPU share the job ran on
+        record["slot"] = slot_record()
     reset_failures()  # the trackers that fail in this job are recorded in its status
     start = time.perf_counter()
     unrecorded = []  # why status.json could not be updated (e.g. the full disk that ended the run)

@@ -73,7 +73,11 @@ class OptunaSweeper(Sweeper):
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
         study = self._open_study(space)
         ours = [f"hydra.sweeper.storage={as_value(self.url)}", f"hydra.sweeper.study_name={as_value(study.study_name)}"]
-        while (left := self.n_trials - len(counted_trials(study))) > 0:
+        while True:
+            fail_orphans(study)  # a killed sweeper's trial (on this host) is failed before it is counted
+            left = self.n_trials - len(counted_trials(study))
+            if left <= 0:
+                break
             trials = [study.ask(space) for _ in range(min(self.n_jobs, left))]
             for trial in trials:  # who asked: a trial whose sweep process has ended is failed at the next start
                 trial.set_user_attr("sweeper", {"host": socket.gethostname(), "pid": os.getpid()})
@@ -256,7 +260,10 @@ def tell(study, trial, ret) -> None:
 
 def fail_orphans(study) -> None:
     """Tell failed the running trials whose sweep process has ended on this host (killed sweeps): they would
-    otherwise count towards ``n_trials`` forever. Trials asked on other hosts are left alone."""
+    otherwise stay running and count towards ``n_trials`` forever. Trials asked on other hosts are left alone.
+    Called at a sweep's start and before each batch, so the sweepers sharing a study fail a killed one's trial
+    (two of them may tell it at once: the second finds it finished and leaves it)."""
+    from optuna.exceptions import UpdateFinishedTrialError
     from optuna.trial import TrialState
 
     from mcseg.rundir import holder_gone
@@ -265,6 +272,9 @@ def fail_orphans(study) -> None:
         owner = trial.user_attrs.get("sweeper") or {}
         why = holder_gone({**owner, "age_s": 0.0}) if owner.get("pid") else None
         if why:
-            study.tell(trial.number, state=TrialState.FAIL)
+            try:
+                study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
+            except UpdateFinishedTrialError:
+                continue
             log.warning("trial %d of study %r was left running (%s): told failed", trial.number,
                         study.study_name, why)
