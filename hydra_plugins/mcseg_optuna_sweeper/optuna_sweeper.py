@@ -8,11 +8,13 @@
 * Each batch asks the study for ``n_jobs`` trials, launches them (job number = trial number) and tells
   the study each job's outcome: its returned value, ``pruned`` (the job's pruner stopped it:
   :class:`mcseg.trials.TrialPruned`) or ``failed`` (no value, or an error).
-* The study lives in an RDB storage (``storage``; by default ``<sweep dir>/optuna.db``), which the jobs
-  open to report their validations (:mod:`mcseg.trials`). ``n_trials`` is the study's size: the same
+* The study lives in a storage (``storage``: an RDB URL, by default ``<sweep dir>/optuna.db``, a journal file
+  ``journal:PATH`` or Optuna's gRPC proxy ``grpc://HOST:PORT``: :func:`mcseg.trials.open_storage`), which the
+  jobs open to report their validations (:mod:`mcseg.trials`). ``n_trials`` is the study's size: the same
   command run again with the same storage and ``study_name`` continues its count up to ``n_trials``,
   and several processes sharing one storage share that count. A trial left running by a sweep process
-  that has ended (on this host) is told failed when a sweep of its study starts.
+  that has ended (on this host) is told failed when a sweep of its study starts and before each batch of the
+  sweeps running on it (Optuna's heartbeat does this for RDB storages only: docs/scaling.md).
 * A sampler with a ``seed`` draws trial ``n`` with ``seed + n`` (:class:`TrialSeeded`): a seeded sweep is
   reproducible, and a resumed study, or several processes sharing one, never draw one trial's values twice.
 """
