@@ -63,9 +63,9 @@ def make_slots(gpus: list[int] | None, jobs_per_gpu: int, cpu_slots: int | None,
     missing = [g for g in gpus if not 0 <= g < len(ids)]
     if missing:
         seen = f" (CUDA_VISIBLE_DEVICES={visible})" if visible else ""
+        ids_hint = f"use ids 0..{device_count - 1}" if device_count else "no GPU here"
         raise ValueError(f"hydra.launcher.gpus={gpus}: GPU {missing[0]} does not exist: this process sees "
-                         f"{device_count} CUDA device(s){seen}; use ids 0..{device_count - 1}, or gpus=null "
-                         "for CPU slots")
+                         f"{device_count} CUDA device(s){seen}; {ids_hint}, or gpus=null for CPU slots")
     return [Slot(f"gpu{g}" + (f".{k}" if jobs_per_gpu > 1 else ""), ids[g], threads_per_job)
             for g in gpus for k in range(jobs_per_gpu)]
 

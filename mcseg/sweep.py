@@ -199,6 +199,19 @@ def run_job(fn: Callable[[DictConfig], Any], cfg: DictConfig, checks_itself: boo
 
 # Why this process's sweep is ending before its last job (read by SweepSummary at exit).
 _stop_reason: str | None = None
+_refused = False  # the sweep was refused before its first job (refuse_sweep): nothing to summarise
+
+
+def refuse_sweep(exc: Exception) -> None:
+    """A sweep refused before its first job (a launcher's or sweeper's setting: a GPU that does not exist, a
+    storage that cannot be opened): one line naming the key, exit status 1, and no sweep summary (nothing ran,
+    so there is nothing to continue). ``MCSEG_TRACEBACK=1`` re-raises instead."""
+    global _refused
+    if os.environ.get("MCSEG_TRACEBACK"):
+        raise exc
+    _refused = True
+    print(f"error: {exc}", file=sys.stderr)
+    sys.exit(1)
 
 
 def _note_stop(reason: str) -> None:
@@ -309,6 +322,8 @@ class SweepSummary(Callback):
         self._summarise(Path(str(config.hydra.sweep.dir)), None)
 
     def _at_exit(self) -> None:
+        if _refused:
+            return
         try:
             self._summarise(self.sweep_dir, _stop_reason or "the process ended before its last job")
         except OSError as exc:  # e.g. the full disk that ended the sweep: one line, not a traceback at exit

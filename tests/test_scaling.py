@@ -39,7 +39,7 @@ def test_slots_are_gpus_times_jobs_per_gpu_or_cpu_shares():
 
 
 @pytest.mark.parametrize("gpus, count, message", [
-    ([0], 0, r"hydra.launcher.gpus=\[0\]: GPU 0 does not exist: this process sees 0 CUDA device\(s\)"),
+    ([0], 0, r"hydra.launcher.gpus=\[0\]: GPU 0 does not exist: this process sees 0 CUDA device\(s\); no GPU here"),
     ([1, 4], 2, r"GPU 4 does not exist: this process sees 2 CUDA device\(s\); use ids 0..1"),
     ([1, 1], 2, r"hydra.launcher.gpus=\[1, 1\]: a GPU is listed twice"),
 ])
@@ -110,8 +110,11 @@ def test_a_missing_gpu_is_refused_before_any_job_starts(tmp_path):
     sweep = tmp_path / "gpus"
     proc = run_cli("train.py", ["-m", "hydra/launcher=slots", "hydra.launcher.gpus=[0,7]", "seed=0,1",
                                 f"hydra.sweep.dir={sweep}", *JOB])
-    assert proc.returncode != 0 and "GPU 0 does not exist" in proc.stderr, proc.stderr[-3000:]
+    assert proc.returncode == 1 and "error: hydra.launcher.gpus=[0, 7]: GPU 0 does not exist" in proc.stderr, \
+        proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
     assert _job_dirs(sweep) == [] and not (sweep / "slots.jsonl").exists()
+    assert not (sweep / "sweep_summary.json").exists()  # nothing ran: no summary telling how to continue it
 
 
 # ------------------------------------------------------------------------ Optuna storage without a database
@@ -179,8 +182,10 @@ def test_an_unknown_storage_is_refused_before_any_job_starts(tmp_path):
     sweep = tmp_path / "sweep"
     proc = run_cli("train.py", ["hparams_search=margin_optuna", "hydra.sweeper.storage=mongodb://host/db",
                                 f"hydra.sweep.dir={sweep}", *JOB])
-    assert proc.returncode != 0 and "hydra.sweeper.storage='mongodb://host/db' is not a storage" in proc.stderr
-    assert _job_dirs(sweep) == []
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "error: hydra.sweeper.storage='mongodb://host/db' is not a storage" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert _job_dirs(sweep) == [] and not (sweep / "sweep_summary.json").exists()
 
 
 @pytest.mark.slow  # three sweep processes of tiny trainings: 2 to 4 min on 2 busy cores
@@ -227,25 +232,45 @@ def test_a_resubmitted_job_is_listed_once_by_its_latest_submission(tmp_path, cap
     assert "is not a sweep submitted with hydra.launcher.wait=false" in capsys.readouterr().err
 
 
-@pytest.mark.slow  # two tiny trainings through submitit's local executor: 1 to 3 min on 2 busy cores
-def test_a_detached_sweep_returns_at_once_and_status_follows_its_jobs(tmp_path, capsys):
-    sweep = tmp_path / "detached"
-    with open(tmp_path / "out.txt", "w") as out:  # not a pipe: the jobs outlive the sweep process and keep it
+def _submit(sweep: Path, *extra: str) -> None:
+    """The detached sweep of two tiny trainings; returns when the submitting process has."""
+    log = sweep.parent / f"submit{len(list(sweep.parent.glob('submit*.txt')))}.txt"
+    with open(log, "w") as out:  # not a pipe: the jobs outlive the sweep process and would keep it open
         done = subprocess.run([sys.executable, str(ROOT / "train.py"), "-m", "hydra/launcher=submitit_debug",
-                               "hydra.launcher.wait=false", "seed=0,1", f"hydra.sweep.dir={sweep}", *JOB], cwd=ROOT,
-                              env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=out, stderr=out, timeout=600)
-    assert done.returncode == 0, (tmp_path / "out.txt").read_text()[-3000:]
+                               "hydra.launcher.wait=false", "seed=0,1", f"hydra.sweep.dir={sweep}", *JOB, *extra],
+                              cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=out, stderr=out,
+                              timeout=600)
+    assert done.returncode == 0, log.read_text()[-3000:]
+
+
+def _status_until_done(sweep: Path, capsys) -> list[dict]:
+    deadline, jobs = time.time() + 900, None
+    while jobs is None or (time.time() < deadline and any(j["scheduler"] == "RUNNING" for j in jobs)):
+        if jobs is not None:
+            time.sleep(2)
+        assert sweep_main(["status", str(sweep), "--json"]) == 0
+        jobs = json.loads(capsys.readouterr().out)
+    return jobs
+
+
+@pytest.mark.slow  # four tiny job processes through submitit's local executor: 2 to 5 min on 2 busy cores
+def test_a_detached_sweep_returns_at_once_and_status_follows_its_jobs(tmp_path, capsys):
+    """Submitted again with trainer.auto_resume=true, its completed jobs end at once, their runs untouched."""
+    sweep = tmp_path / "detached"
+    _submit(sweep)
     assert sweep_main(["status", str(sweep), "--json"]) == 0
     jobs = json.loads(capsys.readouterr().out)
     assert [j["num"] for j in jobs] == [0, 1]
     assert any(j["scheduler"] == "RUNNING" for j in jobs)  # returned before its jobs ended
-    deadline = time.time() + 900
-    while time.time() < deadline and any(j["scheduler"] == "RUNNING" for j in jobs):
-        time.sleep(2)
-        sweep_main(["status", str(sweep), "--json"])
-        jobs = json.loads(capsys.readouterr().out)
+    jobs = _status_until_done(sweep, capsys)
     assert [(j["scheduler"], j["run"]) for j in jobs] == [("FINISHED", "completed")] * 2
-    for job in jobs:
-        assert (sweep / job["dir"] / "result.json").is_file()
+    results = {j["dir"]: (sweep / j["dir"] / "result.json").stat().st_mtime_ns for j in jobs}
     assert sweep_main(["status", str(sweep)]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == "2 completed"
+
+    _submit(sweep, "trainer.auto_resume=true")
+    again = _status_until_done(sweep, capsys)
+    assert len((sweep / "jobs.jsonl").read_text().splitlines()) == 4  # each job listed by its latest submission
+    assert [j["job_id"] for j in again] != [j["job_id"] for j in jobs]
+    assert [(j["scheduler"], j["run"]) for j in again] == [("FINISHED", "completed")] * 2
+    assert {d: (sweep / d / "result.json").stat().st_mtime_ns for d in results} == results

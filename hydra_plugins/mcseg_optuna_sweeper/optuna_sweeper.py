@@ -37,6 +37,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
 from mcseg.files import atomic_write
+from mcseg.sweep import refuse_sweep
 from mcseg.trials import TrialPruned, open_storage, storage_url
 
 log = logging.getLogger(__name__)
@@ -94,7 +95,11 @@ class OptunaSweeper(Sweeper):
         import optuna
 
         self.url = storage_url(self.storage, self.sweep_dir)
-        study = optuna.create_study(storage=open_storage(self.url), sampler=self._sampler(space),
+        try:
+            storage = open_storage(self.url)
+        except ValueError as exc:  # before any trial: one line naming hydra.sweeper.storage
+            refuse_sweep(exc)
+        study = optuna.create_study(storage=storage, sampler=self._sampler(space),
                                     pruner=self.pruner, study_name=self.study_name, direction=self.direction,
                                     load_if_exists=True)
         if study.direction.name.lower() != self.direction:

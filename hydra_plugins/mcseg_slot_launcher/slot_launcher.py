@@ -20,6 +20,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
 from mcseg.slots import Slot, log_job, make_slots, take_slot
+from mcseg.sweep import refuse_sweep
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,10 @@ class SlotLauncher(Launcher):
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
-        self.slots = make_slots(self.gpus, self.jobs_per_gpu, self.cpu_slots, self.threads_per_job)
+        try:
+            self.slots = make_slots(self.gpus, self.jobs_per_gpu, self.cpu_slots, self.threads_per_job)
+        except ValueError as exc:  # before any job: one line, no sweep summary
+            refuse_sweep(exc)
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         from joblib import Parallel, delayed

@@ -21,6 +21,7 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import LocalLaunche
 from omegaconf import open_dict
 
 from mcseg.submitted import record_jobs
+from mcseg.sweep import refuse_sweep
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +34,8 @@ class _Detachable:
     def setup(self, *, hydra_context, task_function, config) -> None:
         super().setup(hydra_context=hydra_context, task_function=task_function, config=config)  # type: ignore[misc]
         if not self.wait and str(config.hydra.sweeper.get("_target_", "")).endswith("OptunaSweeper"):
-            raise ValueError("hydra.launcher.wait=false: the Optuna sweeper asks each trial after the values of the "
-                             "ones before; submit and go needs a sweeper that knows all its jobs (basic, study)")
+            refuse_sweep(ValueError("hydra.launcher.wait=false: the Optuna sweeper asks each trial after the values of the "
+                             "ones before; submit and go needs a sweeper that knows all its jobs (basic, study)"))
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         if self.wait:
