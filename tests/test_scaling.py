@@ -274,3 +274,25 @@ def test_a_detached_sweep_returns_at_once_and_status_follows_its_jobs(tmp_path, 
     assert [j["job_id"] for j in again] != [j["job_id"] for j in jobs]
     assert [(j["scheduler"], j["run"]) for j in again] == [("FINISHED", "completed")] * 2
     assert {d: (sweep / d / "result.json").stat().st_mtime_ns for d in results} == results
+
+
+def test_the_optuna_sweeper_refuses_submit_and_go(capsys, monkeypatch):
+    """It needs each trial's value before it asks the next: refused at set-up, in one line."""
+    from omegaconf import OmegaConf
+
+    from mcseg import sweep
+
+    monkeypatch.setattr(sweep, "_refused", False)  # restored after the test: the refusal sets it
+    monkeypatch.delenv("MCSEG_TRACEBACK", raising=False)
+
+    from hydra_plugins.mcseg_submit_launcher.submit_launcher import DetachableLocalLauncher
+
+    config = OmegaConf.create({"hydra": {"sweeper": {
+        "_target_": "hydra_plugins.mcseg_optuna_sweeper.optuna_sweeper.OptunaSweeper"}}})
+    launcher = DetachableLocalLauncher(wait=False, submitit_folder="unused")
+    with pytest.raises(SystemExit) as stop:
+        launcher.setup(hydra_context=None, task_function=None, config=config)
+    assert stop.value.code == 1
+    assert "error: hydra.launcher.wait=false: the Optuna sweeper" in capsys.readouterr().err
+    DetachableLocalLauncher(wait=True, submitit_folder="unused").setup(  # waiting, it is Hydra's launcher
+        hydra_context=None, task_function=None, config=config)
