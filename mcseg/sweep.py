@@ -34,6 +34,7 @@ from mcseg.files import atomic_write, json_text, write_json
 from mcseg.errors import as_disk_full
 from mcseg.identity import hydra_job
 from mcseg.rundir import STATUS_FILE, find_run_dirs, state_of
+from mcseg.slots import slot_record
 
 log = logging.getLogger("mcseg")
 
@@ -116,6 +117,8 @@ def run_job(fn: Callable[[DictConfig], Any], cfg: DictConfig, checks_itself: boo
     out_dir = Path(cfg.paths.output_dir)
     record = {"status": "running", "overrides": overrides, "job_num": num, "pid": os.getpid(),
               "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    if slot_record():  # hydra/launcher=slots: the GPU or CPU share the job ran on
+        record["slot"] = slot_record()
     reset_failures()  # the trackers that fail in this job are recorded in its status
     start = time.perf_counter()
     unrecorded = []  # why status.json could not be updated (e.g. the full disk that ended the run)
@@ -210,7 +213,10 @@ def refuse_sweep(exc: BaseException) -> NoReturn:
     cannot work): ``error: <exc>`` on stderr, one paragraph naming the key, and exit status 1, without Hydra's
     traceback. At exit :class:`SweepSummary` then writes no summary and gives no advice to continue the sweep
     (``trainer.auto_resume=true`` cannot help: nothing ran), and the sweep folder, if this launch made it and it is
-    still empty, is removed."""
+    still empty, is removed. ``MCSEG_TRACEBACK=1`` re-raises instead (a launcher's or sweeper's setting: a GPU
+    that does not exist, a storage that cannot be opened)."""
+    if os.environ.get("MCSEG_TRACEBACK"):
+        raise exc
     _note_stop(REFUSED)
     print(f"error: {exc}", file=sys.stderr)
     sys.exit(1)

@@ -19,6 +19,7 @@ from mcseg.evaluation.provenance import checkpoint_identity, evaluation_provenan
 from mcseg.evaluation.split import evaluate_split, format_summary
 from mcseg.files import write_json
 from mcseg.identity import run_identity
+from mcseg.slots import slot_record
 from mcseg.training.build import Run, build_run
 from mcseg.training.distributed import shutdown
 from mcseg.trials import TrialPruned, trial_reporter
@@ -59,6 +60,8 @@ def train(cfg: DictConfig) -> dict:
     result["score"] = validation_score(best, cfg.get("score"))
     result["device"] = run.device_info
     result["environment"] = environment_record(device, tcfg.deterministic, run.reductions_before)
+    if slot_record():  # hydra/launcher=slots
+        result["slot"] = slot_record()
     # what mcseg-report reads: the configuration of this run and its validation (selection) metrics
     write_json(run_dir / "result.json", {**result, "run": run.identity})
     return result

@@ -8,11 +8,13 @@
 * Each batch asks the study for ``n_jobs`` trials, launches them (job number = trial number) and tells
   the study each job's outcome: its returned value, ``pruned`` (the job's pruner stopped it:
   :class:`mcseg.trials.TrialPruned`) or ``failed`` (no value, or an error).
-* The study lives in an RDB storage (``storage``; by default ``<sweep dir>/optuna.db``), which the jobs
-  open to report their validations (:mod:`mcseg.trials`). ``n_trials`` is the study's size: the same
+* The study lives in a storage (``storage``: an RDB URL, by default ``<sweep dir>/optuna.db``, a journal file
+  ``journal:PATH`` or Optuna's gRPC proxy ``grpc://HOST:PORT``: :func:`mcseg.trials.open_storage`), which the
+  jobs open to report their validations (:mod:`mcseg.trials`). ``n_trials`` is the study's size: the same
   command run again with the same storage and ``study_name`` continues its count up to ``n_trials``,
   and several processes sharing one storage share that count. A trial left running by a sweep process
-  that has ended (on this host) is told failed when a sweep of its study starts.
+  that has ended (on this host) is told failed when a sweep of its study starts and before each batch of the
+  sweeps running on it (Optuna's heartbeat does this for RDB storages only: docs/scaling.md).
 * A sampler with a ``seed`` draws trial ``n`` with ``seed + n`` (:class:`TrialSeeded`): a seeded sweep is
   reproducible, and a resumed study, or several processes sharing one, never draw one trial's values twice.
 """
@@ -77,7 +79,11 @@ class OptunaSweeper(Sweeper):
         except ValueError as exc:  # ConfigError, and what Optuna or the storage refuse (_search_space, _open_study)
             refuse_sweep(exc)
         ours = [f"hydra.sweeper.storage={as_value(self.url)}", f"hydra.sweeper.study_name={as_value(study.study_name)}"]
-        while (left := self.n_trials - len(counted_trials(study))) > 0:
+        while True:
+            fail_orphans(study)  # a killed sweeper's trial (on this host) is failed before it is counted
+            left = self.n_trials - len(counted_trials(study))
+            if left <= 0:
+                break
             trials = [study.ask(space) for _ in range(min(self.n_jobs, left))]
             for trial in trials:  # who asked: a trial whose sweep process has ended is failed at the next start
                 trial.set_user_attr("sweeper", {"host": socket.gethostname(), "pid": os.getpid()})
@@ -279,7 +285,10 @@ def tell(study, trial, ret) -> None:
 
 def fail_orphans(study) -> None:
     """Tell failed the running trials whose sweep process has ended on this host (killed sweeps): they would
-    otherwise count towards ``n_trials`` forever. Trials asked on other hosts are left alone."""
+    otherwise stay running and count towards ``n_trials`` forever. Trials asked on other hosts are left alone.
+    Called at a sweep's start and before each batch, so the sweepers sharing a study fail a killed one's trial
+    (two of them may tell it at once: the second finds it finished and leaves it)."""
+    from optuna.exceptions import UpdateFinishedTrialError
     from optuna.trial import TrialState
 
     from mcseg.rundir import holder_gone
@@ -288,6 +297,9 @@ def fail_orphans(study) -> None:
         owner = trial.user_attrs.get("sweeper") or {}
         why = holder_gone({**owner, "age_s": 0.0}) if owner.get("pid") else None
         if why:
-            study.tell(trial.number, state=TrialState.FAIL)
+            try:
+                study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
+            except UpdateFinishedTrialError:
+                continue
             log.warning("trial %d of study %r was left running (%s): told failed", trial.number,
                         study.study_name, why)
