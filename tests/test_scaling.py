@@ -168,6 +168,17 @@ def test_the_grpc_proxy_serves_a_journal_study(tmp_path):
                              cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, text=True)
     try:
         assert proxy.stdout.readline().startswith("serving")
+        import socket
+        import time
+
+        deadline = time.monotonic() + 60  # "serving" is printed before the server binds: wait for the port
+        while True:
+            try:
+                socket.create_connection(("localhost", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, f"the proxy never listened on port {port}"
+                time.sleep(0.2)
         study = optuna.create_study(storage=open_storage(f"grpc://localhost:{port}"), study_name="s")
         study.tell(study.ask({"x": optuna.distributions.FloatDistribution(0, 1)}), 2.0)
         direct = optuna.load_study(storage=open_storage(f"journal:{journal}"), study_name="s")
