@@ -141,8 +141,8 @@ def ndsc_aac(prediction, reference, uncertainty, fractions=SHIFTS_FRACTIONS, r: 
 
 
 def lesion_f1(prediction, reference, iou_threshold: float = 0.5) -> float:
-    """Lesion-scale F1 (module docstring; Shifts ``lesion_f1_score``), from the contingency table of the
-    predicted and reference connected components."""
+    """Lesion-scale F1 (module docstring; Shifts ``lesion_f1_score``), from the sparse contingency table of the
+    predicted and reference connected components (the pairs that overlap)."""
     from scipy import ndimage
 
     if not 0.0 <= iou_threshold <= 1.0:
@@ -155,14 +155,16 @@ def lesion_f1(prediction, reference, iou_threshold: float = 0.5) -> float:
     lg, n_g = ndimage.label(_flat_bool(g, "reference").reshape(g.shape))
     if n_p + n_g == 0:
         return 1.0
-    table = np.bincount((lp.reshape(-1) * (n_g + 1) + lg.reshape(-1)), minlength=(n_p + 1) * (n_g + 1))
-    table = table.reshape(n_p + 1, n_g + 1)
-    inter = table[1:, 1:].astype(np.float64)
-    size_p, size_g = table[1:].sum(1).astype(np.float64), table[:, 1:].sum(0).astype(np.float64)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        iou = np.where(inter > 0, inter / (size_p[:, None] + size_g[None, :] - inter), 0.0)
-    best_p = iou.max(1) if n_g else np.zeros(n_p)
-    best_g = iou.max(0) if n_p else np.zeros(n_g)
+    lp, lg = lp.reshape(-1).astype(np.int64), lg.reshape(-1).astype(np.int64)
+    both = (lp > 0) & (lg > 0)  # the overlapping pairs only: a sparse contingency table
+    pairs, inter = np.unique(lp[both] * (n_g + 1) + lg[both], return_counts=True)
+    i, j = pairs // (n_g + 1), pairs % (n_g + 1)
+    size_p, size_g = np.bincount(lp, minlength=n_p + 1), np.bincount(lg, minlength=n_g + 1)
+    iou = inter / (size_p[i] + size_g[j] - inter)
+    best_p, best_g = np.zeros(n_p + 1), np.zeros(n_g + 1)  # lesions touching nothing: IoU 0
+    np.maximum.at(best_p, i, iou)
+    np.maximum.at(best_g, j, iou)
+    best_p, best_g = best_p[1:], best_g[1:]
     tp = int((best_p >= iou_threshold).sum())
     fp, fn = n_p - tp, int((best_g < iou_threshold).sum())
     return tp / (tp + 0.5 * (fp + fn))

@@ -234,3 +234,11 @@ def test_bad_inputs_are_named():
         ndsc_aac(np.array([0, 1]), np.array([0, 1]), np.zeros(3))
     with pytest.raises(ValueError, match="raters"):
         curvas_thresholded_dice(np.zeros((2, 2)), np.zeros((5, 3, 2)))
+
+
+def test_lesion_f1_holds_many_lesions_in_little_memory():
+    """A checkerboard is one lesion per voxel (face connectivity): 16000 lesions a side, whose dense lesion-by-
+    lesion table would take 2 GB; the overlapping pairs alone are 16000."""
+    board = (np.indices((32, 32, 32)).sum(0) % 2).astype(np.uint8)
+    assert lesion_f1(board, board) == 1.0
+    assert lesion_f1(board, 1 - board) == 0.0  # every lesion disjoint from every other
