@@ -1,7 +1,7 @@
 """The field's challenge metrics, as their authors' code computes them (docs/protocol.md, "Challenge metrics").
 
 Pure functions of one case (numpy arrays or torch tensors of any spatial shape, 2D or 3D); every sum is
-vectorised (cumulative sums, ``searchsorted``, a contingency table), no loop over voxels, thresholds or
+vectorised (cumulative sums, ``searchsorted``, a sparse contingency table), no loop over voxels, thresholds or
 retention fractions. Each function states the code it follows, its empty-case policy and where it differs.
 
 **Shifts MS lesions** (Raina et al. 2023; Malinin et al. 2022; github Shifts-Project/shifts, commit 81b8094,
@@ -36,7 +36,7 @@ per region with an uncertainty map u in [0, 100] (0 = certain):
   both inside the brain mask (eps = float32's machine epsilon: no TP gives 0);
 * AUC = trapezoidal area over tau / 100 (sklearn ``auc`` on the decreasing thresholds, as the authors);
 * the combined score of a region = (AUC_Dice + (1 - AUC_FTP) + (1 - AUC_FTN)) / 3 (the paper's score; their
-  code stops at the three AUCs).
+  code stops at the three AUCs; third-party code of 2020, monte_carlo_analysis's BRATSMetric, combines them so).
 
 **CURVAS-PDACVI 2025** (SYCAI-Technologies/curvas-challenge, commit 86cfbeb, ``CURVAS-PDACVI_2025/
 evaluation_metrics/metrics_evaluation.py``, ``merged_dice_score``; ../shared/reference/multirater_and_interop.md

@@ -242,3 +242,12 @@ def test_lesion_f1_holds_many_lesions_in_little_memory():
     board = (np.indices((32, 32, 32)).sum(0) % 2).astype(np.uint8)
     assert lesion_f1(board, board) == 1.0
     assert lesion_f1(board, 1 - board) == 0.0  # every lesion disjoint from every other
+
+
+@pytest.mark.skipif(int(np.__version__.split(".")[0]) < 2, reason="the quirk is NumPy 2's")
+def test_the_qubrats_code_loses_threshold_100_under_numpy_2():
+    """Why the docstring's 41 thresholds: the authors' float32 EPS keeps arange's stop at 100.0 under NumPy 2."""
+    eps = np.finfo(np.float32).eps
+    assert np.arange(0.0, 100.0 + eps, 2.5).max() == 97.5  # the code as written, today
+    assert np.arange(0.0, 100.0 + float(eps), 2.5).max() == 100.0  # as NumPy 1.x read it (float64 stop)
+    assert len(qubrats_curves(np.zeros(2), np.zeros(2), np.zeros(2)).thresholds) == 41
