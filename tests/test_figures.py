@@ -49,20 +49,68 @@ def _documented_per_case_columns() -> list[str]:
     return [name.strip() for part in names[:2] for name in part.split(",")]
 
 
+def _active(multilabel: bool, num_classes: int) -> tuple[Figure, ...]:
+    """The per-case figures of the scorers that score this kind of task."""
+    return tuple(f for scorer in figures.active_scorers(num_classes, multilabel) for f in scorer.figures)
+
+
 @pytest.mark.parametrize("multilabel", [False, True])
 def test_the_evaluator_writes_exactly_the_declared_figures_and_docs_list_them(tmp_path, multilabel):
     columns, summary = _written(tmp_path, multilabel)
-    declared = set(class_keys()) | set(case_keys())
+    active = _active(multilabel, 2 if multilabel else 3)
+    declared = {f.key for f in active}
     assert set(columns) - BOOKKEEPING == declared, "a per_case.csv column without a table entry, or the reverse"
-    # docs/protocol.md names every column written, in order (it once lacked pece)
-    assert _documented_per_case_columns() == columns, "docs/protocol.md's per_case.csv columns are not those written"
+    # docs/protocol.md names every column written, in order (it once lacked pece); region tasks add QU-BraTS's
+    documented = _documented_per_case_columns()
+    assert [c for c in columns if not c.startswith("qubrats_")] == documented, \
+        "docs/protocol.md's per_case.csv columns are not those written"
     means = {k for k in summary if k.startswith("mean_")}
-    assert means == {f.summary_key for f in table() if f.per in ("class", "case")}
-    assert {f.key for f in table() if f.pooled} <= set(summary["pooled"])
-    assert set(summary["calibration"]) == set(case_keys()) and set(summary["foreground"]) == set(class_keys())
-    for f in table():
-        if f.per != "split":
-            assert summary_value(summary, f) is not None, f"{f.key} declared but not written"
+    assert means == {f.summary_key for f in active}
+    assert {f.key for f in active if f.pooled} <= set(summary["pooled"])
+    assert set(summary["calibration"]) == {f.key for f in active if f.per == "case"}
+    assert set(summary["foreground"]) == {f.key for f in active if f.per == "class"}
+    for f in active:
+        assert summary_value(summary, f) is not None, f"{f.key} declared but not written"
+    # every task writes the figures of the scorers for every task; the challenge ones only on theirs
+    assert {"dice", "ece", "pece"} <= declared and set(case_keys()) | set(class_keys()) >= declared
+    assert ("qubrats_score" in declared) == multilabel and "ndsc" not in declared
+
+
+def test_the_challenge_figures_reach_per_case_csv_and_the_summary(tmp_path):
+    """Binary task: the Shifts figures; region task: QU-BraTS; each the value of mcseg.metrics.challenge."""
+    from mcseg.metrics.challenge import lesion_f1, ndsc_aac, normalised_dice, qubrats_curves, uncertainty_0_100
+
+    binary, regions = Evaluator(2, ["bg", "lesion"], EvalProtocol(bootstrap_samples=0, figures=False)), Evaluator(
+        2, ["WT", "TC"], EvalProtocol(bootstrap_samples=0, figures=False), multilabel=True)
+    expected = {}
+    for index in range(2):
+        label = (blobs((12, 10, 8), 2, seed=index) > 0).long()
+        noise = torch.randn(2, 12, 10, 8, generator=torch.Generator().manual_seed(index))
+        probs = torch.softmax(torch.stack([-3.0 * label, 3.0 * label]).float() + noise, 0)
+        pred, unc = probs.argmax(0) == 1, uncertainty_0_100(probs[1])
+        expected[f"c{index}"] = (normalised_dice(pred, label), ndsc_aac(pred, label, unc),
+                                 lesion_f1(pred, label, 0.5))
+        binary.add_case(f"c{index}", probs, label, (1.0, 1.0, 1.0))
+        region_label = torch.stack([label, label * (noise[0] > 0)])
+        region_probs = torch.sigmoid(3.0 * region_label - 1.5 + noise)
+        regions.add_case(f"c{index}", region_probs, region_label, (1.0, 1.0, 1.0))
+        expected[f"r{index}"] = qubrats_curves(region_probs[1] > 0.5, region_label[1],
+                                               uncertainty_0_100(region_probs[1])).score
+    binary.write(tmp_path / "binary")
+    regions.write(tmp_path / "regions")
+    with open(tmp_path / "binary" / "per_case.csv") as fh:
+        rows = [r for r in csv.DictReader(fh) if r["class_name"] == "lesion"]
+    assert "qubrats_score" not in rows[0]
+    for row in rows:
+        assert [float(row[k]) for k in ("ndsc", "ndsc_aac", "lesion_f1")] == pytest.approx(expected[row["case"]])
+    summary = json.loads((tmp_path / "binary" / "summary.json").read_text())
+    assert summary["mean_foreground_ndsc"] == pytest.approx((expected["c0"][0] + expected["c1"][0]) / 2)
+    with open(tmp_path / "regions" / "per_case.csv") as fh:
+        rows = [r for r in csv.DictReader(fh) if r["class_name"] == "TC"]
+    assert "ndsc" not in rows[0]
+    assert [float(r["qubrats_score"]) for r in rows] == pytest.approx([expected["r0"], expected["r1"]])
+    summary = json.loads((tmp_path / "regions" / "summary.json").read_text())
+    assert summary["per_class"]["TC"]["qubrats_score"]["n"] == 2
 
 
 def test_each_place_keeps_what_it_showed_before_the_table():

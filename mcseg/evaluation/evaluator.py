@@ -98,7 +98,7 @@ class Evaluator:
         self._ids: set[str] = set()
         # the per-case scorers of the table of figures (mcseg.evaluation.figures.SCORERS), read now
         self.scorers = [cls(self.num_classes, self.class_names, self.protocol, self.multilabel)
-                        for cls in figures.SCORERS]
+                        for cls in figures.active_scorers(self.num_classes, self.multilabel)]
         found = [s for s in self.scorers if isinstance(s, CalibrationScorer)]
         if len(found) != 1:
             raise ValueError("the table of figures needs exactly one CalibrationScorer (reliability diagrams and "

@@ -5,7 +5,8 @@ summary.json, how a person reads it (label, digits, which direction is better) a
 of figures elsewhere (the evaluator's columns, the post-hoc block, the shift tables, the report's columns, the
 console headline, TensorBoard's HParams) is a selection of :func:`table`. Per-case figures are declared by the
 scorer that computes them (:mod:`mcseg.evaluation.scorers`), listed once in :data:`SCORERS`; split-level ones in
-:data:`SPLIT_FIGURES`. A new per-case figure is therefore one scorer class and one entry of ``SCORERS``; every
+:data:`SPLIT_FIGURES`. A new per-case figure is therefore one scorer class and one entry of ``SCORERS`` (a scorer for some
+kinds of task only, e.g. binary or region tasks, says so in ``Scorer.applies``: :func:`active_scorers`); every
 selection is read at use time, so an entry added later (a plug-in, a test) shows everywhere
 (tests/test_figures.py checks that the evaluator writes exactly the declared figures).
 
@@ -38,13 +39,15 @@ from __future__ import annotations
 
 from mcseg.evaluation.figure import SHOWS, Figure, shows
 from mcseg.registry import unique
+from mcseg.evaluation.challenge_scorers import QuBratsScorer, ShiftsLesionScorer
 from mcseg.evaluation.scorers import CalibrationScorer, OverlapScorer, PECEScorer, Scorer, SurfaceScorer
 
-__all__ = ["SCORERS", "SPLIT_FIGURES", "table", "figure", "shown_in", "summary_keys", "class_keys", "case_keys",
+__all__ = ["SCORERS", "SPLIT_FIGURES", "active_scorers", "table", "figure", "shown_in", "summary_keys", "class_keys", "case_keys",
            "summary_value"]
 
 #: the per-case scorers, in the order of their columns
-SCORERS: list[type[Scorer]] = [OverlapScorer, SurfaceScorer, CalibrationScorer, PECEScorer]
+SCORERS: list[type[Scorer]] = [OverlapScorer, SurfaceScorer, CalibrationScorer, PECEScorer, ShiftsLesionScorer,
+                               QuBratsScorer]
 
 _FD = ("failure_detection", "predictive_entropy")
 
@@ -65,6 +68,12 @@ SPLIT_FIGURES: tuple[Figure, ...] = (
            path=("conformal", "raw", "mean_set_over_prediction")),
     Figure("auroc", "AUROC", "split", "failure", +1, shows("predictor"), path=(*_FD, "voxel_auroc_pooled")),
 )
+
+
+def active_scorers(num_classes: int, multilabel: bool) -> list[type[Scorer]]:
+    """The entries of ``SCORERS`` that score a task of this kind (:meth:`Scorer.applies`), in order: an
+    evaluation writes their figures and only theirs."""
+    return [scorer for scorer in SCORERS if scorer.applies(num_classes, multilabel)]
 
 
 def table() -> tuple[Figure, ...]:

@@ -8,7 +8,8 @@ per-class columns (``class_extras``, e.g. the structure status) and per-case col
 each case, then :meth:`Scorer.commit` on all of them once the case is fully evaluated (a case that fails in one
 scorer leaves no trace in any), and asks each for its pooled values (``pooled=True`` figures) at the end.
 
-A new per-case figure is a new scorer class plus its entry in ``SCORERS`` (see README, "Extending mcseg").
+A new per-case figure is a new scorer class plus its entry in ``SCORERS`` (see README, "Extending mcseg"); a
+scorer meant for some tasks only says so in :meth:`Scorer.applies`.
 """
 from __future__ import annotations
 
@@ -61,6 +62,13 @@ class Scorer:
                  multilabel: bool = False) -> None:
         self.num_classes, self.class_names, self.protocol, self.multilabel = (
             num_classes, list(class_names), protocol, multilabel)
+
+    @classmethod
+    def applies(cls, num_classes: int, multilabel: bool) -> bool:
+        """Whether this scorer scores a task of this kind (default: every task). An evaluator of another kind
+        of task neither builds it nor writes its figures (e.g. the binary-task and region-task challenge figures,
+        :mod:`mcseg.evaluation.challenge_scorers`)."""
+        return True
 
     def score(self, case: CaseView) -> dict:
         raise NotImplementedError
