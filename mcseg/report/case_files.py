@@ -1,0 +1,111 @@
+"""Which files show a case in report.html's per-case view, and which cases: the worst first by Dice.
+
+For a report row's evaluation (``<run>/eval/<split>/``, or the folder of an ``mcseg-evaluate-folder`` output) and a
+case: the prediction ``predictions/<case>.nii.gz`` (else in the evaluated prediction folder), the probabilities
+``<case>_probs.nii.gz`` and the uncertainty ``<case>_entropy.nii.gz`` beside it (written with
+``inference.save_probabilities`` / ``evaluation.save_uncertainty``), the conformal masks
+``conformal/<fit>/<case>_{sure,possible}_<class>.nii.gz`` (the first fit by name), and the image and label: in
+``--images`` / ``--labels`` when given, else in the dataset's folder recorded in the summary's provenance
+(``imagesTr``, ``imagesTs``, ``labelsTr``, ... of an MSD or nnU-Net layout; ``<case>.nii.gz`` or
+``<case>_0000.nii.gz``), else in the evaluated reference folder.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mcseg.report.table import ConfigRow
+
+IMAGE_FOLDERS = ("imagesTr", "imagesTs", "images", "imagesVal")
+LABEL_FOLDERS = ("labelsTr", "labelsTs", "labels", "labelsVal")
+SUFFIXES = (".nii.gz", ".nii")
+
+
+@dataclass
+class CaseFiles:
+    """The files of one case of one report row (None: not found)."""
+
+    case: str
+    source: str  # the row it is from, as the page names it
+    dice: float
+    prediction: Path | None = None
+    probabilities: Path | None = None
+    uncertainty: Path | None = None
+    image: Path | None = None
+    label: Path | None = None
+    sure: list[Path] = field(default_factory=list)
+    possible: list[Path] = field(default_factory=list)
+
+
+def _first(folders: list[Path], names: list[str]) -> Path | None:
+    for folder in folders:
+        for name in names:
+            for suffix in SUFFIXES:
+                path = folder / f"{name}{suffix}"
+                if path.is_file():
+                    return path
+    return None
+
+
+def evaluation_folder(run, split: str) -> Path:
+    """Where a report row's run wrote its evaluation: ``<run>/eval/<split>``, or the run's own folder for an
+    evaluation of a prediction folder (its path holds ``per_case.csv``)."""
+    own = Path(run.path) / "eval" / split
+    return own if own.is_dir() or not (Path(run.path) / "per_case.csv").is_file() else Path(run.path)
+
+
+def _recorded(summary: dict) -> tuple[list[Path], list[Path]]:
+    """(prediction folders, data folders) the summary's provenance names: the evaluated prediction folders, and
+    the dataset's root or the evaluated reference (with its image and label sub-folders)."""
+    provenance = summary.get("provenance") or {}
+    predictions = [Path(str(p.get("path"))) for p in provenance.get("predictions") or [] if isinstance(p, dict)]
+    roots = [r for r in ((provenance.get("dataset") or {}).get("root"),
+                         (provenance.get("reference") or {}).get("path")) if r]
+    return predictions, [Path(str(r)) for r in roots]
+
+
+def case_files(row: ConfigRow, run, split: str, case: str, dice: float, images: Path | None = None,
+               labels: Path | None = None) -> CaseFiles:
+    """The files of ``case`` of ``run`` (a run of ``row``) found where the module docstring says."""
+    folder = evaluation_folder(run, split)
+    predicted, roots = _recorded(run.summaries.get("", {}))
+    outputs = [folder / "predictions", *predicted]
+    source = f"{row.loss_name} {row.hyperparameters}".strip() if row.hyperparameters != "defaults" else row.loss_name
+    found = CaseFiles(case, source, dice, prediction=_first(outputs, [case]),
+                      probabilities=_first(outputs, [f"{case}_probs"]),
+                      uncertainty=_first(outputs, [f"{case}_entropy"]))
+    image_dirs = ([images] if images else []) + [r / d for r in roots for d in IMAGE_FOLDERS]
+    label_dirs = ([labels] if labels else []) + [r / d for r in roots for d in LABEL_FOLDERS] + roots
+    found.image = _first(image_dirs, [case, f"{case}_0000"])
+    found.label = _first(label_dirs, [case])
+    fits = sorted(p for p in (folder / "conformal").glob("*") if p.is_dir()) if (folder / "conformal").is_dir() else []
+    for fit in fits:
+        sure = sorted(fit.glob(f"{case}_sure_*.nii*"))
+        if sure:
+            found.sure, found.possible = sure, sorted(fit.glob(f"{case}_possible_*.nii*"))
+            break
+    return found
+
+
+def worst_cases(rows: list[ConfigRow], split: str, n: int, images: Path | None = None,
+                labels: Path | None = None) -> list[CaseFiles]:
+    """At most ``n`` cases of the selected rows (each row's first run), the lowest mean foreground Dice first
+    (cases without a Dice last), with a prediction or probabilities on disk."""
+    ranked = []
+    for row in rows:
+        if not row.selected or not row.runs:
+            continue
+        run = row.runs[0]
+        for case, values in (run.per_case.get("") or {}).items():
+            dice = values.get("dice", math.nan)
+            ranked.append((math.isnan(dice), dice if not math.isnan(dice) else 0.0, row, run, case))
+    ranked.sort(key=lambda t: (t[0], t[1]))
+    out = []
+    for _, _, row, run, case in ranked:
+        if len(out) >= n:
+            break
+        files = case_files(row, run, split, case, run.per_case[""][case].get("dice", math.nan), images, labels)
+        if files.prediction is not None or files.probabilities is not None:
+            out.append(files)
+    return out
