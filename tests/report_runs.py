@@ -4,6 +4,7 @@ entropy maps and conformal masks."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,7 @@ from mcseg.data.io import write_nifti
 from mcseg.evaluation.evaluator import Evaluator
 from tests.metrics.reference import blobs
 
-SHAPE = (24, 20, 10)
+SHAPE = (20, 16, 8)
 CASES = ("c0", "c1", "c2")
 
 
@@ -36,7 +37,7 @@ def write_run(run: Path, loss: str, seed: int, data: Path | None, noise: float =
     out = run / "eval" / "test"
     (out / "predictions").mkdir(parents=True)
     (out / "conformal" / "crc").mkdir(parents=True)
-    ev = Evaluator(3, ["bg", "a", "b"], EvalProtocol(bootstrap_samples=10))
+    ev = Evaluator(3, ["bg", "a", "b"], EvalProtocol(bootstrap_samples=10, figures=False))
     affine = np.diag([1, 1, 2.5, 1])
     for i, case in enumerate(CASES):
         label = blobs(SHAPE, 3, seed=i)
@@ -65,10 +66,28 @@ def write_run(run: Path, loss: str, seed: int, data: Path | None, noise: float =
 
 
 def report_runs(root: Path, with_images: bool = True) -> Path:
-    """Two losses x two seeds under ``root/runs``; the dataset folder under ``root/data`` (recorded only with
-    ``with_images``)."""
+    """Two losses x two seeds under ``root/runs`` (the second seed's evaluation a copy of the first's); the dataset
+    folder under ``root/data`` (recorded only with ``with_images``)."""
     data = dataset_folder(root / "data") if with_images else None
     for loss, noise in (("ce", 1.0), ("margin", 0.6)):
-        for seed in (0, 1):
-            write_run(root / "runs" / f"{loss}{seed}", loss, seed, data, noise)
+        first = write_run(root / "runs" / f"{loss}0", loss, 0, data, noise)
+        shutil.copytree(first, root / "runs" / f"{loss}1")
+        result = json.loads((first / "result.json").read_text())
+        result["run"]["seed"], result["score"] = 1, 0.6
+        (root / "runs" / f"{loss}1" / "result.json").write_text(json.dumps(result))
     return root / "runs"
+
+
+def built_report(root: Path, cases: int = 4) -> Path:
+    """``mcseg-report`` over :func:`report_runs` into ``root/report`` (its folder returned), at most ``cases`` cases
+    drawn; the dataset reliability histograms (seconds of matplotlib, not under test) left out."""
+    import pytest
+
+    from mcseg.report import cli
+
+    runs = report_runs(root)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cli, "reliability_histograms", lambda *a, **k: None)
+        assert cli.main([str(runs), "--no-eval", "--bootstrap", "10", "--out", str(root / "report"),
+                         "--html-cases", str(cases)]) == 0
+    return root / "report"
