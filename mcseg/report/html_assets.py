@@ -29,6 +29,7 @@ figcaption { font-size: .8em; color: #555; }
 .swatch { display: inline-block; width: .9em; height: .9em; margin-right: .3em; vertical-align: middle; }
 #tooltip { position: fixed; pointer-events: none; background: #222; color: #fff; font-size: .8em;
            padding: .2em .4em; border-radius: 3px; display: none; white-space: pre; }
+#case-notes:empty { display: none; }
 svg.reliability rect.bin:hover { fill: #d62728; }
 """
 
