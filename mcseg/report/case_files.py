@@ -15,7 +15,6 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mcseg.report.table import ConfigRow
 
 IMAGE_FOLDERS = ("imagesTr", "imagesTs", "images", "imagesVal")
 LABEL_FOLDERS = ("labelsTr", "labelsTs", "labels", "labelsVal")
@@ -65,13 +64,12 @@ def _recorded(summary: dict) -> tuple[list[Path], list[Path]]:
     return predictions, [Path(str(r)) for r in roots]
 
 
-def case_files(row: ConfigRow, run, split: str, case: str, dice: float, images: Path | None = None,
-               labels: Path | None = None) -> CaseFiles:
-    """The files of ``case`` of ``run`` (a run of ``row``) found where the module docstring says."""
-    folder = evaluation_folder(run, split)
-    predicted, roots = _recorded(run.summaries.get("", {}))
+def case_files(folder: Path, summary: dict, case: str, source: str = "", dice: float = math.nan,
+               images: Path | None = None, labels: Path | None = None) -> CaseFiles:
+    """The files of ``case`` of the evaluation in ``folder`` (its ``summary``) found where the module docstring
+    says; ``source`` names the evaluation on the page."""
+    predicted, roots = _recorded(summary)
     outputs = [folder / "predictions", *predicted]
-    source = f"{row.loss_name} {row.hyperparameters}".strip() if row.hyperparameters != "defaults" else row.loss_name
     found = CaseFiles(case, source, dice, prediction=_first(outputs, [case]),
                       probabilities=_first(outputs, [f"{case}_probs"]),
                       uncertainty=_first(outputs, [f"{case}_entropy"]))
@@ -88,7 +86,7 @@ def case_files(row: ConfigRow, run, split: str, case: str, dice: float, images: 
     return found
 
 
-def worst_cases(rows: list[ConfigRow], split: str, n: int, images: Path | None = None,
+def worst_cases(rows: list, split: str, n: int, images: Path | None = None,
                 labels: Path | None = None) -> list[CaseFiles]:
     """At most ``n`` cases of the selected rows (each row's first run), the lowest mean foreground Dice first
     (cases without a Dice last), with a prediction or probabilities on disk."""
@@ -105,7 +103,9 @@ def worst_cases(rows: list[ConfigRow], split: str, n: int, images: Path | None =
     for _, _, row, run, case in ranked:
         if len(out) >= n:
             break
-        files = case_files(row, run, split, case, run.per_case[""][case].get("dice", math.nan), images, labels)
+        source = row.loss_name if row.hyperparameters == "defaults" else f"{row.loss_name} {row.hyperparameters}"
+        files = case_files(evaluation_folder(run, split), run.summaries.get("", {}), case, source,
+                           run.per_case[""][case].get("dice", math.nan), images, labels)
         if files.prediction is not None or files.probabilities is not None:
             out.append(files)
     return out
