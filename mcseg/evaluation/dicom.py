@@ -212,7 +212,8 @@ def series_affine(series: list) -> np.ndarray:
     """The NIfTI (RAS) affine of a series written by :func:`write_series` (its first slice's position, the
     orientation, spacing and the step between slices), for the round trip's geometry check."""
     first = series[0]
-    row, column = np.asarray(first.ImageOrientationPatient[:3], float), np.asarray(first.ImageOrientationPatient[3:], float)
+    orientation = np.asarray(first.ImageOrientationPatient, float)
+    row, column = orientation[:3], orientation[3:]
     dy, dx = (float(v) for v in first.PixelSpacing)
     origin = np.asarray(first.ImagePositionPatient, float)
     step = (np.asarray(series[1].ImagePositionPatient, float) - origin if len(series) > 1

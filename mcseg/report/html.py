@@ -47,7 +47,8 @@ def _inline(text: str, folder: Path) -> str:
             out.append(f'<img alt="{html.escape(alt)}" src="{_data_uri(path)}">' if path.is_file()
                        else html.escape(f"[figure {alt}: {src} not found]"))
         elif word is not None:
-            out.append(html.escape(word) if "://" in href else f"{html.escape(word)} (<code>{html.escape(href)}</code>)")
+            local = f"{html.escape(word)} (<code>{html.escape(href)}</code>)"
+            out.append(html.escape(word) if "://" in href else local)
         elif code is not None:
             out.append(f"<code>{html.escape(code)}</code>")
         else:
@@ -148,8 +149,9 @@ def case_section(cases: list[dict], options: str) -> str:
         return ("<h2>Cases</h2><p class=\"note\">No case drawn: no selected configuration has predictions or "
                 "probabilities on disk (inference.save_predictions / save_probabilities).</p>")
     choices = "".join(
-        f'<option value="{i}">{html.escape(c["id"])} — Dice {"–" if c["dice"] is None else format(c["dice"], ".3f")}'
-        f' — {html.escape(c["source"])}</option>' for i, c in enumerate(cases))
+        f'<option value="{i}">{html.escape(c["id"])} — Dice '
+        f'{"–" if c["dice"] is None else format(c["dice"], ".3f")} — {html.escape(c["source"])}</option>'
+        for i, c in enumerate(cases))
     boxes = "".join(f'<label><input type="checkbox" id="show-{name}" checked> <span class="swatch" '
                     f'style="background:{colour}"></span>{html.escape(text)}</label>'
                     for name, (text, colour) in LAYER_LABELS.items())
