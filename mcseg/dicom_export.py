@@ -1,7 +1,7 @@
 """``mcseg-dicom EVAL_DIR [--cases ID ...] [--images DIR] [--out DIR]``: an evaluation's outputs as DICOM.
 
 For each case of an evaluation folder (``<run>/eval/<split>`` of ``evaluate.py``, or an ``mcseg-evaluate-folder``
-output; default: every case of its per_case.csv), found as report.html finds them (:mod:`mcseg.report.case_files`:
+output; default: every case of its per_case.csv), found as report.html finds them (:mod:`mcseg.evaluation.case_files`:
 predictions, ``_probs``, ``_entropy``, conformal masks, and the image in ``--images`` or the dataset's folder):
 ``<out>/<case>/series/`` the image as a DICOM series (geometry from its NIfTI affine), and beside it the
 probabilities (FRACTIONAL / PROBABILITY Segmentation), the prediction and the conformal sure / possible masks
@@ -12,63 +12,12 @@ it is written under ``<case>.partial`` and renamed at the end. Default ``--out``
 from __future__ import annotations
 
 import argparse
-import csv
 import json
-import shutil
 import sys
 from pathlib import Path
 
-import numpy as np
-
-from mcseg.evaluation.dicom import DicomError, write_case, write_series
-from mcseg.report.case_files import case_files
-
-
-def _read(path: Path):
-    import nibabel as nib
-
-    img = nib.load(str(path))
-    return np.asanyarray(img.dataobj), img.affine
-
-
-def export_case(folder: Path, summary: dict, case: str, out: Path, images: Path | None = None) -> list[Path]:
-    """Write ``out/<case>/`` (module docstring) for ``case`` of the evaluation in ``folder``; the files written."""
-    files = case_files(folder, summary, case, images=images)
-    if files.image is None:
-        raise DicomError(f"case {case}: no image found (give --images <folder of {case}.nii.gz or "
-                         f"{case}_0000.nii.gz>): the DICOM objects reference the image's series")
-    if files.prediction is None and files.probabilities is None:
-        raise DicomError(f"case {case}: no prediction or probabilities in {folder / 'predictions'}")
-    image, affine = _read(files.image)
-    image = image[..., 0] if image.ndim == 4 else image
-    reference = files.prediction or files.probabilities
-    _, output_affine = _read(reference)
-    if not np.allclose(affine, output_affine, atol=1e-3):
-        raise DicomError(f"{files.image}: its affine differs from that of {reference} (the outputs are not on the "
-                         f"image's grid):\n{np.round(affine, 4)}\nagainst\n{np.round(output_affine, 4)}")
-    classes = ["background", *summary.get("classes", [])]
-    probabilities = _read(files.probabilities)[0].astype(np.float32) if files.probabilities else None
-    if probabilities is not None and len(classes) != probabilities.shape[-1]:
-        classes = ["background", *(f"class {k}" for k in range(1, probabilities.shape[-1]))]
-    prediction = np.rint(_read(files.prediction)[0]).astype(np.int64) if files.prediction else None
-    if prediction is not None and len(classes) < 2:
-        classes = ["background", *(f"class {k}" for k in range(1, int(prediction.max()) + 1))]
-    uncertainty = _read(files.uncertainty)[0].astype(np.float32) if files.uncertainty else None
-    masks = {kind: [_read(p)[0] for p in getattr(files, kind)] for kind in ("sure", "possible") if getattr(files, kind)}
-    names = {"probabilities": str(files.probabilities), "prediction": str(files.prediction),
-             "uncertainty": str(files.uncertainty), **{k: str(getattr(files, k)[0].parent) for k in masks}}
-    partial, final = out / f"{case}.partial", out / case
-    shutil.rmtree(partial, ignore_errors=True)
-    try:
-        series = write_series(image, affine, partial / "series", case, str(files.image))
-        written = write_case(partial, case, series, image.shape[:3], classes, probabilities, prediction, uncertainty,
-                             masks, names)
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
-    shutil.rmtree(final, ignore_errors=True)
-    partial.rename(final)
-    return [final / p.relative_to(partial) for p in written]
+from mcseg.evaluation.dicom import DicomError
+from mcseg.evaluation.dicom_cases import evaluated_cases, export_case
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,10 +33,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {summary_path}: not found (an evaluation folder holds summary.json)", file=sys.stderr)
         return 1
     summary = json.loads(summary_path.read_text())
-    cases = args.cases
-    if not cases:
-        with open(args.eval_dir / "per_case.csv", newline="") as f:
-            cases = list(dict.fromkeys(row["case"] for row in csv.DictReader(f)))
+    cases = args.cases or evaluated_cases(args.eval_dir)
     out = args.out or args.eval_dir / "dicom"
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -22,7 +22,7 @@ import numpy as np
 from scipy import ndimage
 
 from mcseg.data.io import write_nifti
-from mcseg.report.case_files import CaseFiles
+from mcseg.evaluation.case_files import CaseFiles
 from mcseg.report.case_view import render_case
 
 

@@ -82,3 +82,17 @@ def test_mcseg_dicom_exports_an_evaluation_and_refuses_another_grid_leaving_noth
     assert "moved/c2.nii.gz: its affine differs from that of" in err and "c2.nii.gz" in err
     assert not (tmp_path / "dcm" / "c2").exists() and not (tmp_path / "dcm" / "c2.partial").exists()
     assert json.loads((evaluation / "summary.json").read_text())["classes"] == ["a", "b"]
+
+
+@pytest.mark.slow
+def test_save_dicom_exports_every_case_of_an_evaluation_with_the_datasets_images(tmp_path):
+    """What evaluate.py save_dicom=true calls after the evaluation: each case with its dataset image file."""
+    from mcseg.evaluation.dicom_cases import export_evaluation
+
+    runs = report_runs(tmp_path)
+    evaluation = runs / "margin0" / "eval" / "test"
+    images = {c: tmp_path / "data" / "imagesTr" / f"{c}_0000.nii.gz" for c in ("c0", "c1", "c2")}
+    written = export_evaluation(evaluation, json.loads((evaluation / "summary.json").read_text()), images)
+    assert len(written) == 3 * 5 and {p.parent.name for p in written} == {"c0", "c1", "c2"}
+    series = _series(evaluation / "dicom" / "c2" / "series")
+    assert len(series) == 8 and series[0].SeriesDescription.startswith("c2")

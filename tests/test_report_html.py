@@ -112,7 +112,7 @@ def test_a_case_on_another_grid_is_drawn_without_the_mismatched_layer(report, tm
     """An image whose grid differs from the prediction's: the probability is drawn instead, the note names the
     file."""
     from mcseg.data.io import write_nifti
-    from mcseg.report.case_files import CaseFiles
+    from mcseg.evaluation.case_files import CaseFiles
     from mcseg.report.case_view import render_case
 
     run = report.parent / "runs" / "ce0"

@@ -19,7 +19,7 @@ import math
 
 import numpy as np
 
-from mcseg.report.case_files import CaseFiles
+from mcseg.evaluation.case_files import CaseFiles
 
 LAYERS = ("label", "prediction", "uncertainty", "possible", "sure")
 CLASS_COLOURS = np.array([(0, 0, 0), (31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189),

@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 
 from mcseg.files import atomic_write
-from mcseg.report.case_files import worst_cases
+from mcseg.evaluation.case_files import case_files, evaluation_folder
 from mcseg.report.case_view import LAYERS, render_case
 from mcseg.report.figures import pooled_reliability
 from mcseg.report.html_assets import SCRIPT, STYLE
@@ -29,6 +29,31 @@ HTML_FILE = "report.html"
 LAYER_LABELS = {"label": ("label (outline)", "#ffff00"), "prediction": ("prediction", "#1f77b4"),
                 "uncertainty": ("uncertainty (entropy / log K)", "#b73779"),
                 "possible": ("conformal possible (outline)", "#ff8c00"), "sure": ("conformal sure", "#2cc82c")}
+
+
+def worst_cases(rows: list[ConfigRow], split: str, n: int, images: Path | None = None,
+                labels: Path | None = None) -> list[CaseFiles]:
+    """At most ``n`` cases of the selected rows (each row's first run), the lowest mean foreground Dice first
+    (cases without a Dice last), with a prediction or probabilities on disk."""
+    ranked = []
+    for row in rows:
+        if not row.selected or not row.runs:
+            continue
+        run = row.runs[0]
+        for case, values in (run.per_case.get("") or {}).items():
+            dice = values.get("dice", math.nan)
+            ranked.append((math.isnan(dice), dice if not math.isnan(dice) else 0.0, row, run, case))
+    ranked.sort(key=lambda t: (t[0], t[1]))
+    out = []
+    for _, _, row, run, case in ranked:
+        if len(out) >= n:
+            break
+        source = row.loss_name if row.hyperparameters == "defaults" else f"{row.loss_name} {row.hyperparameters}"
+        files = case_files(evaluation_folder(run, split), run.summaries.get("", {}), case, source,
+                           run.per_case[""][case].get("dice", math.nan), images, labels)
+        if files.prediction is not None or files.probabilities is not None:
+            out.append(files)
+    return out
 
 
 def _data_uri(path: Path) -> str:

@@ -1,6 +1,7 @@
-"""Which files show a case in report.html's per-case view, and which cases: the worst first by Dice.
+"""Which files of an evaluation show a case: report.html's per-case view (:mod:`mcseg.report.case_view`) and
+the DICOM export (:mod:`mcseg.evaluation.dicom_cases`) read them.
 
-For a report row's evaluation (``<run>/eval/<split>/``, or the folder of an ``mcseg-evaluate-folder`` output) and a
+For an evaluation (``<run>/eval/<split>/``, or the folder of an ``mcseg-evaluate-folder`` output) and a
 case: the prediction ``predictions/<case>.nii.gz`` (else in the evaluated prediction folder), the probabilities
 ``<case>_probs.nii.gz`` and the uncertainty ``<case>_entropy.nii.gz`` beside it (written with
 ``inference.save_probabilities`` / ``evaluation.save_uncertainty``), the conformal masks
@@ -84,28 +85,3 @@ def case_files(folder: Path, summary: dict, case: str, source: str = "", dice: f
             found.sure, found.possible = sure, sorted(fit.glob(f"{case}_possible_*.nii*"))
             break
     return found
-
-
-def worst_cases(rows: list, split: str, n: int, images: Path | None = None,
-                labels: Path | None = None) -> list[CaseFiles]:
-    """At most ``n`` cases of the selected rows (each row's first run), the lowest mean foreground Dice first
-    (cases without a Dice last), with a prediction or probabilities on disk."""
-    ranked = []
-    for row in rows:
-        if not row.selected or not row.runs:
-            continue
-        run = row.runs[0]
-        for case, values in (run.per_case.get("") or {}).items():
-            dice = values.get("dice", math.nan)
-            ranked.append((math.isnan(dice), dice if not math.isnan(dice) else 0.0, row, run, case))
-    ranked.sort(key=lambda t: (t[0], t[1]))
-    out = []
-    for _, _, row, run, case in ranked:
-        if len(out) >= n:
-            break
-        source = row.loss_name if row.hyperparameters == "defaults" else f"{row.loss_name} {row.hyperparameters}"
-        files = case_files(evaluation_folder(run, split), run.summaries.get("", {}), case, source,
-                           run.per_case[""][case].get("dice", math.nan), images, labels)
-        if files.prediction is not None or files.probabilities is not None:
-            out.append(files)
-    return out
