@@ -24,6 +24,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--width", type=int, default=1280)
     parser.add_argument("--height", type=int, default=900)
     args = parser.parse_args(argv)
+    if not args.page.is_file():
+        parser.error(f"{args.page}: not found")
     if not args.browser:
         parser.error("no Chromium found: apt-get install chromium-headless-shell, or --browser <executable>")
     from playwright.sync_api import sync_playwright

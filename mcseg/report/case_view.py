@@ -5,11 +5,11 @@ evenly spread over it (the slider starts at the slice with the most label and pr
 (nearest voxel) to at most ``max_size`` pixels on its longer side, the pixel aspect ratio set from the voxel
 spacing. Layers: the background (the image windowed to the 1st-99th percentile of its drawn voxels, as JPEG;
 without an image the foreground probability 1 - p_0, else the prediction, and the page says so), then RGBA PNG
-overlays: the label
-(outlines, one colour per class), the prediction (filled, alpha 0.35), the uncertainty (the predictive entropy
-over log K, magma, alpha by value), the conformal "possible" (orange outline) and "sure" (green fill) masks.
-A layer whose grid differs from the prediction's is left out and named. Volumes are sampled as soon as they are
-read: the work after reading grows with the pixels drawn, not with the voxels.
+overlays: the label (outlines, one colour per class), the prediction (filled, alpha 0.35), the uncertainty (the
+predictive entropy over log K in 32 levels, magma, alpha by value, below 1/64 transparent), the conformal
+"possible" (orange outline) and "sure" (green fill) masks. A layer whose grid differs from the prediction's is
+left out and named. Volumes are sampled as soon as they are read: the work after reading grows with the pixels
+drawn, not with the voxels.
 """
 from __future__ import annotations
 
@@ -191,8 +191,10 @@ def _background(files: CaseFiles, probs, pred, shape, take, notes) -> tuple[np.n
 
 def _overlay(name: str, values: np.ndarray) -> np.ndarray:
     """An RGBA slice of layer ``name`` (module docstring)."""
-    if name == "uncertainty":
-        return _rgba(values.shape, _magma(values), (values * 230).astype(np.uint8))
+    if name == "uncertainty":  # 32 levels, below 1/64 transparent: small PNGs of maps that are nowhere zero
+        levels = np.round(values * 32) / 32
+        shown = levels > 0
+        return _rgba(values.shape, _magma(levels) * shown[..., None], (levels * 230 * shown).astype(np.uint8))
     classes = np.clip(values.astype(np.int64), 0, None)
     if name == "label":
         edge = np.zeros(values.shape, dtype=bool)
