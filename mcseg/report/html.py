@@ -127,7 +127,7 @@ def reliability_svg(title: str, confidence, accuracy, counts) -> str:
     n_bins, size, pad = len(counts), 260, 34
     total = float(sum(counts)) or 1.0
     parts = [f'<svg class="reliability" xmlns="http://www.w3.org/2000/svg" width="{size + pad + 10}" '
-             f'height="{size + pad + 40}" role="img" aria-label="{html.escape(title)}">',
+             f'height="{size + pad + 44}" role="img" aria-label="{html.escape(title)}">',
              f'<rect x="{pad}" y="10" width="{size}" height="{size}" fill="#fff" stroke="#999"/>',
              f'<line x1="{pad}" y1="{10 + size}" x2="{pad + size}" y2="10" stroke="#999" stroke-dasharray="4 3"/>']
     for b in range(n_bins):
@@ -142,7 +142,11 @@ def reliability_svg(title: str, confidence, accuracy, counts) -> str:
                      f'fill="#1f77b4" fill-opacity="0.75" stroke="#fff"><title>{html.escape(tip)}</title></rect>')
         parts.append(f'<rect x="{x:.2f}" y="{size + 38 - share:.2f}" width="{width:.2f}" height="{share:.2f}" '
                      f'fill="#999"/>')
-    parts += [f'<text x="{pad + size / 2}" y="{size + pad + 34}" font-size="11" text-anchor="middle">confidence '
+    for tick in (0, 0.5, 1):  # axis labels of both axes
+        parts += [f'<text x="{pad + size * tick}" y="{size + 50}" font-size="10" text-anchor="middle">{tick:g}</text>',
+                  f'<text x="{pad - 4}" y="{10 + size * (1 - tick) + 4}" font-size="10" text-anchor="end">'
+                  f'{tick:g}</text>']
+    parts += [f'<text x="{pad + size / 2}" y="{size + pad + 38}" font-size="11" text-anchor="middle">confidence '
               f'(bar below: voxels, log scale)</text>',
               f'<text x="10" y="{10 + size / 2}" font-size="11" transform="rotate(-90 10 {10 + size / 2})" '
               f'text-anchor="middle">accuracy</text>', "</svg>"]
