@@ -96,3 +96,28 @@ def test_save_dicom_exports_every_case_of_an_evaluation_with_the_datasets_images
     assert len(written) == 3 * 5 and {p.parent.name for p in written} == {"c0", "c1", "c2"}
     series = _series(evaluation / "dicom" / "c2" / "series")
     assert len(series) == 8 and series[0].SeriesDescription.startswith("c2")
+
+
+@pytest.mark.slow
+def test_evaluate_folder_dicom_writes_each_case_over_the_reference_images(tmp_path, capsys):
+    """mcseg-evaluate-folder --dicom: an mcseg prediction folder (label maps and probabilities) evaluated against a
+    labels folder, every case then written as DICOM over its image from --images."""
+    import shutil
+
+    from mcseg.evaluate_folder import main as evaluate_folder_main
+
+    runs = report_runs(tmp_path)
+    predictions = tmp_path / "preds"
+    predictions.mkdir()
+    for path in (runs / "ce0" / "eval" / "test" / "predictions").glob("*.nii.gz"):
+        if not path.name.endswith("_entropy.nii.gz"):
+            shutil.copy(path, predictions / path.name)
+    data = tmp_path / "data"
+    argv = [str(predictions), str(data / "labelsTr"), "--num-classes", "3", "-o", str(tmp_path / "eval"),
+            "--bootstrap-samples", "10", "--no-figures", "--dicom", "--images", str(data / "imagesTr")]
+    assert evaluate_folder_main(argv) == 0, capsys.readouterr().err
+    case = tmp_path / "eval" / "dicom" / "c0"
+    assert {p.name for p in case.glob("*.dcm")} == {"c0_probabilities.dcm", "c0_prediction.dcm"}
+    probs = np.asarray(__import__("nibabel").load(str(predictions / "c0_probs.nii.gz")).dataobj)
+    back = dicom.read_frames(case / "c0_probabilities.dcm", _series(case / "series"))
+    assert np.abs(back - probs[..., 1:]).max() <= 1 / 255

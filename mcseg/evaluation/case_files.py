@@ -70,7 +70,7 @@ def case_files(folder: Path, summary: dict, case: str, source: str = "", dice: f
     """The files of ``case`` of the evaluation in ``folder`` (its ``summary``) found where the module docstring
     says; ``source`` names the evaluation on the page."""
     predicted, roots = _recorded(summary)
-    outputs = [folder / "predictions", *predicted]
+    outputs = [folder / "predictions", *predicted, folder / "uncertainty"]  # mcseg-evaluate-folder --save-uncertainty
     found = CaseFiles(case, source, dice, prediction=_first(outputs, [case]),
                       probabilities=_first(outputs, [f"{case}_probs"]),
                       uncertainty=_first(outputs, [f"{case}_entropy"]))

@@ -76,11 +76,13 @@ def export_case(folder: Path, summary: dict, case: str, out: Path, images: Path 
     return [final / p.relative_to(partial) for p in written]
 
 
-def export_evaluation(folder: Path, summary: dict, images: dict[str, Path]) -> list[Path]:
-    """Every case of the evaluation in ``folder`` into ``folder/dicom`` (``evaluate.py save_dicom=true``), each
-    case's image the file ``images[case]`` (the dataset's own); the files written."""
+def export_evaluation(folder: Path, summary: dict, images: dict[str, Path],
+                      image_dir: Path | None = None) -> list[Path]:
+    """Every case of the evaluation in ``folder`` into ``folder/dicom`` (``evaluate.py save_dicom=true``,
+    ``mcseg-evaluate-folder --dicom``), each case's image the file ``images[case]`` (the dataset's own), else found
+    in ``image_dir`` or where :func:`case_files` looks; the files written."""
     out = Path(folder) / DICOM_DIR
     written = []
     for case in evaluated_cases(folder):
-        written += export_case(Path(folder), summary, case, out, image=images.get(case))
+        written += export_case(Path(folder), summary, case, out, image_dir, image=images.get(case))
     return written
