@@ -20,6 +20,7 @@ Every file is written to a temporary name and renamed: nothing half-written is l
 from __future__ import annotations
 
 import datetime
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +42,7 @@ def _modules():
         import pydicom
     except ImportError as exc:
         raise DicomError(f"DICOM outputs need highdicom and pydicom ({exc}): pip install 'mcseg[dicom]'") from exc
+    logging.getLogger("highdicom").setLevel(logging.WARNING)  # a line per module copied, per object, otherwise
     return highdicom, pydicom
 
 
