@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 
 from mcseg.files import atomic_write
-from mcseg.evaluation.case_files import case_files, evaluation_folder
+from mcseg.evaluation.case_files import CaseFiles, case_files, evaluation_folder
 from mcseg.report.case_view import LAYERS, render_case
 from mcseg.report.figures import pooled_reliability
 from mcseg.report.html_assets import SCRIPT, STYLE
