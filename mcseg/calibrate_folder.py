@@ -57,8 +57,10 @@ def _parser() -> argparse.ArgumentParser:
                    "of a run, e.g. max_epochs=20 patch_size=[32,32,32]; default: 3D patches of 64^3)")
     p.add_argument("--histogram-bins", type=int, default=posthoc.histogram_bins,
                    help="equal-width bins of --scaler histogram / histogram_top")
-    p.add_argument("--voxels", default=posthoc.voxels, choices=VOXEL_SAMPLES,
-                   help="fit voxels: the calibration region of --region (default), balanced or all")
+    p.add_argument("--voxels", default=None, choices=VOXEL_SAMPLES,
+                   help="fit voxels: the calibration region of --region, balanced or all; default: region for a "
+                        "calibrator that keeps the arg-max, balanced for one that can move it (the region is picked "
+                        "with the prediction it moves)")
     p.add_argument("--objective", default=posthoc.objective, choices=OBJECTIVES)
     p.add_argument("--max-voxels", type=int, default=posthoc.max_voxels)
     p.add_argument("--seed", type=int, default=posthoc.seed)
@@ -84,7 +86,8 @@ def calibrate(args: argparse.Namespace) -> tuple[dict, list[str]]:
     kind = SCALER_TYPES[args.scaler]
     if kind.softmax_only and reference.task.multilabel:
         raise FolderError(softmax_only_message(args.scaler, f"--scaler {args.scaler}"))
-    if not kind.preserves_argmax and args.voxels == "region":
+    voxels = args.voxels or default_voxels(args.scaler)
+    if not kind.preserves_argmax and voxels == "region":
         raise FolderError(f"--voxels region: {args.scaler} scaling can change the arg-max, so the region it would be "
                           f"fitted on is not where it is scored; pass --voxels balanced or all")
     if args.objective not in kind.objectives:
@@ -92,7 +95,7 @@ def calibrate(args: argparse.Namespace) -> tuple[dict, list[str]]:
         raise FolderError(f"--objective {args.objective} fits {' or '.join(able)} only; {args.scaler} scaling is "
                           f"fitted by {' or '.join(o.upper() if o == 'nll' else o for o in kind.objectives)}")
     posthoc = PosthocConfig(fit=[args.scaler], apply=[args.scaler], max_voxels=args.max_voxels, seed=args.seed,
-                            voxels=args.voxels, objective=args.objective, lts=_settings(args.lts, "--lts"),
+                            voxels=voxels, objective=args.objective, lts=_settings(args.lts, "--lts"),
                             histogram_bins=args.histogram_bins)
     protocol = EvalProtocol(region=args.region, n_bins=args.n_bins)
     target = open_folder(args.apply, reference.task, args.fmt, args.monai_postfix) if args.apply else None
@@ -101,13 +104,31 @@ def calibrate(args: argparse.Namespace) -> tuple[dict, list[str]]:
                                        "apply": str(args.apply.resolve()) if args.apply else None}):
         replaced = take_over(out) if earlier is not None else []
         record, scalers = fit_folders(fit, reference, out, [args.scaler], cases, posthoc, protocol)
-        files = calibrate_folder(target, scalers[args.scaler], out, reference.task.multilabel) if target else []
-        record_applied(out, record, args.scaler, target, files, record["val_cases"], replaced)
+        files, changes = (calibrate_folder(target, scalers[args.scaler], out, reference.task.multilabel) if target
+                          else ([], None))
+        stored = record_applied(out, record, args.scaler, target, files, record["val_cases"], replaced, changes)
+    record["applied"] = stored.get("applied")
     if overlap:
         record.setdefault("warnings", []).append(
             f"--apply {args.apply} {overlap} (--allow-fit-cases): an evaluation of {args.output_dir} that scores them "
             f"measures the fit itself, not calibration on unseen cases (recorded in calibration.json 'applied')")
     return record, target.cases() if target else []
+
+
+def default_voxels(scaler: str) -> str:
+    """The fit voxels of ``--scaler`` when ``--voxels`` is not given: the calibration region (where the ECE is
+    scored) for a calibrator that keeps the arg-max, ``balanced`` for one that can move it (the region is picked with
+    the prediction it moves, and voxels outside it, unseen by the fit, change class)."""
+    return "region" if SCALER_TYPES[scaler].preserves_argmax else "balanced"
+
+
+def _voxels_said(scaler: str) -> str:
+    """The default of :func:`default_voxels` for ``scaler``, and why, in a line of the output."""
+    keeps = SCALER_TYPES[scaler].preserves_argmax
+    return (f"--voxels {default_voxels(scaler)} (the default for {scaler}, which "
+            f"{'keeps the arg-max' if keeps else 'can move the arg-max: the region would move with it'}; "
+            f"{'balanced' if keeps else 'region'} for one that {'can move' if keeps else 'keeps'} it; pass --voxels "
+            f"to choose)")
 
 
 def _settings(pairs: list[str], option: str) -> dict:
@@ -169,9 +190,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.scaler} {_parameters(fitted)} fitted on {record['n_cases']} case(s), {record['n_voxels']} voxels "
           f"({fitted.get('voxels')}); NLL {fitted['nll_before']:.5g} -> {fitted['nll_after']:.5g}; "
           f"recorded in {args.output_dir / 'calibration.json'}")
+    if args.voxels is None and SCALER_TYPES[args.scaler].fitted_on == "voxels":
+        print(_voxels_said(args.scaler))
     changes = fitted.get("argmax_changes")
     if changes:
         print(f"arg-max changed at {changes['count']} of {changes['of']} fit voxels ({100 * changes['share']:.2f} %)")
+    applied = (record.get("applied") or {}).get("argmax_changes")
+    if applied:
+        print(f"arg-max changed at {applied['count']} of {applied['of']} voxels of the {len(written)} calibrated "
+              f"case(s) ({100 * applied['share']:.2f} %)")
     for warning in record.get("warnings", []):
         print(f"warning: {warning}")
     if written:

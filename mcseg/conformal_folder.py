@@ -30,23 +30,21 @@ import torch
 
 from mcseg.conformal import (ABSENT_POLICIES, LOSSES, METHODS, CaseSummary, ConformalSettings, case_sets, case_test,
                              default_thresholds, fit_margins, fit_thresholds, predicted_masks, summarise)
-from mcseg.conformal.control import FWER_METHODS, RCPS_BOUNDS
+from mcseg.conformal.control import FWER_METHODS, RCPS_BOUNDS, NotMonotone, controllable
 from mcseg.conformal.fit import class_indices
-from mcseg.conformal.record import (CONFORMAL_FILE, class_records, settings_record, test_figures, versions,
-                                   write_masks)
+from mcseg.conformal.record import (CONFORMAL_FILE, class_records, fit_lines, settings_record, test_figures,
+                                   versions, write_masks)
 from mcseg.conformal.risks import class_masks
 from mcseg.conformal.validity import ALPHAS, COVERAGE_FIGURE, REPEATS, VALIDITY_FILE, levels, pooled_splits
-from mcseg.data.io import Volume, VolumeError, read_volume
+from mcseg.data.io import Volume, read_volume
 from mcseg.data.reference import FolderError, Reference, fold_cases, read_reference
-from mcseg.evaluation.folder_outputs import (CONFORMAL_TOOL, EXIT_INTERRUPTED, FolderInterrupted, claim_output,
-                                             writing)
+from mcseg.evaluation.folder_outputs import CONFORMAL_TOOL, claim_output, run_command, writing
 from mcseg.evaluation.folder_options import add_fit_apply_options, add_input_options
 from mcseg.evaluation.folder_posthoc import _fit_owners
 from mcseg.evaluation.folders import read_case
 from mcseg.evaluation.formats import PredictionFormat, declared_classes, open_folder, prediction_files
 from mcseg.evaluation.provenance import file_sha256
 from mcseg.files import write_csv, write_json
-from mcseg.rundir import RunDirBusy
 
 __all__ = ["conformal", "main"]
 
@@ -229,6 +227,10 @@ def conformal(args: argparse.Namespace) -> dict:
     if args.repeats < 0 or any(not 0 < a < 1 for a in args.alphas):
         raise FolderError(f"--repeats {args.repeats} --alphas {' '.join(map(str, args.alphas))}: expected repeats >= "
                           f"0 and each alpha in (0, 1)")
+    try:  # from the command line alone: refused before any folder is read
+        controllable(args.loss, args.method)
+    except NotMonotone as exc:
+        raise FolderError(f"--loss {args.loss} with --method {args.method}: {exc}") from None
     if args.images is not None and not args.apply:
         raise FolderError("--images gives the --apply cases' grid (and the background of --figures): pass --apply")
     inputs = [d.resolve() for d in [*args.fit, *([args.apply] if args.apply else [])]]
@@ -298,23 +300,10 @@ def _record(args, reference: Reference, settings: ConformalSettings, summaries: 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    try:
-        stored = conformal(args)
-    except (FolderError, VolumeError, ValueError, RunDirBusy) as exc:
-        print(f"{CONFORMAL_TOOL}: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt as exc:
-        print(str(exc) if isinstance(exc, FolderInterrupted) else
-              f"{CONFORMAL_TOOL}: interrupted (Ctrl-C) before anything was written", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    for name, fit in stored["classes"].items():
-        margin = fit["margin"]
-        test = (stored.get("test") or {}).get(name)
-        print(f"{name}: t = {fit['threshold']:.4g} ({stored['method']}, {stored['loss']} <= {stored['alpha']}; "
-              f"calibration risk {fit['calibration_risk']:.4g}, n = {fit['n_cases']}"
-              f"{'' if fit['controlled'] else ', NOT controlled: the most conservative threshold'}); margins "
-              f"{margin['outer_mm']} mm out, {margin['inner_mm']} mm in"
-              + (f"; test {stored['loss']} {test['mean_loss']}, covered {test['covered']}" if test else ""))
+    code, stored = run_command(CONFORMAL_TOOL, lambda: conformal(args))
+    if code:
+        return code
+    print("\n".join(fit_lines(stored)))
     print(f"recorded in {args.output_dir / CONFORMAL_FILE}")
     return 0
 

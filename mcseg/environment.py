@@ -41,14 +41,19 @@ def _git(*args: str) -> str | None:
 
 @functools.lru_cache(maxsize=1)
 def code_version() -> dict:
-    """mcseg's version, the git commit of the checkout it runs from and whether that tree had uncommitted
-    changes (tracked files changed, or files git does not ignore added): ``unknown`` outside a checkout."""
+    """mcseg's version, the git commit of the checkout it runs from, whether that tree had uncommitted changes
+    to tracked files (``git_dirty``: the code is not exactly the commit) and how many untracked paths it held that
+    git does not ignore (``git_untracked``, as ``git status`` lists them, a folder once: data, outputs, notes; not
+    code changes of the commit, so they do not make the tree dirty): ``unknown`` outside a checkout."""
     commit = _git("rev-parse", "HEAD")
     status = _git("status", "--porcelain") if commit else None
+    lines = [line for line in (status or "").splitlines() if line.strip()]
+    untracked = [line for line in lines if line.startswith("??")]
     return {
         "mcseg": _version("mcseg"),
         "git_commit": commit.strip() if commit else UNKNOWN,
-        "git_dirty": bool(status.strip()) if status is not None else UNKNOWN,
+        "git_dirty": len(lines) > len(untracked) if status is not None else UNKNOWN,
+        "git_untracked": len(untracked) if status is not None else UNKNOWN,
     }
 
 
@@ -81,12 +86,16 @@ def environment_record(device: torch.device | str, deterministic: bool, reductio
     }
 
 
+# Recorded but not compared: untracked files beside the code do not change the code a run ran.
+NOT_COMPARED = ("git_untracked",)
+
+
 def _key(record: dict | None, name: str) -> str:
     if not record or name not in record:
         return UNKNOWN
     value = record[name]
     if isinstance(value, dict):
-        return ", ".join(f"{k} {v}" for k, v in value.items())
+        return ", ".join(f"{k} {v}" for k, v in value.items() if k not in NOT_COMPARED)
     return str(value)
 
 
@@ -96,7 +105,8 @@ def environment_differences(records: dict[str, dict | None]) -> tuple[list[str],
 
     Returns the warnings (one per compared aspect on which the runs differ, with the values and how many
     runs have each) and, per label, the aspects in which that run differs from the most common value.
-    Runs made from a tree with uncommitted changes are warned of too: their code is not known exactly.
+    Runs made from a tree with uncommitted changes to tracked files are warned of too: their code is not known
+    exactly (untracked files, ``git_untracked``, are not code changes and are neither warned of nor compared).
     """
     warnings: list[str] = []
     dirty = sorted(label for label, record in records.items() if (record or {}).get("code", {}).get("git_dirty") is True)

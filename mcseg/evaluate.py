@@ -13,6 +13,7 @@ from omegaconf import DictConfig, ListConfig, open_dict
 
 from mcseg.files import write_json
 from mcseg.evaluation.checkpoint import evaluate_checkpoint
+from mcseg.evaluation.conformal import conformal_config
 from mcseg.evaluation.ensemble import evaluate_ensemble
 from mcseg.errors import ConfigError
 from mcseg.evaluation.provenance import hydra_overrides
@@ -30,6 +31,7 @@ def evaluate(cfg: DictConfig) -> dict:
     if bool(cfg.get("ckpt")) == bool(cfg.get("runs")):
         raise ConfigError("evaluate: set exactly one of ckpt=<run>/checkpoints/best.pt (one checkpoint) "
                           "or runs=<run or sweep directory> (every run under it)")
+    conformal_config(cfg)  # the conformal node alone (e.g. a loss its method cannot control): before any checkpoint
     if isinstance(cfg.get("ckpt"), (list, ListConfig)):  # ckpt=[<a>,<b>,...]: a deep ensemble
         return evaluate_ensemble(cfg, list(cfg.ckpt), hydra_overrides())
     if cfg.get("ckpt"):

@@ -1,4 +1,5 @@
-"""Writing result files: atomically (readers never see a partial file), as JSON or as CSV.
+"""Writing result files: atomically (readers never see a partial file), as JSON or as CSV; and undoing what a
+block wrote into a folder when it fails (:func:`undone_on_failure`).
 
 Every file mcseg writes goes through :func:`atomic_write`: the content goes to a temporary file beside the
 target (``.<stem>.<random><suffix>``, which :func:`mcseg.rundir.remove_orphans` cleans up after a kill) and is
@@ -10,8 +11,10 @@ import csv
 import io
 import json
 import os
+import shutil
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from mcseg.errors import as_disk_full
@@ -78,3 +81,28 @@ def write_csv(path: Path, rows: Iterable[dict], columns: Sequence[str] | None = 
     writer.writeheader()
     writer.writerows(rows)
     atomic_write(Path(path), lambda tmp: tmp.write_text(buffer.getvalue()))
+
+
+@contextmanager
+def undone_on_failure(folder: Path) -> Iterator[None]:
+    """Run a block that writes into ``folder``; when it raises (an error, Ctrl-C), remove every file and folder it
+    created there, and ``folder`` and its parents where the block created them and they are left empty: a failed
+    command leaves nothing that refuses its corrected rerun (an evaluation's summary.json without its conformal
+    pass). What was there before is left as it is."""
+    folder = Path(folder)
+    created = [folder, *folder.parents]
+    created = created[:next(i for i, d in enumerate(created) if d.exists())]  # the folders the block may make
+    before = set(folder.rglob("*")) if folder.exists() else set()
+    try:
+        yield
+    except BaseException:
+        if folder.exists():
+            for path in sorted(set(folder.rglob("*")) - before, key=lambda p: len(p.parts), reverse=True):
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
+        for directory in created:
+            if directory.is_dir() and not any(directory.iterdir()):
+                directory.rmdir()
+        raise

@@ -54,7 +54,10 @@ def _pid_alive(pid: int) -> bool:
         return False
     except PermissionError:  # another user's live process
         return True
-    return True
+    try:  # a zombie (ended, not yet reaped by its parent, e.g. a killed child of a live process) has ended
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):  # no /proc (macOS): what kill says
+        return True
 
 
 def read_lock(run_dir: Path) -> dict | None:

@@ -25,7 +25,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
@@ -34,6 +34,7 @@ from mcseg.files import atomic_write, json_text, write_json
 from mcseg.errors import as_disk_full
 from mcseg.identity import hydra_job
 from mcseg.rundir import STATUS_FILE, find_run_dirs, state_of
+from mcseg.slots import slot_record
 
 log = logging.getLogger("mcseg")
 
@@ -116,6 +117,8 @@ def run_job(fn: Callable[[DictConfig], Any], cfg: DictConfig, checks_itself: boo
     out_dir = Path(cfg.paths.output_dir)
     record = {"status": "running", "overrides": overrides, "job_num": num, "pid": os.getpid(),
               "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    if slot_record():  # hydra/launcher=slots: the GPU or CPU share the job ran on
+        record["slot"] = slot_record()
     reset_failures()  # the trackers that fail in this job are recorded in its status
     start = time.perf_counter()
     unrecorded = []  # why status.json could not be updated (e.g. the full disk that ended the run)
@@ -196,11 +199,27 @@ def run_job(fn: Callable[[DictConfig], Any], cfg: DictConfig, checks_itself: boo
 
 # Why this process's sweep is ending before its last job (read by SweepSummary at exit).
 _stop_reason: str | None = None
+REFUSED = "refused by its sweeper before its first job"  # a config error: nothing ran, nothing to continue
+_made_sweep_dir: Path | None = None  # the sweep folder OutputDirCheck created (a refused sweep removes it if empty)
 
 
 def _note_stop(reason: str) -> None:
     global _stop_reason
     _stop_reason = reason
+
+
+def refuse_sweep(exc: BaseException) -> NoReturn:
+    """End a sweep its sweeper refused before launching any job (a config error: a search space or a storage that
+    cannot work): ``error: <exc>`` on stderr, one paragraph naming the key, and exit status 1, without Hydra's
+    traceback. At exit :class:`SweepSummary` then writes no summary and gives no advice to continue the sweep
+    (``trainer.auto_resume=true`` cannot help: nothing ran), and the sweep folder, if this launch made it and it is
+    still empty, is removed. ``MCSEG_TRACEBACK=1`` re-raises instead (a launcher's or sweeper's setting: a GPU
+    that does not exist, a storage that cannot be opened)."""
+    if os.environ.get("MCSEG_TRACEBACK"):
+        raise exc
+    _note_stop(REFUSED)
+    print(f"error: {exc}", file=sys.stderr)
+    sys.exit(1)
 
 
 def _stop_on_sigterm():
@@ -306,10 +325,25 @@ class SweepSummary(Callback):
         self._summarise(Path(str(config.hydra.sweep.dir)), None)
 
     def _at_exit(self) -> None:
+        if _stop_reason == REFUSED:  # refused before its first job (refuse_sweep): no summary, no advice
+            self._refused(self.sweep_dir)
+            return
         try:
             self._summarise(self.sweep_dir, _stop_reason or "the process ended before its last job")
         except OSError as exc:  # e.g. the full disk that ended the sweep: one line, not a traceback at exit
             print(f"error: cannot write the sweep summary in {self.sweep_dir}: {exc.strerror or exc}", file=sys.stderr)
+
+    @staticmethod
+    def _refused(sweep_dir: Path | None) -> None:
+        """A refused sweep: its trackers' parent runs (if any were opened) ended as failed; its folder removed when
+        this launch made it and nothing was written into it."""
+        if sweep_dir is None or not sweep_dir.is_dir():
+            return
+        from mcseg.trackers import close_sweep
+
+        close_sweep(sweep_dir, [], "FAILED")
+        if _made_sweep_dir is not None and sweep_dir.resolve() == _made_sweep_dir and not any(sweep_dir.iterdir()):
+            sweep_dir.rmdir()
 
     @staticmethod
     def _summarise(sweep_dir: Path | None, ended_early: str | None) -> None:
@@ -352,7 +386,11 @@ class OutputDirCheck(Callback):
         _creatable(Path(config.hydra.run.dir))
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        _creatable(Path(config.hydra.sweep.dir))
+        global _made_sweep_dir
+        path = Path(config.hydra.sweep.dir)
+        made = not path.exists()
+        _creatable(path)
+        _made_sweep_dir = path.resolve() if made else None
 
 
 def _creatable(path: Path) -> None:

@@ -11,15 +11,15 @@ import math
 from omegaconf import DictConfig
 
 from mcseg.calibration import fit_posthoc, scalers_to_apply
-from mcseg.config import typed
 from mcseg.environment import environment_record
 from mcseg.errors import TrainingInterrupted
-from mcseg.evaluation.conformal import ConformalConfig, check_conformal, conformal_pass
+from mcseg.evaluation.conformal import check_conformal, conformal_config, conformal_pass
 from mcseg.evaluation.figures import summary_keys
 from mcseg.evaluation.provenance import checkpoint_identity, evaluation_provenance, hydra_overrides
 from mcseg.evaluation.split import evaluate_split, format_summary
 from mcseg.files import write_json
 from mcseg.identity import run_identity
+from mcseg.slots import slot_record
 from mcseg.training.build import Run, build_run
 from mcseg.training.distributed import shutdown
 from mcseg.trials import TrialPruned, trial_reporter
@@ -60,6 +60,8 @@ def train(cfg: DictConfig) -> dict:
     result["score"] = validation_score(best, cfg.get("score"))
     result["device"] = run.device_info
     result["environment"] = environment_record(device, tcfg.deterministic, run.reductions_before)
+    if slot_record():  # hydra/launcher=slots
+        result["slot"] = slot_record()
     # what mcseg-report reads: the configuration of this run and its validation (selection) metrics
     write_json(run_dir / "result.json", {**result, "run": run.identity})
     return result
@@ -96,11 +98,6 @@ def evaluate_test(run: Run, cfg: DictConfig) -> dict:
                             hparams={"params": hparams_of(cfg), "metrics": {"final/best_val_score": best_val}})
     run.trackers.save_record(trainer.global_step)
     return summary
-
-
-def conformal_config(cfg: DictConfig) -> ConformalConfig:
-    """The training config's ``conformal`` node (configs/conformal/default.yaml), checked."""
-    return typed(cfg.get("conformal"), ConformalConfig, "conformal")
 
 
 def conformal_of_run(run: Run, cfg: DictConfig, scalers: dict, provenance: dict, summary: dict) -> dict:

@@ -2,7 +2,8 @@
 
 mcseg's Optuna sweeper (``hydra/sweeper=optuna``, in ``hydra_plugins/mcseg_optuna_sweeper``) asks its
 study for a trial and launches a job whose Hydra overrides name it: ``hydra.sweeper.trial=<number>``,
-with the study's ``storage`` (a database URL) and ``study_name``. The job opens that storage itself,
+with the study's ``storage`` (:func:`open_storage`: a database URL, a journal file or a gRPC proxy) and
+``study_name``. The job opens that storage itself,
 so this works from whichever process or machine the launcher runs it on (basic, joblib, submitit):
 after every running validation it reports the value the sweep optimises to its trial, and when the
 study's pruner (``hydra.sweeper.pruner``) says so the training stops with :class:`TrialPruned`, its
@@ -15,6 +16,8 @@ import math
 import time
 from pathlib import Path
 from typing import Any, Callable
+
+from mcseg.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -30,19 +33,85 @@ class TrialPruned(RuntimeError):
 
 
 def storage_url(storage: str | None, sweep_dir: str | Path) -> str:
-    """The study's RDB storage: ``storage`` as configured, or an SQLite file in the sweep directory."""
+    """The study's storage: ``storage`` as configured, or an SQLite file in the sweep directory."""
     return str(storage) if storage else f"sqlite:///{Path(sweep_dir).resolve() / STORAGE_FILE}"
 
 
+STORAGE_KEY = "hydra.sweeper.storage"
+STORAGE_EXAMPLES = ("e.g. sqlite:////<absolute path>/optuna.db, sqlite:///optuna.db (in the working directory) or "
+                    "postgresql://<user>@<host>/<database>; null: <sweep dir>/optuna.db")
+
+
+def check_storage(url: str) -> None:
+    """Refuse, before the study is opened, a storage URL that cannot work, naming ``hydra.sweeper.storage``: not a
+    database URL (a bare file name), a database whose driver is not installed, an SQLite file in a folder that
+    does not exist. A journal file or a gRPC proxy (``journal:``, ``grpc://``) is checked by :func:`open_storage`."""
+    if url.startswith((JOURNAL, GRPC)):
+        return
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise ConfigError(f"config key '{STORAGE_KEY}'={url}: not a database URL ({STORAGE_EXAMPLES})") from None
+    where = f"config key '{STORAGE_KEY}'={shown_url(url)}"
+    try:
+        dialect = parsed.get_dialect()
+    except NoSuchModuleError:
+        raise ConfigError(f"{where}: SQLAlchemy knows no database {parsed.drivername!r} ({STORAGE_EXAMPLES})") from None
+    try:
+        dialect.import_dbapi() if hasattr(dialect, "import_dbapi") else dialect.dbapi()
+    except ImportError as exc:
+        raise ConfigError(f"{where}: the driver of {parsed.drivername} is not installed ({exc}); install it in "
+                          f"this environment (and the jobs'), or use an SQLite file ({STORAGE_EXAMPLES})") from None
+    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+        folder = Path(parsed.database).expanduser().absolute().parent
+        if not folder.is_dir():
+            raise ConfigError(f"{where}: the folder of its SQLite file, {folder}, does not exist; create it or "
+                              f"give another path ({STORAGE_EXAMPLES})")
+
+
+def shown_url(url: str) -> str:
+    """A storage URL for messages and logs: its password, if any, as ``***``."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return url
+JOURNAL, GRPC = "journal:", "grpc://"
+STORAGE_FORMS = ("an SQLAlchemy database URL (sqlite:///FILE, postgresql://HOST/DB, mysql://...)",
+                 "journal:PATH (a journal file; journal:///abs/path for an absolute one)",
+                 "grpc://HOST:PORT (Optuna's gRPC storage proxy)")
+
+
 def open_storage(url: str, attempts: int = 3):
-    """Optuna's RDB storage at ``url``; an SQLite file is shared by processes that wait for each other's writes.
+    """The Optuna storage that ``url`` names (``hydra.sweeper.storage``); a ValueError naming it when it cannot be.
 
-    Processes that open a new storage at the same moment race to create its tables (the loser's insert of the
-    schema version fails): the loser opens it again, and finds it made.
+    * ``journal:PATH``: ``JournalStorage(JournalFileBackend(PATH, JournalFileOpenLock(PATH)))``, Optuna's storage
+      for a shared (network) file system without a database server; the lock is a file made with ``O_EXCL``
+      beside the journal (NFSv3 or later), so the journal's folder must be writable.
+    * ``grpc://HOST:PORT``: ``GrpcStorageProxy``, a client of ``optuna.storages.run_grpc_proxy_server``, which
+      serves one storage to many workers (``python -m mcseg.optuna_proxy``).
+    * anything else is an RDB URL of a dialect SQLAlchemy knows; an SQLite file is shared by processes that
+      wait for each other's writes. Processes that open a new RDB at the same moment race to create its tables
+      (the loser's insert of the schema version fails): the loser opens it again, and finds it made.
     """
+    if url.startswith(JOURNAL):
+        return _journal(url)
+    if url.startswith(GRPC):
+        return _grpc(url)
     import optuna
-    from sqlalchemy.exc import IntegrityError, OperationalError
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, OperationalError
 
+    try:
+        make_url(url).get_dialect()
+    except (ArgumentError, NoSuchModuleError, ValueError) as exc:
+        raise ValueError(f"hydra.sweeper.storage={url!r} is not a storage Optuna can open ({exc}); expected "
+                         + "; ".join(STORAGE_FORMS)) from None
     engine = {"connect_args": {"timeout": SQLITE_TIMEOUT_S}} if url.startswith("sqlite") else None
     for attempt in range(1, attempts + 1):
         try:
@@ -51,6 +120,50 @@ def open_storage(url: str, attempts: int = 3):
             if attempt == attempts:
                 raise
             time.sleep(0.2 * attempt)
+
+
+def journal_path(url: str) -> Path:
+    """The file of a ``journal:PATH`` storage (``journal:///abs/path`` gives ``/abs/path``)."""
+    path = url[len(JOURNAL):]
+    path = path[2:] if path.startswith("///") else path
+    if not path or path.startswith("//"):
+        raise ValueError(f"hydra.sweeper.storage={url!r}: expected journal:PATH or journal:///ABSOLUTE/PATH")
+    return Path(path).expanduser().resolve()
+
+
+def _journal(url: str):
+    import os
+
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
+
+    path = journal_path(url)
+    folder = path.parent
+    if not folder.is_dir():
+        raise ValueError(f"hydra.sweeper.storage={url!r}: the journal's folder {folder} does not exist")
+    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise ValueError(f"hydra.sweeper.storage={url!r}: {folder if not os.access(folder, os.W_OK) else path} "
+                         "is not writable (the journal and its lock file are written there by every process)")
+    try:
+        return JournalStorage(JournalFileBackend(str(path), lock_obj=JournalFileOpenLock(str(path))))
+    except OSError as exc:
+        raise ValueError(f"hydra.sweeper.storage={url!r}: cannot open the journal {path}: "
+                         f"{exc.strerror or exc}") from None
+
+
+def _grpc(url: str):
+    from urllib.parse import urlsplit
+
+    from optuna.storages import GrpcStorageProxy
+
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if not parts.hostname or port is None or parts.path not in ("", "/"):
+        raise ValueError(f"hydra.sweeper.storage={url!r}: expected grpc://HOST:PORT (Optuna's gRPC storage proxy)")
+    return GrpcStorageProxy(host=parts.hostname, port=port)
 
 
 class TrialReporter:

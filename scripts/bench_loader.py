@@ -11,7 +11,8 @@ epoch so that a busy machine's load hits them alike; the median and range are pr
 (``os.getloadavg``) before and after, and the CPU milliseconds per batch that the training process and the
 workers spent (CPU time barely moves with the load; the rate does). One torch thread unless ``--threads`` says
 otherwise; freed memory kept as a run keeps it (``mcseg.runtime.keep_freed_memory``). Output: one JSON object
-(``--json`` also writes it to a file).
+(``--json`` also writes it to a file), with the command, its start and end (UTC) and the environment (code commit,
+libraries, CPU), so that a committed file says what produced it.
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from benchmark import HIPPOCAMPUS, RECIPE_3D, compose, loader_rate  # noqa: E402
 
+from mcseg.environment import environment_record  # noqa: E402
 from mcseg.runtime import keep_freed_memory  # noqa: E402
 from mcseg.training.loader import build_train_loader, load_cases, stop_workers  # noqa: E402
 
@@ -171,6 +173,7 @@ def main(argv=None) -> int:
     parser.add_argument("--phases", action="store_true", help="time each step of a stock batch's crossing")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
+    started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     torch.set_num_threads(args.threads)
     keep_freed_memory()  # as a run does (build_run): freed batches' memory is reused, not faulted in again
     device = torch.device("cpu")
@@ -187,7 +190,8 @@ def main(argv=None) -> int:
         if args.stock or args.phases:
             loader, sampler = loaders[f"workers={args.workers[-1]}"]
             loaders["stock workers=1"] = stock_loader(loader, sampler, 1), sampler
-        record = {"case": "hippocampus 3D 48x64x48", "batch": args.batch, "batches": args.batches,
+        record = {"command": "python scripts/bench_loader.py " + " ".join(sys.argv[1:] if argv is None else argv),
+                  "started": started, "cpus": os.cpu_count(), "case": "hippocampus 3D 48x64x48", "batch": args.batch, "batches": args.batches,
                   "threads": args.threads, "load_before": load(), "rates": {k: [] for k in loaders},
                   "cpu_ms_per_batch": {k: {"training process": [], "workers": []} for k in loaders}}
         for name, (loader, sampler) in loaders.items():  # warm-up: workers start, pages fault in
@@ -211,6 +215,8 @@ def main(argv=None) -> int:
     base = record["median"].get("workers=0")
     if base:
         record["ratio_to_in_process"] = {k: round(v / base, 3) for k, v in record["median"].items()}
+    record["ended"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    record["environment"] = environment_record(device, False)
     print(json.dumps(record))
     if args.json:
         args.json.write_text(json.dumps(record, indent=1) + "\n")

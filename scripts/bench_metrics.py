@@ -16,11 +16,13 @@ Runs alternate between the two pipelines and the median over repeats is reported
     python scripts/bench_metrics.py                # writes the "Metrics" section of docs/benchmarks.md
     python scripts/bench_metrics.py --no-write --repeats 1 --hippocampus-cases 10
     python scripts/bench_metrics.py --competitor 1   # also beside one competing torch process (quiet and contended)
+    python scripts/bench_metrics.py --no-write --json out.json   # the raw times of every run, to commit beside a row
     MCSEG_ADAPTIVE_THREADS=0 python scripts/bench_metrics.py --competitor 1 --no-write   # without mcseg's thread adaptation
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import re
@@ -40,6 +42,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from competitor import competitors  # noqa: E402
 
+from mcseg.environment import environment_record  # noqa: E402
 from mcseg.evaluation.evaluator import Evaluator  # noqa: E402
 from mcseg.config import EvalProtocol  # noqa: E402
 from mcseg.runtime import share_cpu  # noqa: E402
@@ -209,7 +212,7 @@ def measure(args) -> dict:
     ours_t, ref_t, diff = bench_case(probs, label, spacing, k, args.repeats)
     result = {"ct": (statistics.median(ours_t), statistics.median(ref_t)), "diff": diff,
               "spread": f"mcseg {min(ours_t):.2f}-{max(ours_t):.2f} s, reference {min(ref_t):.2f}-{max(ref_t):.2f} s",
-              "hip": None}
+              "hip": None, "runs_s": {"mcseg": ours_t, "reference": ref_t}}
     ct = result["ct"]
     print(f"CT-sized: mcseg {ct[0]:.2f} s, MONAI + torchmetrics {ct[1]:.2f} s, ratio {ct[1] / ct[0]:.1f}; {diff}",
           flush=True)
@@ -239,7 +242,10 @@ def main(argv=None) -> int:
     parser.add_argument("--competitor", type=int, default=0, metavar="N",
                         help="also measure beside N competing torch processes (scripts/competitor.py)")
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--json", type=Path, help="also write the raw measurements (every run's seconds, the "
+                        "machine, its load average before and after) to this file")
     args = parser.parse_args(argv)
+    started, load_before = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), os.getloadavg()
     warnings.filterwarnings("ignore")  # MONAI deprecation and empty-class warnings
     desc = machine()
     print(desc)
@@ -251,6 +257,15 @@ def main(argv=None) -> int:
             busy = measure(args)
         print(competition.describe())
     ct, diff, spread, hip = quiet["ct"], quiet["diff"], quiet["spread"], quiet["hip"]
+    if args.json:
+        args.json.write_text(json.dumps({
+            "command": "python scripts/bench_metrics.py " + " ".join(sys.argv[1:] if argv is None else argv),
+            "machine": desc, "started": started, "load_average_before": [round(v, 2) for v in load_before],
+            "load_average_after": [round(v, 2) for v in os.getloadavg()], "torch_threads": torch.get_num_threads(),
+            "quiet": quiet, "contended": busy, "competitors": competition.describe() if busy else None,
+            "ended": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+            "environment": environment_record("cpu", False)},
+            indent=1, default=float) + "\n")
 
     if args.no_write:
         return 0

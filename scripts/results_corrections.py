@@ -2,8 +2,12 @@
 
     python scripts/results_corrections.py            # the multi-rater table of docs/results.md, then the checks
 
+Also the figures of the second "Corrections" list (issue #55): the multi-rater targets against the spread of the
+mean's three seeds, the post-hoc calibrators' changed voxels against the voxels they are a share of, LTS's fit
+voxels, and how far a temperature moved the RCPS / Learn-then-Test sets at alpha 0.2.
+
 Reads docs/results/<study>/... (summary.json, per_evaluation.csv, piece.json, provenance.json, shift.csv,
-shift_summary.json); prints the rows of the multi-rater table as docs/results.md shows them (every row against
+shift_summary.json, the conformal pieces through scripts/conformal_results.py); prints the rows of the multi-rater table as docs/results.md shows them (every row against
 the same references) and each corrected figure with the raw values it rests on. Nothing here is trained or
 evaluated.
 """
@@ -122,6 +126,81 @@ def multirater_checks() -> None:
     print(f"multirater pieces' commit: {commits}; provenance git_commit: {recorded}")
 
 
+SPREAD_COLUMNS = ["Dice vs original", "Dice vs eroded", "Dice vs dilated", "Dice vs shifted_a", "Dice vs shifted_b",
+                  "CURVAS ECE vs original", "Dice vs raters", "QUBIQ Dice", "ECE vs rater mean", "NLL vs rater mean",
+                  "CURVAS ECE, mean over raters", "volume CRPS"]
+
+
+def seed_spread_checks() -> None:
+    """Each target's seed-0 figure against the mean's three seeds, two ways: (a) inside their range [min, max];
+    (b) its difference from the mean's seed 0 no larger than that range's width. The majority-label columns
+    only for the random rater (the networks trained on `original` were not scored against the majority)."""
+    for loss in ("ce", "margin3"):
+        seeds = [figures(summary("multirater_ensembles", f"{loss}_mean", f"single_seed{s}")) for s in (0, 1, 2)]
+        for t in ("original", "random"):
+            other = figures(summary("multirater", f"{loss}_{t}", "single_seed0"))
+            columns = SPREAD_COLUMNS + (["Dice (majority)", "ECE (majority)"] if t == "random" else [])
+            outside, larger = [], []
+            for column in columns:
+                values = [s[column] for s in seeds]
+                lo, hi = min(values), max(values)
+                difference = other[column] - seeds[0][column]
+                if not lo <= other[column] <= hi:
+                    outside.append(f"{column} {other[column]:.4f} vs {lo:.4f}-{hi:.4f}")
+                if abs(difference) > hi - lo:
+                    larger.append(f"{column} {difference:+.4f} vs range {hi - lo:.4f}")
+            print(f"{loss} {t}: (a) outside the mean's three seeds in {len(outside)} of {len(columns)}: {outside}")
+            print(f"{loss} {t}: (b) difference from the mean's seed 0 larger than the seeds' range in "
+                  f"{len(larger)} of {len(columns)}: {larger}")
+
+
+ARGMAX_MOVERS = ("vector-balanced", "histogram", "histogram_top", "isotonic", "isotonic_top", "ms", "msc",
+                 "dirichlet", "cms")
+
+
+def posthoc_checks() -> None:
+    """The calibrators that move the arg-max: changed voxels over every voxel of the test volumes (what the
+    evaluation's ``fraction_changed`` is) and over the raw prediction's region (``pooled.n_voxels``; a changed
+    voxel outside it, made foreground outside label and raw prediction, is counted too); LTS's fit voxels."""
+    counts, of_all, of_region, totals, regions, lts = [], [], [], set(), [], set()
+    for path in sorted((RESULTS / "posthoc_calibrators").glob("*/runs/*/summary.json")):
+        s = json.loads(path.read_text())
+        regions.append(s["pooled"]["n_voxels"])
+        params = s["posthoc"]["lts"]["params"]
+        lts.add((params["voxels"], len(params["train_cases"]), len(params["heldout_cases"]),
+                 tuple(params["config"]["patch_size"]), params["config"]["foreground_ratio"],
+                 params["argmax_changes"]["voxels"]))
+        for name in ARGMAX_MOVERS:
+            change = s["posthoc"][name]["segmentation"]
+            counts.append(change["voxels_changed"])
+            totals.add(change["voxels"])
+            of_all.append(change["voxels_changed"] / change["voxels"])
+            of_region.append(change["voxels_changed"] / s["pooled"]["n_voxels"])
+    print(f"post-hoc, {len(counts)} fits that can move the arg-max: {min(counts)} to {max(counts)} voxels changed; "
+          f"of every test voxel ({totals}) {100 * min(of_all):.2f} to {100 * max(of_all):.2f}%; of the raw region "
+          f"({min(regions)} to {max(regions)} voxels) {100 * min(of_region):.1f} to {100 * max(of_region):.1f}%")
+    print(f"LTS fits (voxels, train cases, held-out cases, patch, foreground share, argmax counted on): {lts}")
+
+
+def conformal_temperature_checks() -> None:
+    """RCPS / LTT at alpha 0.2: the largest move of a set's volume over the prediction (mean of the seeds, fixed
+    split and splits) between the raw probabilities and after temperature scaling."""
+    from conformal_results import against_crc, variants
+    root, moves = RESULTS / "conformal", []
+    for variant in variants(root):
+        rows = {(r["loss"], r["alpha"], r["class"], r["source"]): r for r in against_crc(root, variant)}
+        for (loss, alpha, name, source), raw in rows.items():
+            scaled = rows.get((loss, alpha, name, "temperature"))
+            if source != "raw" or alpha != 0.2 or scaled is None:
+                continue
+            for key in ("fixed_set_over_pred", "splits_set_over_pred"):
+                if key in raw and key in scaled:
+                    moves.append((abs(scaled[key] - raw[key]), variant, loss, name, key, raw[key], scaled[key]))
+    moves.sort(reverse=True)
+    print("RCPS / LTT at alpha 0.2, largest set moves after T: " + "; ".join(
+        f"{v} {loss} {name} {key} {a:.4f} -> {b:.4f} ({m:.4f})" for m, v, loss, name, key, a, b in moves[:3]))
+
+
 def shift_checks() -> None:
     single = {}
     with open(RESULTS / "shift_study" / "shift.csv") as f:
@@ -164,6 +243,9 @@ def main() -> int:
     multirater_checks()
     shift_checks()
     uncertainty_checks()
+    seed_spread_checks()
+    posthoc_checks()
+    conformal_temperature_checks()
     return 0
 
 

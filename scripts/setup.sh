@@ -16,12 +16,12 @@ pip=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
 # Hydra loads every installed plugin: the Optuna sweeper plugin that mcseg used before its own
 # (hydra_plugins/mcseg_optuna_sweeper) needs optuna < 3, so a .venv set up before is rid of it here.
 .venv/bin/python -m pip uninstall --quiet --yes hydra-optuna-sweeper 2>/dev/null || true
-# nnU-Net's export code for tests/test_nnunet_folders.py and kin, without torchvision. Its other declared
-# dependencies stay missing on purpose (scripts/nnunet-tests.txt says why): --no-warn-conflicts keeps pip from
-# listing them. Under CI=true (as CI services set it) a failed install ends the set-up: the tests would error.
+# nnU-Net's export code for tests/test_nnunet_folders.py and kin, without torchvision: --no-deps, after
+# `.[test]`, which holds what that code imports (scikit-image, pandas). Its other declared dependencies stay
+# missing on purpose (scripts/nnunet-tests.txt says why; pip lists no conflict for a --no-deps install).
+# Under CI=true (as CI services set it) a failed install ends the set-up: the tests would error.
 nnunet_tests() {
-    if "${pip[@]}" --no-deps -r scripts/nnunet-tests.txt &&
-        "${pip[@]}" --no-warn-conflicts "$@" "scikit-image>=0.22" "pandas>=2"; then
+    if "${pip[@]}" --no-deps -r scripts/nnunet-tests.txt; then
         return 0
     fi
     case "${CI:-}" in
@@ -62,7 +62,7 @@ browser() {
 }
 if [ "$gpu" != "1" ]; then
     "${pip[@]}" -c constraints-cpu.txt -e ".[test]"
-    nnunet_tests -c constraints-cpu.txt
+    nnunet_tests
     browser
     exit 0
 fi

@@ -54,6 +54,7 @@ import json
 import logging
 import math
 import os
+import shlex
 import shutil
 import signal
 import statistics
@@ -644,7 +645,8 @@ def main() -> int:
         except KeyboardInterrupt:
             print(f"study_pieces: interrupted (Ctrl-C): the piece {args.study}/{args.config} is not complete (its "
                   f"piece.json says so if it was being written; trainings cut short keep their last checkpoint): "
-                  f"run `python scripts/study_pieces.py {args.study} --config {args.config}` again to resume "
+                  f"run `python scripts/study_pieces.py {args.study} --config {shlex.quote(args.config)} --runs "
+                  f"{shlex.quote(str(args.runs.resolve()))} --jobs {args.jobs}` again to resume "
                   f"(trained runs are not trained again, evaluations done are read back)", file=sys.stderr)
             return 130
         print(assemble(args.study))

@@ -118,17 +118,21 @@ def test_fit_records_how_many_fit_voxels_changed_their_argmax(tmp_path):
     # two classes; 5 voxels at p_1 = 0.2 that are all class 1, 7 at p_1 = 0.9 (class 1), 11 at p_1 = 0.1 (class 0).
     # Classwise histogram binning (15 bins): class 1's bin of 0.2 -> 1, of 0.1 -> 0, of 0.9 -> 1; class 0's bin of
     # 0.8 -> 0, of 0.9 -> 1, of 0.1 -> 0: the 5 voxels go from class 0 to (0, 1), the others keep their class.
-    p1 = torch.tensor([0.2] * 5 + [0.9] * 7 + [0.1] * 11)
-    label = torch.tensor([1] * 12 + [0] * 11)
-    logits = torch.log(torch.stack([1 - p1, p1])).reshape(2, 23, 1)
-    case = CaseData("c0", np.zeros((1, 23, 1), np.float32), label.reshape(23, 1).numpy(), (1.0, 1.0), np.eye(4))
+    # Each group n = 20 times: 460 voxels, enough for the 30 bin values (posthoc.MIN_VOXELS_PER_PARAMETER), so the fit
+    # is not warned of as too small (23 voxels were, since issue 55)
+    n = 20
+    p1 = torch.tensor([0.2] * 5 * n + [0.9] * 7 * n + [0.1] * 11 * n)
+    label = torch.tensor([1] * 12 * n + [0] * 11 * n)
+    logits = torch.log(torch.stack([1 - p1, p1])).reshape(2, 23 * n, 1)
+    case = CaseData("c0", np.zeros((1, 23 * n, 1), np.float32), label.reshape(23 * n, 1).numpy(), (1.0, 1.0),
+                    np.eye(4))
     cfg = PosthocConfig(fit=["histogram", "temperature", "vector"], apply=["histogram"], voxels="all")
     record = fit_posthoc(fake_predictor({"c0": logits}), [case], cfg, tmp_path, {"sha256": "0" * 64})
     changes = {name: fit["argmax_changes"] for name, fit in record["scalers"].items()}
-    assert changes["histogram"] == {"count": 5, "share": 5 / 23, "of": 23, "voxels": "the fit voxels"}
+    assert changes["histogram"] == {"count": 5 * n, "share": 5 / 23, "of": 23 * n, "voxels": "the fit voxels"}
     assert changes["temperature"]["count"] == 0
     stored = json.loads((tmp_path / "calibration.json").read_text())["fits"]["0" * 64]["scalers"]
-    assert stored["histogram"]["argmax_changes"]["count"] == 5
+    assert stored["histogram"]["argmax_changes"]["count"] == 5 * n
     # vector scaling learns the same flip (a bias towards class 1 on these voxels): counted, not assumed
     z = logits.reshape(2, -1)
     w, b = (torch.tensor(stored["vector"][k])[:, None] for k in ("weight", "bias"))
@@ -175,3 +179,22 @@ def test_a_binning_scaler_on_a_multilabel_run_is_refused_before_training(make_cf
         train(make_cfg([*overrides, *TINY_RUN, "posthoc.fit=[temperature,isotonic]", "posthoc.apply=[temperature]",
                         "posthoc.voxels=balanced"]))
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_a_fit_on_too_few_voxels_for_its_parameters_is_warned_of(tmp_path):
+    """Issue 55: 23 voxels fit the 30 bin values of classwise histogram binning and the 4 numbers of vector scaling
+    without a word; each is now warned of (fewer than posthoc.MIN_VOXELS_PER_PARAMETER voxels per parameter), the
+    single temperature (23 voxels, >= 10) is not."""
+    p1 = torch.tensor([0.2] * 5 + [0.9] * 7 + [0.1] * 11)
+    label = torch.tensor([1] * 12 + [0] * 11)
+    logits = torch.log(torch.stack([1 - p1, p1])).reshape(2, 23, 1)
+    case = CaseData("c0", np.zeros((1, 23, 1), np.float32), label.reshape(23, 1).numpy(), (1.0, 1.0), np.eye(4))
+    cfg = PosthocConfig(fit=["histogram", "temperature", "vector"], apply=["histogram"], voxels="all")
+    record = fit_posthoc(fake_predictor({"c0": logits}), [case], cfg, tmp_path, {"sha256": "0" * 64})
+    few = [w for w in record["warnings"] if "too few" in w]
+    assert len(few) == 2
+    assert any("histogram: fitted on 23 voxels for its 30 parameters" in w for w in few)
+    assert any("vector: fitted on 23 voxels for its 4 parameters" in w for w in few)
+    from mcseg.calibration.posthoc import MIN_VOXELS_PER_PARAMETER
+
+    assert MIN_VOXELS_PER_PARAMETER == 10 and "fewer than 10 per parameter" in few[0]

@@ -49,6 +49,40 @@ def test_a_fit_that_ends_at_the_uniform_prediction_is_flagged_degenerate(tmp_pat
     assert any("degenerate" in w for w in stored["warnings"]) and "degenerate" in caplog.text
 
 
+def test_a_fit_far_from_the_uniform_prediction_is_flagged_by_its_temperature_alone(tmp_path, caplog):
+    """The temperature bound alone: right voxels with margin 1100 and wrong ones whose logit for a class no voxel
+    has is 20 pull the NLL-optimal temperature to about 150, beyond DEGENERATE_TEMPERATURE's 100, while the
+    fitted NLL (about 0.18) stays far below the uniform prediction's ln 3. Flagged for the temperature, not the
+    NLL, in the record, calibration.json and the log."""
+    from mcseg.calibration.posthoc import DEGENERATE_TEMPERATURE
+
+    label = _label()
+    logits = torch.zeros(3, 8, 8)
+    logits[0][label == 0], logits[1][label == 1] = 1100.0, 1100.0
+    wrong = torch.zeros(8, 8, dtype=torch.bool)
+    wrong[0], wrong[3, 2:4] = True, True
+    logits[:, wrong] = 0.0
+    logits[2][wrong] = 20.0
+    with caplog.at_level(logging.WARNING):
+        record = _fit(tmp_path, logits, label)
+    fit = record["scalers"]["temperature"]
+    assert DEGENERATE_TEMPERATURE[1] < fit["temperature"] < 200 and fit["nll_after"] < math.log(3) - 0.5
+    assert fit["degenerate"] is True and "uniform" not in fit["degenerate_reason"]
+    assert fit["degenerate_reason"] == f"T={fit['temperature']:.4g} outside {DEGENERATE_TEMPERATURE}"
+    stored = json.loads((tmp_path / "calibration.json").read_text())["fits"]["0" * 64]
+    assert stored["scalers"]["temperature"]["degenerate"] is True
+    assert any("degenerate fit (T=" in w for w in stored["warnings"]) and "degenerate fit (T=" in caplog.text
+
+
+@pytest.mark.parametrize(("temperature", "flagged"), [(0.009, True), (0.011, False), (99.0, False), (150.0, True)])
+def test_either_temperature_bound_flags_a_fit_whose_nll_is_far_from_uniform(temperature, flagged):
+    from mcseg.calibration.posthoc import degenerate_reason
+
+    reason = degenerate_reason({"temperature": temperature, "nll_after": 0.2}, 3, False)
+    assert (reason is not None) is flagged
+    assert not flagged or reason.startswith(f"T={temperature:.4g} outside")
+
+
 def test_a_sound_fit_gets_no_degenerate_field(tmp_path):
     """A temperature near 1 on a reasonable prediction: the record holds what a sound fit holds, no degenerate key."""
     label = _label()

@@ -1,9 +1,10 @@
 """The table of figures (mcseg/evaluation/figures.py) is the one list: what the evaluator writes is exactly what it
-declares, and each place that shows figures takes its selection from it."""
+declares (and docs/protocol.md lists), and each place that shows figures takes its selection from it."""
 from __future__ import annotations
 
 import csv
 import json
+import re
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from mcseg.evaluation.figure import Figure, shows
 from mcseg.evaluation.scorers import Scorer
 from mcseg.evaluation.figures import case_keys, class_keys, summary_value, table
 
+from tests.conftest import ROOT
 from tests.metrics.reference import blobs
 
 BOOKKEEPING = {"case", "class_index", "class_name", "status", "class_ece", "n_region_voxels", "region"}
@@ -38,11 +40,22 @@ def _written(tmp_path, multilabel=False, seed=0):
     return columns, json.loads((tmp_path / "summary.json").read_text())
 
 
+def _documented_per_case_columns() -> list[str]:
+    """The per_case.csv columns docs/protocol.md's table of files lists, in its order (the back-quoted names)."""
+    rows = [line for line in (ROOT / "docs" / "protocol.md").read_text().splitlines()
+            if line.startswith("| `per_case.csv` |")]
+    assert len(rows) == 1, "docs/protocol.md: expected one row for per_case.csv in its table of files"
+    names = re.findall(r"`([^`]+)`", rows[0].split("|")[2])
+    return [name.strip() for part in names[:2] for name in part.split(",")]
+
+
 @pytest.mark.parametrize("multilabel", [False, True])
-def test_the_evaluator_writes_exactly_the_declared_figures(tmp_path, multilabel):
+def test_the_evaluator_writes_exactly_the_declared_figures_and_docs_list_them(tmp_path, multilabel):
     columns, summary = _written(tmp_path, multilabel)
     declared = set(class_keys()) | set(case_keys())
     assert set(columns) - BOOKKEEPING == declared, "a per_case.csv column without a table entry, or the reverse"
+    # docs/protocol.md names every column written, in order (it once lacked pece)
+    assert _documented_per_case_columns() == columns, "docs/protocol.md's per_case.csv columns are not those written"
     means = {k for k in summary if k.startswith("mean_")}
     assert means == {f.summary_key for f in table() if f.per in ("class", "case")}
     assert {f.key for f in table() if f.pooled} <= set(summary["pooled"])

@@ -172,7 +172,7 @@ def test_folds_validation_folders_together_and_refusals(nn, tmp_path, capsys):
                       "--scaler", "lts", "--lts", "max_epochs"]) == 2
     assert "--lts max_epochs: expected KEY=VALUE" in capsys.readouterr().err
     assert calibrate(["--fit", str(val), "--reference", str(folders["raw"]), "-o", str(tmp_path / "v"),
-                      "--scaler", "vector"]) == 2
+                      "--scaler", "vector", "--voxels", "region"]) == 2  # by default: balanced (issue 55)
     assert "vector scaling can change the arg-max" in capsys.readouterr().err
     assert calibrate(["--fit", str(val), "--reference", str(folders["raw"]), "-o", str(tmp_path / "v"),
                       "--scaler", "vector", "--voxels", "all"]) == 0
@@ -466,7 +466,7 @@ def test_binning_scalers_on_an_nnunet_folder(nn, scaler, tmp_path, capsys):
     val, test = folders["members"]
     out = tmp_path / scaler
     args = fit_fold_0(folders, out, "--scaler", scaler)
-    assert calibrate(args) == 2  # the region sample is refused: the scaler moves the arg-max
+    assert calibrate([*args, "--voxels", "region"]) == 2  # the region sample is refused: the scaler moves the arg-max
     assert f"--voxels region: {scaler} scaling can change the arg-max" in capsys.readouterr().err
     assert calibrate([*args, "--voxels", "balanced", "--histogram-bins", "8"]) == 0
     fit, = json.loads((out / "calibration.json").read_text())["fits"].values()

@@ -19,15 +19,16 @@ PACKAGE = Path(__file__).resolve().parent.parent / "mcseg"
 # Each top-level module or package of mcseg and its layer, top (entry points) to bottom (config, runtime).
 LAYERS = {
     "mcseg.train": 5, "mcseg.evaluate": 5, "mcseg.evaluate_folder": 5, "mcseg.calibrate_folder": 5, "mcseg.conformal_folder": 5, "mcseg.cli": 5, "mcseg.sweep": 5,
+    "mcseg.new_cases": 5,
     "mcseg.report": 5,
     "mcseg.training": 4,
     "mcseg.trackers": 4,  # beside training, which logs through them (never the other way: NEVER below)
     "mcseg.evaluation": 3,
     "mcseg.inference": 2,
     "mcseg.calibration": 1, "mcseg.data": 1, "mcseg.metrics": 1, "mcseg.models": 1, "mcseg.losses": 1,
-    "mcseg.rundir": 1, "mcseg.trials": 1, "mcseg.conformal": 1,
+    "mcseg.rundir": 1, "mcseg.trials": 1, "mcseg.conformal": 1, "mcseg.statements": 1,
     "mcseg.config": 0, "mcseg.runtime": 0, "mcseg.errors": 0, "mcseg.targets": 0, "mcseg.environment": 0,
-    "mcseg.text": 0, "mcseg.files": 0, "mcseg.identity": 0,
+    "mcseg.text": 0, "mcseg.files": 0, "mcseg.identity": 0, "mcseg.registry": 0,
 }
 # Within the middle layer: data and metrics never import post-hoc calibration, which builds on both; the trackers
 # (used by training, evaluate.py and sweeps) never import training.

@@ -3,6 +3,7 @@ shared batch ring (mcseg.training.ring), and from device-resident cases (mcseg.t
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -74,6 +75,57 @@ def test_ring_slots_are_reused_without_overwriting_a_batch_before_the_next_is_ta
     cfg = make_cfg(TINY_3D + ["dataset.sampling.batch_size=2", "dataset.sampling.samples_per_epoch=20"])
     expected = batches(cfg, {"num_workers": 0}, epochs=(0, 1, 2))
     assert_same(expected, batches(cfg, {"num_workers": 1}, epochs=(0, 1, 2)))
+
+
+class MarkedSamples:
+    """Sample ``j``: an image and a label filled with ``j``; taking it leaves the file ``<folder>/<j>``, so that the
+    mark of a batch's second sample says its first is in the ring (a worker puts its samples one after another)."""
+
+    def __init__(self, n: int, folder) -> None:
+        self.n, self.folder = n, folder
+
+    def __getitem__(self, j: int) -> dict:
+        (self.folder / str(j)).touch()
+        return {"image": torch.full((1, 3, 3), float(j)), "label": torch.full((3, 3), j, dtype=torch.uint8),
+                "case_index": j, "case_id": f"case_{j}"}
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def test_a_batch_kept_uncopied_is_intact_while_the_loader_yields_the_next(tmp_path):
+    """ring.py's promise: a batch's views stay valid while the loader yields the batch after it. Each batch is kept
+    as the loader's views while the next is taken; then, once the worker has put a sample into the slot of every
+    task handed out so far (the sampler's count), the kept batch still holds its own samples. A ring with one
+    spare slot instead of 3 hands the kept batch's slot to a task as the next batch arrives and fails here
+    (deterministically: the wait is for the worker's own marks, not a time)."""
+    from torch.utils.data import SequentialSampler
+
+    from mcseg.training.loader import PREFETCH_BATCHES
+    from mcseg.training.ring import RingLoader
+
+    batch, n_batches = 2, 12
+    samples = MarkedSamples(batch * n_batches, tmp_path)
+    loader = RingLoader(samples, SequentialSampler(range(len(samples))), batch, True, 1, PREFETCH_BATCHES)
+    assert n_batches > loader.ring.slots  # every slot is reused
+    kept, seen = None, 0
+    try:
+        for i, current in enumerate(loader):
+            if kept is not None:
+                last_task = loader.workers.sampler.issued - 1
+                mark = tmp_path / str(last_task * batch + 1)  # the last task's second sample: its first is put
+                deadline = time.monotonic() + 60
+                while not mark.exists():
+                    assert time.monotonic() < deadline, f"the loader worker never took sample {mark.name}"
+                    time.sleep(0.005)
+                rows = torch.arange((i - 1) * batch, i * batch)
+                assert torch.equal(kept["image"][:, 0, 0, 0], rows.float()), f"batch {i - 1} overwritten"
+                assert torch.equal(kept["label"][:, 0, 0], rows.to(torch.uint8)), f"batch {i - 1} overwritten"
+                assert kept["case_id"] == [f"case_{j}" for j in rows.tolist()]
+            kept, seen = current, seen + 1
+    finally:
+        stop_workers(loader)
+    assert seen == n_batches
 
 
 @pytest.mark.parametrize("path", PATHS[::2], ids=["ring", "device-cache"])

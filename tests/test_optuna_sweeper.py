@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -67,6 +68,64 @@ def test_plain_values_pass_through_and_the_command_line_wins():
 def test_a_search_space_optuna_cannot_take_names_its_key(line, message):
     with pytest.raises(ValueError, match=message):
         _space(line)
+
+
+def _sweeper(tmp_path, monkeypatch, **kwargs):
+    """An OptunaSweeper as Hydra sets it up (without a launcher: a refused sweep launches nothing), and this
+    process's sweep state as a fresh sweep's."""
+    from types import SimpleNamespace
+
+    import mcseg.sweep
+    from hydra_plugins.mcseg_optuna_sweeper.optuna_sweeper import OptunaSweeper
+
+    monkeypatch.setattr(mcseg.sweep, "_stop_reason", None)
+    monkeypatch.setattr(mcseg.sweep, "_made_sweep_dir", (tmp_path / "sweep").resolve(), raising=False)
+    sweeper = OptunaSweeper(OmegaConf.create({"_target_": "optuna.samplers.TPESampler"}),
+                            OmegaConf.create({"_target_": "optuna.pruners.NopPruner"}), **kwargs)
+    sweeper.hydra_context, sweeper.sweep_dir = SimpleNamespace(config_loader=None), tmp_path / "sweep"
+    sweeper.sweep_dir.mkdir()  # made by mcseg.sweep.OutputDirCheck before the sweeper runs
+    return sweeper
+
+
+@pytest.mark.parametrize("storage, arguments, says", [
+    ("optuna.db", [], r"'hydra.sweeper.storage'=optuna.db: not a database URL \(e.g. sqlite:///"),
+    ("sqlite:///{tmp}/missing/optuna.db", [], r"storage'=sqlite:///.*: the folder of its SQLite file, .*missing, does "
+                                             r"not exist"),
+    ("mysql://user:secret@localhost/study", [], r"storage'=mysql://user:\*\*\*@localhost/study: the driver of mysql "
+                                                r"is not installed"),
+    ("nosuchdb://host/study", [], r"SQLAlchemy knows no database 'nosuchdb'"),
+    (None, ["loss.margin=interval(5, 1)"], r"hydra.sweeper.params.loss.margin=interval\(5, 1\): .*low"),
+], ids=["bare-file", "missing-folder", "missing-driver", "unknown-database", "empty-interval"])
+def test_a_sweep_that_cannot_work_is_one_paragraph_naming_its_key_and_no_advice(storage, arguments, says, tmp_path,
+                                                                                 monkeypatch, capsys, caplog):
+    """A storage or search space that cannot work ends the sweep before its first trial with one paragraph naming
+    the key (not Optuna's or SQLAlchemy's traceback), exit status 1; at exit no sweep summary and no advice to rerun
+    with trainer.auto_resume=true (nothing ran); the sweep folder this launch made is removed."""
+    import mcseg.sweep
+
+    monkeypatch.setitem(sys.modules, "MySQLdb", None)  # mysql's driver not installed, whatever this machine has
+    monkeypatch.chdir(tmp_path)
+    sweeper = _sweeper(tmp_path, monkeypatch, storage=storage and storage.format(tmp=tmp_path))
+    with pytest.raises(SystemExit) as ended:
+        sweeper.sweep(arguments)
+    err = capsys.readouterr().err
+    assert ended.value.code == 1 and err.startswith("error: ") and err.count("\n") == 1, err
+    assert re.search(says, err) and "secret" not in err, err
+    summary = mcseg.sweep.SweepSummary()
+    summary.sweep_dir = sweeper.sweep_dir
+    summary._at_exit()
+    assert not sweeper.sweep_dir.exists() and "auto_resume" not in caplog.text + capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []  # no optuna.db either
+
+
+@pytest.mark.slow
+def test_a_bad_storage_on_the_command_line_is_one_paragraph(tmp_path):
+    """The same from ``train.py -m``: Hydra's traceback and the advice to continue are gone."""
+    done = run_cli("train.py", ["hparams_search=margin_optuna", "hydra.sweeper.storage=optuna.db",
+                                f"hydra.sweep.dir={tmp_path / 'sweep'}", *TRIAL_JOB])
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 1 and len(lines) == 1 and "hydra.sweeper.storage" in lines[0], done.stderr
+    assert "auto_resume" not in done.stdout + done.stderr and not (tmp_path / "sweep").exists()
 
 
 def test_grid_sampler_takes_choices_and_integer_ranges_only():

@@ -122,3 +122,41 @@ def test_runs_left_out_keep_one_table_row_per_run_whatever_their_error():
     assert len(lines) == 5 and all(line.startswith("| ") and line.endswith(" |") for line in lines[3:])
     assert lines[3] == ("| sweep/0_margin | failed | ConfigError: loss=margin: loss.margin=-1: expected > 0 "
                         "loss.alpha=2 / 3: expected a number |")
+
+
+def test_untracked_files_are_recorded_apart_from_code_changes(tmp_path, monkeypatch):
+    """Issue 55: every run launched from a clone with an untracked folder (data, outputs) recorded
+    ``git_dirty: true`` and the report warned that its code was not the commit. Untracked files are not code
+    changes: counted apart (``git_untracked``); only modified tracked files make a tree dirty and warn."""
+    import subprocess
+
+    from mcseg import environment
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                       check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("add", "code.py")
+    git("commit", "-q", "-m", "code")
+    (tmp_path / "outputs").mkdir()
+    (tmp_path / "outputs" / "run.log").write_text("a run's output\n")
+    (tmp_path / "notes.txt").write_text("untracked\n")
+    monkeypatch.setattr(environment, "PACKAGE_DIR", tmp_path)
+    environment.code_version.cache_clear()
+    try:
+        clean = environment.code_version()
+        assert clean["git_dirty"] is False and clean["git_untracked"] == 2
+        untracked_only = _env(git_dirty=clean["git_dirty"])
+        untracked_only["code"]["git_untracked"] = clean["git_untracked"]
+        # neither a dirty-tree warning nor "different code" beside a run of the same commit without them
+        assert environment_differences({"a": untracked_only, "b": _env()}) == ([], {"a": [], "b": []})
+        (tmp_path / "code.py").write_text("x = 2\n")
+        environment.code_version.cache_clear()
+        changed = environment.code_version()
+        assert changed["git_dirty"] is True and changed["git_untracked"] == 2
+        warnings, _ = environment_differences({"a": _env(git_dirty=True), "b": _env()})
+        assert any("uncommitted changes" in w for w in warnings)
+    finally:
+        environment.code_version.cache_clear()

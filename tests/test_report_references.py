@@ -133,3 +133,135 @@ def test_of_two_evaluations_of_one_folder_the_one_of_its_current_files_is_report
     assert len(rows) == 1 and [r.path.name for r in rows[0].runs] == ["e2"]
     assert rows[0].cells["ece"].mean == current["mean_ece"]
     assert any("evals/e1" in r.message and "no longer hold" in r.message for r in caplog.records)
+
+
+def _calibrated(tmp_path: Path, labels: Path, *extra: str) -> Path:
+    """A MONAI folder calibrated by mcseg-calibrate-folder into ``tmp_path/cal`` (fitted on another folder of the
+    same cases: --allow-fit-cases)."""
+    from mcseg.calibrate_folder import main as calibrate
+
+    from .tool_outputs import make_monai
+
+    fit = tmp_path / "fit" if (tmp_path / "fit").is_dir() else make_monai(tmp_path / "fit", labels, noise=2.5, seed=2)
+    test = tmp_path / "test" if (tmp_path / "test").is_dir() else make_monai(tmp_path / "test", labels, seed=3)
+    assert calibrate(["--fit", str(fit), "--reference", str(labels), "--apply", str(test), "-o", str(tmp_path / "cal"),
+                      "--allow-fit-cases", *extra]) == 0
+    return tmp_path / "cal"
+
+
+def test_a_lone_evaluation_of_a_folder_calibrated_again_is_not_reported_with_its_old_figures(tmp_path, caplog):
+    """Issue 55: a calibrated folder evaluated once, then calibrated again with --overwrite: its one evaluation
+    was reported with the figures of files that no longer exist (the check of the recorded sha256 ran only for
+    folders evaluated twice or more). Now it is listed as left out (stale), with the command to run again."""
+    import logging
+
+    from mcseg.evaluate_folder import main as evaluate_folder
+    from mcseg.report import cli
+    from mcseg.report.collect import collect_folder_evaluations
+
+    labels, _ = _labels_pair(tmp_path)
+    cal = _calibrated(tmp_path, labels)
+    assert evaluate_folder([str(cal), str(labels), "-o", str(tmp_path / "evals/e1"), *FAST]) == 0
+    assert len(build_rows(collect_folder_evaluations([tmp_path / "evals"]), baseline=None, n_boot=10)) == 1
+    _calibrated(tmp_path, labels, "--overwrite", "--scaler", "vector", "--voxels", "balanced")
+    with caplog.at_level(logging.WARNING):
+        records = collect_folder_evaluations([tmp_path / "evals"])
+    assert build_rows(records, baseline=None, n_boot=10) == []
+    (stale,) = records
+    assert stale.status == "stale" and not stale.evaluated and "mcseg-evaluate-folder" in stale.error
+    assert any("evals/e1" in r.message and "no longer hold" in r.message for r in caplog.records)
+    assert cli.main([str(tmp_path / "evals"), "--no-eval", "--out", str(tmp_path / "report")]) == 0
+    left_out = (tmp_path / "report/report.md").read_text().split("## Runs left out")[1]
+    assert "evals/e1 | stale |" in left_out
+
+
+def test_an_evaluation_of_fit_cases_is_a_marked_report_row(tmp_path):
+    """Issue 55: an evaluation of a folder calibrated with --allow-fit-cases records the fit cases it scored
+    (``scored_fit_cases``), yet its report row was unmarked (``scores_seen_cases: False``)."""
+    import csv
+
+    from mcseg.evaluate_folder import main as evaluate_folder
+    from mcseg.report import cli
+
+    labels, _ = _labels_pair(tmp_path)
+    cal = _calibrated(tmp_path, labels)
+    assert evaluate_folder([str(cal), str(labels), "-o", str(tmp_path / "evals/e1"), *FAST]) == 0
+    assert json.loads((tmp_path / "evals/e1/summary.json").read_text())["provenance"]["scored_fit_cases"]
+    assert cli.main([str(tmp_path / "evals"), "--no-eval", "--out", str(tmp_path / "report")]) == 0
+    (row,) = csv.DictReader(open(tmp_path / "report/report.csv"))
+    assert row["scores_seen_cases"] == "True"
+    text = (tmp_path / "report/report.md").read_text()
+    assert "‡" in text and "calibration" in text
+
+
+def _regions_json(path: Path) -> Path:
+    path.write_text(json.dumps({"labels": {"background": 0, "whole": [1, 2], "inner": 2},
+                                "regions_class_order": [1, 2]}))
+    return path
+
+
+def _monai_regions(root: Path, labels: Path) -> Path:
+    """Sigmoid maps of the regions {1, 2} and {2} of each label, saved as MONAI's SaveImage saves them."""
+    import nibabel as nib
+    import numpy as np
+    import torch
+    from monai.data import MetaTensor
+    from monai.transforms import SaveImage
+
+    saver = SaveImage(output_dir=str(root), print_log=False)
+    rng = np.random.default_rng(0)
+    for path in sorted(labels.glob("*.nii.gz")):
+        img = nib.load(str(path))
+        label = np.asarray(img.dataobj).astype(np.int64)
+        masks = np.stack([label >= 1, label == 2]).astype(np.float32) * 6 - 3
+        probs = torch.sigmoid(torch.from_numpy(masks + rng.normal(size=masks.shape).astype(np.float32)))
+        meta = {"original_affine": torch.as_tensor(img.affine), "filename_or_obj": str(path),
+                "spatial_shape": label.shape}
+        saver(MetaTensor(probs, affine=torch.as_tensor(img.affine), meta=meta))
+    return root
+
+
+def test_evaluations_against_labels_and_regions_of_one_folder_are_two_datasets(tmp_path):
+    """Issue 55: the same label files scored as labels and as regions (another dataset.json) were one dataset of
+    one label in the report: rows of different classes selected and tested together."""
+    from mcseg.evaluate_folder import main as evaluate_folder
+    from mcseg.report.collect import collect_folder_evaluations
+
+    from .tool_outputs import make_monai
+
+    labels, _ = _labels_pair(tmp_path)
+    (labels / "dataset.json").unlink()  # the classes come from --dataset-json, outside the reference folder
+    as_labels = tmp_path / "labels.json"
+    as_labels.write_text(json.dumps({"labels": {"background": 0, "outer": 1, "inner": 2}}))
+    softmax = make_monai(tmp_path / "softmax", labels)
+    sigmoid = _monai_regions(tmp_path / "sigmoid", labels)
+    assert evaluate_folder([str(softmax), str(labels), "-o", str(tmp_path / "evals/l"), "--dataset-json",
+                            str(as_labels), *FAST]) == 0
+    assert evaluate_folder([str(sigmoid), str(labels), "-o", str(tmp_path / "evals/r"), "--dataset-json",
+                            str(_regions_json(tmp_path / "regions.json")), *FAST]) == 0
+    rows = build_rows(collect_folder_evaluations([tmp_path / "evals"]), baseline=None, n_boot=10)
+    assert len(rows) == 2 and len({r.dataset for r in rows}) == 2
+    by = {r.runs[0].path.name: r for r in rows}
+    assert "regions" in by["r"].dataset and "regions" not in by["l"].dataset
+    assert by["r"].runs[0].dataset_key != by["l"].runs[0].dataset_key
+
+
+def test_an_evaluation_whose_prediction_files_are_gone_is_reported_with_a_warning(tmp_path, caplog):
+    """Files deleted after their evaluation (disk space) are not files of other content: the evaluation is reported
+    as it was made, with a warning that its figures can no longer be checked."""
+    import logging
+    import shutil
+
+    from mcseg.evaluate_folder import main as evaluate_folder
+    from mcseg.report.collect import collect_folder_evaluations
+
+    from .tool_outputs import make_monai
+
+    labels, _ = _labels_pair(tmp_path)
+    pred = make_monai(tmp_path / "pred", labels)
+    assert evaluate_folder([str(pred), str(labels), "-o", str(tmp_path / "evals/e1"), *FAST]) == 0
+    shutil.rmtree(pred)
+    with caplog.at_level(logging.WARNING):
+        rows = build_rows(collect_folder_evaluations([tmp_path / "evals"]), baseline=None, n_boot=10)
+    assert len(rows) == 1 and rows[0].runs[0].status == "completed"
+    assert any("evals/e1" in r.message and "are gone" in r.message for r in caplog.records)

@@ -417,3 +417,27 @@ def test_a_job_stops_on_ctrl_c_even_when_the_shell_that_launched_it_ignores_sigi
     finally:
         signal.signal(signal.SIGINT, previous)
     assert json.loads((run / "status.json").read_text())["status"] == "interrupted"
+
+
+@pytest.mark.slow
+def test_a_failed_conformal_pass_leaves_no_evaluation_that_refuses_the_rerun(finished_run, make_cfg, tmp_path,
+                                                                           monkeypatch):
+    """An evaluation whose conformal pass fails after the split's figures were written leaves no summary.json
+    behind: the corrected command is not refused as 'an earlier evaluation' (#55)."""
+    import mcseg.evaluation.conformal as conformal
+    from mcseg.evaluate import evaluate
+
+    out = tmp_path / "eval"
+    overrides = [f"ckpt={finished_run}/checkpoints/best.pt", "split=test", "conformal.enabled=true",
+                 "conformal.repeats=0", "posthoc.apply=[]", f"eval_dir={out}"]
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("the conformal pass failed")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(conformal, "conformal_pass", failing)
+        with pytest.raises(RuntimeError, match="conformal pass failed"):
+            evaluate(make_cfg(overrides, config_name="evaluate", output_dir=tmp_path / "job1"))
+    assert not out.exists()
+    summary = evaluate(make_cfg(overrides, config_name="evaluate", output_dir=tmp_path / "job2"))
+    assert "conformal" in summary and (out / "summary.json").is_file()

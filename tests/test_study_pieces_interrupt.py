@@ -34,6 +34,7 @@ def _tiny(tmp_path, monkeypatch):
 
 def test_ctrl_c_while_a_piece_is_written_marks_it_interrupted_and_says_how_to_resume(tmp_path, monkeypatch, capsys):
     _tiny(tmp_path, monkeypatch)
+    monkeypatch.setattr(sys, "argv", [*sys.argv, "--jobs", "3"])  # the resume command keeps --runs and --jobs
     runs = tmp_path / "runs" / "tiny" / "ce"
     for seed in (0, 1):
         (runs / f"seed{seed}" / "eval" / "test").mkdir(parents=True)
@@ -53,7 +54,8 @@ def test_ctrl_c_while_a_piece_is_written_marks_it_interrupted_and_says_how_to_re
     monkeypatch.setattr(study_pieces, "copy_raw", copy_then_ctrl_c)
     assert _main() == 130
     err = capsys.readouterr().err
-    assert "interrupted" in err and "python scripts/study_pieces.py tiny --config ce" in err
+    assert "interrupted" in err and \
+        f"`python scripts/study_pieces.py tiny --config ce --runs {tmp_path / 'runs'} --jobs 3` again" in err, err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     piece = json.loads((tmp_path / "docs" / "tiny" / "ce" / "piece.json").read_text())
     assert piece["status"] == "interrupted"

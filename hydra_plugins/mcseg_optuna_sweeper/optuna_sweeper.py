@@ -8,11 +8,13 @@
 * Each batch asks the study for ``n_jobs`` trials, launches them (job number = trial number) and tells
   the study each job's outcome: its returned value, ``pruned`` (the job's pruner stopped it:
   :class:`mcseg.trials.TrialPruned`) or ``failed`` (no value, or an error).
-* The study lives in an RDB storage (``storage``; by default ``<sweep dir>/optuna.db``), which the jobs
-  open to report their validations (:mod:`mcseg.trials`). ``n_trials`` is the study's size: the same
+* The study lives in a storage (``storage``: an RDB URL, by default ``<sweep dir>/optuna.db``, a journal file
+  ``journal:PATH`` or Optuna's gRPC proxy ``grpc://HOST:PORT``: :func:`mcseg.trials.open_storage`), which the
+  jobs open to report their validations (:mod:`mcseg.trials`). ``n_trials`` is the study's size: the same
   command run again with the same storage and ``study_name`` continues its count up to ``n_trials``,
   and several processes sharing one storage share that count. A trial left running by a sweep process
-  that has ended (on this host) is told failed when a sweep of its study starts.
+  that has ended (on this host) is told failed when a sweep of its study starts and before each batch of the
+  sweeps running on it (Optuna's heartbeat does this for RDB storages only: docs/scaling.md).
 * A sampler with a ``seed`` draws trial ``n`` with ``seed + n`` (:class:`TrialSeeded`): a seeded sweep is
   reproducible, and a resumed study, or several processes sharing one, never draw one trial's values twice.
 """
@@ -35,7 +37,8 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
 from mcseg.files import atomic_write
-from mcseg.trials import TrialPruned, open_storage, storage_url
+from mcseg.sweep import refuse_sweep
+from mcseg.trials import TrialPruned, check_storage, open_storage, shown_url, storage_url
 
 log = logging.getLogger(__name__)
 
@@ -67,13 +70,20 @@ class OptunaSweeper(Sweeper):
         self.sweep_dir = Path(str(config.hydra.sweep.dir))
 
     def sweep(self, arguments: list[str]) -> None:
-        parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
-        space, fixed = search_space(parser.parse_overrides([f"{k}={v}" for k, v in self.params.items()]
-                                                           + list(arguments)))
-        self.sweep_dir.mkdir(parents=True, exist_ok=True)
-        study = self._open_study(space)
+        try:  # a config error is one paragraph naming its key, before anything is written (mcseg.sweep.refuse_sweep)
+            space, fixed = self._search_space(arguments)
+            self.url = storage_url(self.storage, self.sweep_dir)
+            check_storage(self.url)
+            self.sweep_dir.mkdir(parents=True, exist_ok=True)
+            study = self._open_study(space)
+        except ValueError as exc:  # ConfigError, and what Optuna or the storage refuse (_search_space, _open_study)
+            refuse_sweep(exc)
         ours = [f"hydra.sweeper.storage={as_value(self.url)}", f"hydra.sweeper.study_name={as_value(study.study_name)}"]
-        while (left := self.n_trials - len(counted_trials(study))) > 0:
+        while True:
+            fail_orphans(study)  # a killed sweeper's trial (on this host) is failed before it is counted
+            left = self.n_trials - len(counted_trials(study))
+            if left <= 0:
+                break
             trials = [study.ask(space) for _ in range(min(self.n_jobs, left))]
             for trial in trials:  # who asked: a trial whose sweep process has ended is failed at the next start
                 trial.set_user_attr("sweeper", {"host": socket.gethostname(), "pid": os.getpid()})
@@ -84,11 +94,30 @@ class OptunaSweeper(Sweeper):
                 tell(study, trial, ret)
         self._write_results(study)
 
-    def _open_study(self, space: dict):
-        import optuna
+    def _search_space(self, arguments: list[str]) -> tuple[dict, list[str]]:
+        """:func:`search_space` of ``params`` and the command line; an override Hydra cannot parse is a
+        ValueError naming it."""
+        from hydra.errors import HydraException
 
-        self.url = storage_url(self.storage, self.sweep_dir)
-        study = optuna.create_study(storage=open_storage(self.url), sampler=self._sampler(space),
+        lines = [f"{k}={v}" for k, v in self.params.items()] + list(arguments)
+        parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
+        try:
+            overrides = parser.parse_overrides(lines)
+        except HydraException as exc:
+            raise ValueError(f"hydra.sweeper.params or the command line: {str(exc).splitlines()[0]}") from None
+        return search_space(overrides)
+
+    def _open_study(self, space: dict):
+        """The study in ``self.url``; a storage that cannot be opened is a ValueError naming the key."""
+        import optuna
+        from sqlalchemy.exc import SQLAlchemyError
+
+        try:
+            storage = open_storage(self.url)
+        except SQLAlchemyError as exc:
+            raise ValueError(f"config key 'hydra.sweeper.storage'={shown_url(self.url)}: the study's storage cannot "
+                             f"be opened ({str(exc).splitlines()[0]})") from None
+        study = optuna.create_study(storage=storage, sampler=self._sampler(space),
                                     pruner=self.pruner, study_name=self.study_name, direction=self.direction,
                                     load_if_exists=True)
         if study.direction.name.lower() != self.direction:
@@ -256,7 +285,10 @@ def tell(study, trial, ret) -> None:
 
 def fail_orphans(study) -> None:
     """Tell failed the running trials whose sweep process has ended on this host (killed sweeps): they would
-    otherwise count towards ``n_trials`` forever. Trials asked on other hosts are left alone."""
+    otherwise stay running and count towards ``n_trials`` forever. Trials asked on other hosts are left alone.
+    Called at a sweep's start and before each batch, so the sweepers sharing a study fail a killed one's trial
+    (two of them may tell it at once: the second finds it finished and leaves it)."""
+    from optuna.exceptions import UpdateFinishedTrialError
     from optuna.trial import TrialState
 
     from mcseg.rundir import holder_gone
@@ -265,6 +297,9 @@ def fail_orphans(study) -> None:
         owner = trial.user_attrs.get("sweeper") or {}
         why = holder_gone({**owner, "age_s": 0.0}) if owner.get("pid") else None
         if why:
-            study.tell(trial.number, state=TrialState.FAIL)
+            try:
+                study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
+            except UpdateFinishedTrialError:
+                continue
             log.warning("trial %d of study %r was left running (%s): told failed", trial.number,
                         study.study_name, why)

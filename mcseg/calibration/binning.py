@@ -118,6 +118,11 @@ class _OneVersusRest:
         p, _ = _checked(probs)
         return int((self.transform(p).argmax(axis=1) != p.argmax(axis=1)).sum())
 
+    def n_parameters(self) -> int:
+        """How many values its fitted maps hold: a bin value per bin (histogram), a threshold pair per knot
+        (isotonic); classes without a map hold none."""
+        return sum(self._size_one(m) for m in self.maps if m is not None)
+
     def state(self) -> dict:
         """The fitted maps as JSON-able numbers (None for a class without a map)."""
         if not hasattr(self, "maps"):
@@ -179,6 +184,10 @@ class HistogramBinning(_OneVersusRest):
     def _state_one(self, m: np.ndarray) -> list[float]:
         return m.tolist()
 
+    @staticmethod
+    def _size_one(m: np.ndarray) -> int:
+        return len(m)
+
     def _read_one(self, m) -> np.ndarray:
         values = np.asarray(m, dtype=np.float64)
         if values.shape != (self.n_bins,):
@@ -202,6 +211,10 @@ class IsotonicCalibration(_OneVersusRest):
 
     def _state_one(self, m: tuple[np.ndarray, np.ndarray]) -> dict:
         return {"x": m[0].tolist(), "y": m[1].tolist()}
+
+    @staticmethod
+    def _size_one(m: tuple[np.ndarray, np.ndarray]) -> int:
+        return len(m[0])  # the knots: each an (x, y) pair of the fitted step function
 
     def _read_one(self, m) -> tuple[np.ndarray, np.ndarray]:
         x, y = np.asarray(m["x"], np.float64), np.asarray(m["y"], np.float64)

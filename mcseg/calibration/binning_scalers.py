@@ -83,6 +83,11 @@ class _BinningScaler(Scaler):
             out[:, lo:lo + CHUNK] = inverse_link(q, False).to(out.device, out.dtype)
         return out.reshape(logits.shape)
 
+    def n_parameters(self) -> int | None:
+        """The values of its fitted maps (:meth:`~mcseg.calibration.binning._OneVersusRest.n_parameters`)."""
+        return self.calibrator.n_parameters() if self.calibrator is not None and hasattr(self.calibrator, "maps") \
+            else None
+
     def save(self, directory: Path, key: str = "") -> dict:
         if self.record is None:
             raise RuntimeError(f"post-hoc scaler {self.name!r} is not fitted")

@@ -139,6 +139,12 @@ class FiducioScaler(Scaler):
             raise RuntimeError(f"post-hoc scaler {self.name!r} is not fitted")
         return self.calibrator
 
+    def n_parameters(self) -> int | None:
+        """The numbers of the fitted calibrator's state (its weights, biases, temperatures)."""
+        state = getattr(self._fitted(), "_get_state", lambda: None)()
+        return None if not isinstance(state, dict) else \
+            sum(int(v.numel()) for v in state.values() if isinstance(v, torch.Tensor))
+
     def to(self, device: torch.device | str) -> Scaler:
         """Reload the saved calibrator onto ``device`` (Fiducio computes on its calibrator's device)."""
         if self.path is not None and torch.device(device) != self._fitted().device:

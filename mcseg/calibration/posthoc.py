@@ -27,7 +27,10 @@ and marked in its scaler's entry (``"degenerate": true`` and ``"degenerate_reaso
 key): its "calibrated" figures are those of a near-uniform prediction, not of a calibration.
 Every scaler's entry says how many of the voxels it was fitted on changed their arg-max under it
 (``argmax_changes``: count, share, of how many; :func:`argmax_changes`); a scaler that should keep the arg-max and
-changed it is warned about.
+changed it is warned about. A fit on fewer than ``MIN_VOXELS_PER_PARAMETER`` voxels per number it chose
+(:meth:`~mcseg.calibration.scalers.Scaler.n_parameters`) is warned about too (:func:`too_few_voxels`): its
+parameters are not determined by so few (and neighbouring voxels are not independent), and its arg-max changes on
+the fit voxels say little of those on other cases.
 """
 from __future__ import annotations
 
@@ -64,6 +67,9 @@ PLAUSIBLE_TEMPERATURE = (0.05, 20.0)
 DEGENERATE_TEMPERATURE = (0.01, 100.0)
 # ... or when its NLL is within this many nats of the uniform prediction's (ln C; ln 2 per region, multi-label)
 UNIFORM_NLL_TOLERANCE = 1e-3
+# A fit with fewer voxels than this per fitted number is warned about (a rule of thumb, as ten events per variable
+# for a regression; voxels of one case are correlated, so it is a floor, not a sufficient size)
+MIN_VOXELS_PER_PARAMETER = 10
 # posthoc.lts keys taken from the model's sampling geometry (dataset.sampling) when not set
 LTS_GEOMETRY = ("dims", "patch_size", "slice_axis")
 
@@ -277,6 +283,9 @@ def fit_posthoc(predictor, cases: Iterable[CaseData], cfg: PosthocConfig, where:
                        f"{scaler.record['argmax_changes']['count']} fit voxel(s)")
             log.warning(message)
             record["warnings"].append(message)
+        if (message := too_few_voxels(scaler, fit_data)) is not None:
+            log.warning(message)
+            record["warnings"].append(message)
         record["scalers"][scaler.name] = {**scaler.save(where, checkpoint["sha256"]), "guarantee": scaler.guarantee}
         log.info("post-hoc %s: NLL %.5g -> %.5g", scaler.describe(), scaler.record.get("nll_before", float("nan")),
                  scaler.record.get("nll_after", float("nan")))
@@ -321,6 +330,23 @@ def argmax_changes(scaler: Scaler, data: FitData) -> dict:
             changed = (before != after).any(1) if data.multilabel else before != after
             count, total = count + int(changed.sum()), total + len(changed)
     return {"count": count, "share": count / max(total, 1), "of": total, "voxels": where}
+
+
+def too_few_voxels(scaler: Scaler, data: FitData) -> str | None:
+    """A warning when ``scaler`` was fitted on fewer than ``MIN_VOXELS_PER_PARAMETER`` voxels per parameter (the
+    voxel sample, or every voxel of the cases of a scaler fitted on cases); None otherwise or when it does not
+    count its parameters."""
+    n = scaler.n_parameters()
+    if scaler.fitted_on == "cases":
+        voxels = sum(int(np.prod(np.shape(c.logits)[1:])) for c in data.cases or [])
+    else:
+        voxels = len(data.voxels[0])
+    if not n or voxels >= MIN_VOXELS_PER_PARAMETER * n:
+        return None
+    return (f"post-hoc {scaler.name}: fitted on {voxels} voxels for its {n} parameters (fewer than "
+            f"{MIN_VOXELS_PER_PARAMETER} per parameter): too few to determine it; its fit and its arg-max changes on "
+            f"the fit voxels say little of other cases (more validation cases, or a larger posthoc.max_voxels / "
+            f"--max-voxels)")
 
 
 def degenerate_reason(fit: dict, n_channels: int, multilabel: bool) -> str | None:

@@ -99,6 +99,12 @@ class Scaler(ABC):
     def load(cls, record: dict, directory: Path) -> Scaler:
         """Rebuild from :meth:`save`'s record (files read from ``directory``)."""
 
+    def n_parameters(self) -> int | None:
+        """How many numbers the fit chose (a temperature: 1; vector scaling: 2K; a network: its weights), to be
+        weighed against the voxels it was fitted on (:func:`mcseg.calibration.posthoc.fit_posthoc` warns of too few);
+        None: not counted."""
+        return None
+
     def how(self) -> str:
         """How it was fitted, e.g. ``region, ece`` (from the record; empty for a record without it)."""
         r = self.record or {}
@@ -151,6 +157,11 @@ class _VoxelScaler(Scaler):
 
     def apply(self, logits: Tensor, image: Tensor | None = None) -> Tensor:
         return scale_logits(logits, self._fitted(), channel_dim=0)
+
+    def n_parameters(self) -> int | None:
+        """T, or the K weights and K biases."""
+        record = self._fitted()
+        return sum(torch.as_tensor(record[k]).numel() for k in ("temperature", "weight", "bias") if k in record)
 
     def save(self, directory: Path, key: str = "") -> dict:
         return dict(self._fitted())
@@ -214,6 +225,10 @@ class LTSScaler(Scaler):
         self.net, record = fit_lts(data.cases, self.cfg, data.link, data.multilabel)
         self.record = {**record, "voxels": "cases", "objective": "nll", "n_cases": len(data.cases)}
         return self.record
+
+    def n_parameters(self) -> int | None:
+        """The temperature network's weights."""
+        return None if self.net is None else sum(p.numel() for p in self.net.parameters())
 
     def apply(self, logits: Tensor, image: Tensor | None = None) -> Tensor:
         if self.net is None:

@@ -8,15 +8,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mcseg.registry import unique
 from mcseg.calibration.binning_scalers import BINNING_SCALERS
 from mcseg.calibration.fiducio_scalers import FIDUCIO_SCALER_TYPES
 from mcseg.calibration.scaler_base import (FitData, FitOptions, LTSScaler, Scaler, TemperatureScaler, VectorScaler,
                                            softmax_only_message)
 
-SCALER_TYPES: dict[str, type[Scaler]] = {
-    **{s.name: s for s in (TemperatureScaler, VectorScaler, LTSScaler, *BINNING_SCALERS)},
-    **FIDUCIO_SCALER_TYPES,
-}
+SCALER_TYPES: dict[str, type[Scaler]] = unique(
+    (TemperatureScaler, VectorScaler, LTSScaler, *BINNING_SCALERS, *FIDUCIO_SCALER_TYPES.values()),
+    lambda scaler: scaler.name, "post-hoc scaler")
 
 
 def build_scaler(name: str, options: FitOptions | None = None) -> Scaler:

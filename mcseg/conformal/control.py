@@ -25,7 +25,8 @@ import numpy as np
 
 from mcseg.conformal.risks import LOSSES, Loss
 
-__all__ = ["METHODS", "NotMonotone", "ThresholdFit", "control", "crc", "ltt", "rcps", "require_monotone"]
+__all__ = ["METHODS", "NotMonotone", "ThresholdFit", "control", "controllable", "crc", "ltt", "rcps",
+           "require_monotone"]
 
 METHODS = ("crc", "rcps", "ltt")
 RCPS_BOUNDS = ("wsr", "hoeffding", "bernstein")
@@ -66,11 +67,19 @@ def _checked(table: np.ndarray, thresholds: np.ndarray, alpha: float) -> tuple[n
     return table, thresholds
 
 
-def require_monotone(table: np.ndarray, loss: Loss, method: str, tolerance: float = 1e-12) -> None:
-    """Refuse a loss CRC or RCPS cannot control: declared non-monotone, or decreasing along the grid for a case."""
-    if not loss.monotone:
+def controllable(loss: Loss | str, method: str) -> None:
+    """Refuse, before any data is read, a loss declared not non-decreasing in the threshold for CRC or RCPS (whose
+    guarantee needs that for every case): what the config alone decides (entry points check it at start)."""
+    loss = LOSSES[loss] if isinstance(loss, str) else loss
+    if method in ("crc", "rcps") and not loss.monotone:
         raise NotMonotone(f"{method}: the {loss.name} loss ({loss.text}) is not non-decreasing in the threshold, and "
                           f"{method.upper()}'s guarantee needs that for every case; use method 'ltt' (Learn-then-Test)")
+
+
+def require_monotone(table: np.ndarray, loss: Loss, method: str, tolerance: float = 1e-12) -> None:
+    """Refuse a loss CRC or RCPS cannot control: declared non-monotone (:func:`controllable`), or decreasing along
+    the grid for a case."""
+    controllable(loss, method)
     drops = np.diff(table, axis=1) < -tolerance
     if drops.any():
         case, j = (int(i) for i in np.argwhere(drops)[0])

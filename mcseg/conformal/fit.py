@@ -165,10 +165,9 @@ def case_test(sets: dict[int, dict[str, np.ndarray]], truth: np.ndarray, pred: n
         g, s = truth[k].astype(bool), masks["set"]
         predicted = int(pred[k].sum())
         per_prediction = (lambda voxels: float(voxels / predicted)) if predicted else (lambda voxels: float("nan"))
-        if LOSSES[loss].name == "fdr":
-            value = float((s & ~g).sum() / s.sum()) if s.any() else 0.0
-        else:
-            value = float(1 - (s & g).sum() / g.sum()) if g.any() else float("nan")
+        entry = LOSSES[loss]
+        value = (float(entry.of_counts((s & g).sum(), s.sum(), g.sum())) if g.any() or not entry.needs_class
+                 else float("nan"))
         rows[k] = {"loss": value, "present": bool(g.any()),
                    "set_voxels": int(s.sum()), "predicted_voxels": predicted,
                    "set_over_prediction": per_prediction(s.sum()),

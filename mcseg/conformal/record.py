@@ -12,12 +12,13 @@ import numpy as np
 from mcseg.conformal.fit import CaseSummary, ConformalSettings
 from mcseg.conformal.risks import ABSENT_POLICIES, LOSSES
 
-__all__ = ["CONFORMAL_FILE", "GUARANTEE", "KINDS", "class_records", "finite", "settings_record", "test_figures",
-           "versions", "write_masks"]
+__all__ = ["CONFORMAL_FILE", "GUARANTEE", "KINDS", "NOT_COMPUTED", "class_records", "finite", "fit_lines",
+           "settings_record", "shown", "test_figures", "versions", "write_masks"]
 
 CONFORMAL_FILE = "conformal.json"  # the record of one fit: mcseg-conformal-folder's and an evaluation's
 
 KINDS = ("set", "possible", "sure")  # the masks written per case and class
+NOT_COMPUTED = "not computed"  # how a null figure of conformal.json is said to people
 
 GUARANTEE = ("per case, for a new case exchangeable with the calibration cases (cases, never voxels, are the "
              "units): CRC: E[loss of the class's set] <= alpha; RCPS and LTT: P(expected loss <= alpha) >= 1 - delta "
@@ -75,13 +76,14 @@ def class_records(settings: ConformalSettings, thresholds: dict, margins: dict, 
 
 
 def test_figures(rows: list[dict], settings: ConformalSettings) -> dict:
-    """Per class over the test cases: mean loss (FNR over the cases that contain the class), the sets' and grown
+    """Per class over the test cases: mean loss (a loss that needs the class, e.g. the FNR: over the cases that contain
+    it under the skip policy), the sets' and grown
     masks' volume relative to the prediction, the fraction covered and the fraction whose shrunk mask is inside."""
     out = {}
     for name in dict.fromkeys(r["class"] for r in rows):
         mine = [r for r in rows if r["class"] == name]
         present = [r for r in mine if r["present"]]
-        scored = present if settings.loss == "fnr" and settings.absent == "skip" else mine
+        scored = present if LOSSES[settings.loss].needs_class and settings.absent == "skip" else mine
         losses = np.array([0.0 if math.isnan(r["loss"]) else r["loss"] for r in scored], np.float64)
 
         def mean(key: str, among=present) -> float | None:
@@ -96,6 +98,28 @@ def test_figures(rows: list[dict], settings: ConformalSettings) -> dict:
                      "mean_possible_over_prediction": mean("possible_over_prediction"),
                      "covered": mean("covered"), "sure_inside": mean("sure_inside")}
     return out
+
+
+def shown(value: float | None, digits: str = ".4g", unit: str = "") -> str:
+    """A figure of conformal.json for people: ``not computed`` where it is null (a margin without a finite quantile,
+    a test figure without a case holding the class), never Python's ``None``."""
+    return NOT_COMPUTED if value is None else f"{format(value, digits)}{unit}"
+
+
+def fit_lines(record: dict) -> list[str]:
+    """One line per class of a conformal.json record (the folder command's and an evaluation's): the threshold
+    and its calibration risk, whether it is controlled, the margins and, where applied, the test figures."""
+    lines = []
+    for name, fit in record["classes"].items():
+        margin, test = fit["margin"], (record.get("test") or {}).get(name)
+        lines.append(
+            f"{name}: t = {shown(fit['threshold'])} ({record['method']}, {record['loss']} <= {record['alpha']}; "
+            f"calibration risk {shown(fit['calibration_risk'])}, n = {fit['n_cases']}"
+            f"{'' if fit['controlled'] else ', NOT controlled: the most conservative threshold'}); margins "
+            f"{shown(margin['outer_mm'], '.3g', ' mm')} out, {shown(margin['inner_mm'], '.3g', ' mm')} in"
+            + (f"; test {record['loss']} {shown(test['mean_loss'])}, covered {shown(test['covered'], '.3g')}"
+               if test else ""))
+    return lines
 
 
 def _file_name(name: str) -> str:

@@ -16,10 +16,13 @@ loss table is one case.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from mcseg.registry import unique
 
 __all__ = ["ABSENT_POLICIES", "CaseCounts", "LOSSES", "Loss", "case_counts", "class_masks", "default_thresholds",
            "loss_table"]
@@ -34,22 +37,42 @@ ABSENT_POLICIES = {
 
 @dataclass(frozen=True)
 class Loss:
-    """A per-case loss of thresholded sets: whether it is non-decreasing in the threshold for every case (what
-    CRC and RCPS need), which end of the valid thresholds is preferred (``largest``: the smallest set that
-    controls it; ``smallest``: the largest set), and its bound B."""
+    """A per-case loss of thresholded sets, everything about it in one entry: its name, whether it is
+    non-decreasing in the threshold for every case (what CRC and RCPS need), which end of the valid thresholds is
+    preferred (``largest``: the smallest set that controls it; ``smallest``: the largest set), its bound B, its
+    text, and its formula: ``formula(hits, selected, positives)`` -> the losses from a case's counts (arrays of
+    any shape; ``hits = |set ∩ G|``, ``selected = |set|``, ``positives = |G|``). ``needs_class``: undefined for a
+    case without the class (the absent policy applies; NaN as a test value), else defined for every case."""
 
     name: str
     monotone: bool
     prefer: str
     bound: float
     text: str
+    formula: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+    needs_class: bool = True
+
+    def of_counts(self, hits, selected, positives) -> np.ndarray:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.asarray(self.formula(np.asarray(hits, np.float64), np.asarray(selected, np.float64),
+                                           np.asarray(positives, np.float64)), np.float64)
 
 
-LOSSES = {
-    "fnr": Loss("fnr", True, "largest", 1.0, "false-negative rate of the class, 1 - |set ∩ G| / |G|"),
-    "fdr": Loss("fdr", False, "smallest", 1.0, "false-discovery rate of the class, |set \\ G| / |set| (0 for an "
-                                               "empty set)"),
-}
+def _fnr(hits: np.ndarray, selected: np.ndarray, positives: np.ndarray) -> np.ndarray:
+    """1 - |set ∩ G| / |G|; 0 where G is empty (nothing to miss: the ``zero`` policy's value)."""
+    return 1.0 - np.divide(hits, positives, out=np.ones(np.broadcast(hits, positives).shape), where=positives > 0)
+
+
+def _fdr(hits: np.ndarray, selected: np.ndarray, positives: np.ndarray) -> np.ndarray:
+    """|set \\ G| / |set|; 0 for an empty set."""
+    return np.divide(selected - hits, selected, out=np.zeros(np.broadcast(hits, selected).shape), where=selected > 0)
+
+
+LOSSES: dict[str, Loss] = unique((
+    Loss("fnr", True, "largest", 1.0, "false-negative rate of the class, 1 - |set ∩ G| / |G|", _fnr),
+    Loss("fdr", False, "smallest", 1.0, "false-discovery rate of the class, |set \\ G| / |set| (0 for an empty set)",
+         _fdr, needs_class=False),
+), lambda loss: loss.name, "conformal loss")
 
 
 def default_thresholds(size: int = 101) -> torch.Tensor:
@@ -122,12 +145,10 @@ def loss_table(counts: CaseCounts, k: int, loss: Loss | str, absent: str = "skip
         raise ValueError(f"absent-class policy {absent!r}: expected one of {', '.join(ABSENT_POLICIES)}")
     positives = counts.positives[:, k]
     without = [int(i) for i in np.flatnonzero(positives == 0)]
-    hits = counts.hits[:, k].astype(np.float64)
-    selected = counts.selected[:, k].astype(np.float64)
-    if loss.name == "fdr":
-        table = np.divide(selected - hits, selected, out=np.zeros_like(selected), where=selected > 0)
+    table = loss.of_counts(counts.hits[:, k], counts.selected[:, k], positives[:, None])
+    if not loss.needs_class:
         return table, without
-    table = 1.0 - np.divide(hits, positives[:, None], out=np.ones_like(hits), where=positives[:, None] > 0)
     if absent == "zero":
-        return table, without  # a case without the class: hits = positives = 0, loss 0
+        table[positives == 0] = 0.0  # a case without the class: nothing to miss, loss 0
+        return table, without
     return table[positives > 0], without

@@ -52,7 +52,20 @@ class Splits:
 
 
 def resolve_split(dataset: SegmentationDataset, node: DictConfig, run_dir: Path) -> Splits:
-    """Reuse ``<run>/split.json`` (resume), else ``dataset.split.file``, else make one by seed; save it."""
+    """:func:`choose_split`, saved as ``<run>/split.json``."""
+    splits = choose_split(dataset, node, run_dir)
+    save_splits(splits, run_dir)
+    return splits
+
+
+def save_splits(splits: Splits, run_dir: Path) -> None:
+    """``<run>/split.json``: the case ids of each split (written once the launch is accepted)."""
+    save_split({name: [r.case_id for r in refs] for name, refs in splits.refs.items()}, Path(run_dir) / "split.json")
+
+
+def choose_split(dataset: SegmentationDataset, node: DictConfig, run_dir: Path) -> Splits:
+    """Reuse ``<run>/split.json`` (resume), else ``dataset.split.file``, else make one by seed; nothing is written
+    (a launch refused by its checks must not leave a split that its corrected rerun would take as its own)."""
     cfg = typed(node.get("split"), SplitConfig, "dataset.split")
     refs = dataset.case_refs()
     if not refs:
@@ -66,7 +79,6 @@ def resolve_split(dataset: SegmentationDataset, node: DictConfig, run_dir: Path)
         split = load_split(cfg.file, ids)
     else:
         split = make_dataset_split(dataset, ids, cfg.val_fraction, cfg.test_fraction, cfg.seed)
-    save_split(split, run_split)
     return Splits({name: [by_id[c] for c in split[name]] for name in split})
 
 

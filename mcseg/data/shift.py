@@ -69,6 +69,7 @@ class ShiftConfig:
     levels: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5])  # those evaluated; 0 is the clean evaluation
     alpha: float = 2 / 3  # ROOD-MRI's level weight base: w_s = alpha ** s
     save_predictions: bool = False  # segmentations of every corrupted case (many files)
+    save_probabilities: bool = False  # and their probabilities (mcseg-new-cases on a condition: docs/new_cases.md)
     definitions: dict[str, CorruptionSpec] = field(default_factory=dict)
     modality: str | None = None  # CT | MRI: the data the suite is defined for (others refused); null: any
 

@@ -162,8 +162,9 @@ def member_labels(case: CaseData, members: MemberAccumulator | None, restore_map
 
 
 class ArgmaxChanges:
-    """Per post-hoc entry: how many scored voxels (and cases) a transform gave another label than the raw
-    prediction (``multilabel``: ``R x *S`` maps, a voxel counts once if any region's label differs)."""
+    """Per post-hoc entry: how many voxels (and cases) a transform gave another label than the raw prediction,
+    counted over EVERY voxel of each volume, not only the scored region (``voxels`` is the volumes' total size;
+    ``multilabel``: ``R x *S`` maps, a voxel counts once if any region's label differs)."""
 
     def __init__(self, multilabel: bool = False) -> None:
         self.multilabel = multilabel

@@ -20,18 +20,20 @@ import torch
 
 from mcseg.conformal import (ABSENT_POLICIES, LOSSES, METHODS, CaseSummary, ConformalSettings, case_sets, case_test,
                              default_thresholds, fit_margins, fit_thresholds, predicted_masks, summarise)
-from mcseg.conformal.control import FWER_METHODS, RCPS_BOUNDS
+from mcseg.conformal.control import FWER_METHODS, RCPS_BOUNDS, NotMonotone, controllable
 from mcseg.conformal.fit import class_indices
 from mcseg.conformal.plots import case_overlay
-from mcseg.conformal.record import (CONFORMAL_FILE, class_records, settings_record, test_figures, versions,
-                                   write_masks)
+from mcseg.conformal.record import (CONFORMAL_FILE, class_records, fit_lines, settings_record, test_figures,
+                                   versions, write_masks)
 from mcseg.conformal.risks import class_masks
 from mcseg.conformal.validity import ALPHAS, REPEATS, levels, pooled_splits
+from mcseg.config import typed
 from mcseg.errors import ConfigError
 from mcseg.files import write_csv, write_json
+from mcseg.statements.features import case_row
 
-__all__ = ["ConformalConfig", "add_to_summary", "check_conformal", "conformal_of_predictor", "conformal_pass",
-           "headline"]
+__all__ = ["ConformalConfig", "add_to_summary", "check_conformal", "conformal_config", "conformal_of_predictor",
+           "conformal_pass", "headline"]
 
 # the figures per class that go into summary.json's "conformal" block, and their means over the classes there
 HEADLINE = {"test_loss": "mean_loss", "set_over_prediction": "mean_set_over_prediction",
@@ -58,6 +60,8 @@ class ConformalConfig:
     figures: int = 0  # how many test cases get an overlay figure <case>_conformal.png (over their image)
     repeats: int = REPEATS  # random re-splits of the pooled validation and test cases (0: none): validity.csv
     alphas: list[float] = field(default_factory=lambda: list(ALPHAS))  # their levels, with alpha
+    statements: bool = False  # the new-case statements (mcseg.statements) of each test case: <source>/statements/
+    floor: float = 0.7  # their review flag's failure: a structure's Dice below this
 
     def __post_init__(self) -> None:
         for key, allowed in (("method", METHODS), ("loss", tuple(LOSSES)), ("rcps_bound", RCPS_BOUNDS),
@@ -67,6 +71,11 @@ class ConformalConfig:
                                   f"got {getattr(self, key)!r}")
         if not 0 < self.alpha < 1:
             raise ConfigError(f"config key 'conformal.alpha': expected 0 < alpha < 1, got {self.alpha}")
+        try:  # what the threshold fit would refuse after the whole evaluation
+            controllable(self.loss, self.method)
+        except NotMonotone as exc:
+            raise ConfigError(f"config key 'conformal.loss'={self.loss} with conformal.method={self.method}: {exc} "
+                              f"(conformal.method=ltt with conformal.delta), or conformal.loss=fnr") from None
         if self.method == "crc" and self.delta is not None:
             raise ConfigError("config key 'conformal.delta': belongs to method rcps or ltt; CRC controls the "
                               "expected loss")
@@ -76,6 +85,8 @@ class ConformalConfig:
             raise ConfigError(f"config key 'conformal.repeats': expected >= 0 (0: no re-splits), got {self.repeats}")
         if any(not 0 < a < 1 for a in self.alphas):
             raise ConfigError(f"config key 'conformal.alphas': expected each 0 < alpha < 1, got {list(self.alphas)}")
+        if not 0 <= self.floor <= 1:
+            raise ConfigError(f"config key 'conformal.floor': expected a Dice in [0, 1], got {self.floor}")
 
     def settings(self, class_names: list[str], multilabel: bool) -> ConformalSettings:
         try:
@@ -86,6 +97,11 @@ class ConformalConfig:
         return ConformalSettings(alpha=self.alpha, delta=delta, method=self.method, loss=self.loss,
                                  absent=self.absent, rcps_bound=self.rcps_bound, fwer=self.fwer, tau=self.tau,
                                  classes=classes)
+
+
+def conformal_config(cfg) -> ConformalConfig:
+    """An entry point's ``conformal`` node (configs/conformal/default.yaml), typed and checked: refused at start."""
+    return typed(cfg.get("conformal"), ConformalConfig, "conformal")
 
 
 def check_conformal(config: ConformalConfig, split: str, own_split: dict | None) -> None:
@@ -134,12 +150,16 @@ def conformal_of_predictor(config: ConformalConfig, predictor, own_dataset, val_
     grid = default_thresholds(config.grid_size)
     sources = _sources({n: s.to(predictor.device) for n, s in scalers.items()}, config.posthoc)
     fit: dict[str, list[CaseSummary]] = {name: [] for name in sources}
+    table = {name: {"val": {}, "test": {}} for name in sources}  # conformal.statements: the per-case tables
     with torch.no_grad():
         for case, per_source in _probabilities(predictor, own_dataset, val_refs, sources):
             for name, (probs, label, spacing, _) in per_source.items():
                 truth = class_masks(label, probs.shape[0], multilabel)
-                fit[name].append(summarise(case.case_id, probs, truth, predicted_masks(probs, multilabel), spacing,
-                                           grid, settings.tau, settings.classes))
+                pred = predicted_masks(probs, multilabel)
+                fit[name].append(summarise(case.case_id, probs, truth, pred, spacing, grid, settings.tau,
+                                           settings.classes))
+                if config.statements:
+                    table[name]["val"][case.case_id] = case_row(probs, pred, spacing, settings.classes, truth.numpy())
         fits = {}
         for name, summaries in fit.items():
             stacked = CaseSummary.stack(summaries)
@@ -154,6 +174,8 @@ def conformal_of_predictor(config: ConformalConfig, predictor, own_dataset, val_
                 pred = predicted_masks(probs, multilabel)
                 sets = case_sets(probs, pred, spacing, thresholds, margins)
                 truth = class_masks(label, probs.shape[0], multilabel).numpy()
+                if config.statements:
+                    table[name]["test"][case.case_id] = case_row(probs, pred, spacing, settings.classes, truth)
                 rows[name] += [{"case": case.case_id, "class": names[k], **r}
                                for k, r in case_test(sets, truth, pred, settings.loss, settings.tau).items()]
                 if config.repeats:
@@ -167,11 +189,40 @@ def conformal_of_predictor(config: ConformalConfig, predictor, own_dataset, val_
                     written[name].append(file)
                     if log_figure is not None:
                         log_figure(f"conformal/{name}/{case.case_id}", figure)
+    if config.statements:
+        for name in sources:
+            statements_of_split(config, [names[k] for k in settings.classes], table[name], out_dir / name,
+                                name, log_figure)
     validity = {name: _repeated_splits(config, settings, names, fits[name][0], tested[name], out_dir / name, name,
                                        log_figure) for name in sources}
     return {name: _write_record(out_dir / name, name, settings, *fits[name], rows[name], written[name], provenance,
                                 names, [r.case_id for r in refs], validity[name])
             for name in sources}
+
+
+def statements_of_split(config: ConformalConfig, structures: list[str], table: dict[str, dict], folder: Path,
+                        source: str = "raw", log_figure: Callable[[str, object], None] | None = None) -> dict:
+    """``conformal.statements``: the new-case statements (:mod:`mcseg.statements`) fitted on the validation cases'
+    table and stated for the test cases, whose labels only measure them; ``folder/statements/`` holds what
+    ``mcseg-new-cases`` writes and ``statements.png`` (:func:`mcseg.statements.plots.statements_figure`), also
+    given to ``log_figure`` as ``conformal/<source>/statements``. Returns the record."""
+    from mcseg.statements.statements import StatementSettings, make_statements, write_statements
+    from mcseg.statements.table import CaseTable
+
+    parts = {part: CaseTable.from_rows(list(rows), structures, list(rows.values())) for part, rows in table.items()}
+    settings = StatementSettings(config.alpha, config.delta if config.delta is not None else 0.1, config.floor)
+    rows, record = make_statements(parts["val"], parts["test"], settings)
+    record = {**record, "classes": structures, "calibration_cases": parts["val"].cases,
+              "new_cases": parts["test"].cases, "rows": rows}
+    write_statements(folder / "statements", parts["val"], parts["test"], rows, record)
+    from mcseg.files import atomic_write
+    from mcseg.statements.plots import statements_figure
+
+    figure = statements_figure(rows, record["level"], len(parts["val"]))
+    atomic_write(folder / "statements" / "statements.png", lambda tmp: figure.savefig(tmp, format="png", dpi=110))
+    if log_figure is not None:
+        log_figure(f"conformal/{source}/statements", figure)
+    return record
 
 
 def _repeated_splits(config: ConformalConfig, settings: ConformalSettings, names: list[str], fitted: CaseSummary,
@@ -241,8 +292,7 @@ def conformal_pass(config: ConformalConfig, predictor, own_dataset, val_refs, da
                                      provenance, log_figure)
     block = {name: headline(record) for name, record in records.items()}
     add_to_summary(eval_dir, {"conformal": block})
-    for name, head in block.items():
-        print(f"conformal ({config.method}, {config.loss} <= {config.alpha}, {name}): " + ", ".join(
-            f"{c} t={r['threshold']:.3g}{'' if r['controlled'] else ' NOT controlled'} test {r['test_loss']}"
-            for c, r in head["classes"].items()) + f" -> {out_dir / name}")
+    for name, record in records.items():
+        print(f"conformal, {name} probabilities -> {out_dir / name}:\n" + "\n".join(
+            f"  {line}" for line in fit_lines(record)))
     return {**summary, "conformal": block}

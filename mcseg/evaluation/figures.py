@@ -37,6 +37,7 @@ Every evaluation's numeric summary values also go to the trackers (``summary_met
 from __future__ import annotations
 
 from mcseg.evaluation.figure import SHOWS, Figure, shows
+from mcseg.registry import unique
 from mcseg.evaluation.scorers import CalibrationScorer, OverlapScorer, PECEScorer, Scorer, SurfaceScorer
 
 __all__ = ["SCORERS", "SPLIT_FIGURES", "table", "figure", "shown_in", "summary_keys", "class_keys", "case_keys",
@@ -69,9 +70,8 @@ SPLIT_FIGURES: tuple[Figure, ...] = (
 def table() -> tuple[Figure, ...]:
     """Every figure: the scorers' (in ``SCORERS`` order), then the split-level ones. Keys are unique."""
     figures = (*(f for scorer in SCORERS for f in scorer.figures), *SPLIT_FIGURES)
-    keys = [f.key for f in figures]
-    if len(set(keys)) != len(keys):
-        raise ValueError(f"the table of figures declares a key twice: {sorted({k for k in keys if keys.count(k) > 1})}")
+    unique(SCORERS, lambda scorer: scorer.__name__, "scorer")
+    unique(figures, lambda f: f.key, "the table of figures' key")
     return figures
 
 

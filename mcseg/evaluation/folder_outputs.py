@@ -28,13 +28,16 @@ from pathlib import Path
 from mcseg.files import write_json
 from mcseg.rundir import LOCK_FILE, RUN_MARKERS, STATUS_FILE, held, state_of
 
-__all__ = ["CALIBRATE_TOOL", "CONFORMAL_TOOL", "EVALUATE_TOOL", "EXIT_INTERRUPTED", "FolderInterrupted", "Held", "OutputRefused",
+__all__ = ["run_command", "CALIBRATE_TOOL", "CONFORMAL_TOOL", "EVALUATE_TOOL", "EXIT_INTERRUPTED", "FolderInterrupted", "Held",
+           "NEW_CASES_TOOL", "OutputRefused",
            "claim_output", "folder_status", "held_by", "writing"]
 
 EVALUATE_TOOL = "mcseg-evaluate-folder"
 CALIBRATE_TOOL = "mcseg-calibrate-folder"
 CONFORMAL_TOOL = "mcseg-conformal-folder"
-KINDS = {EVALUATE_TOOL: "evaluation", CALIBRATE_TOOL: "calibration", CONFORMAL_TOOL: "conformal fit"}
+NEW_CASES_TOOL = "mcseg-new-cases"
+KINDS = {EVALUATE_TOOL: "evaluation", CALIBRATE_TOOL: "calibration", CONFORMAL_TOOL: "conformal fit",
+         NEW_CASES_TOOL: "set of statements for new cases"}
 CALIBRATION_FILE = "calibration.json"
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells expect of a command ended by Ctrl-C (as mcseg.sweep's jobs)
 # What an evaluation writes at the top of its folder (Evaluator.write, failure detection, provenance)
@@ -159,3 +162,24 @@ def writing(out: Path, tool: str, record: dict, replace: tuple[str, ...] = ()):
         finally:
             if failed and not existed and {p.name for p in out.iterdir()} <= {STATUS_FILE, LOCK_FILE}:
                 shutil.rmtree(out, ignore_errors=True)  # refused on reading a case: leave no folder behind
+
+
+def run_command(tool: str, action: Callable[[], object]) -> tuple[int, object]:
+    """A folder command's ``action()`` as its ``main`` runs it: ``(0, result)``; a refusal (a bad folder, file,
+    option or a busy output) printed as one ``<tool>: error:`` line, ``(2, None)``; Ctrl-C, ``(130, None)`` with
+    what :func:`writing` says of the folder (or that nothing was written)."""
+    import sys
+
+    from mcseg.data.io import VolumeError
+    from mcseg.data.reference import FolderError
+    from mcseg.rundir import RunDirBusy
+
+    try:
+        return 0, action()
+    except (FolderError, VolumeError, ValueError, RunDirBusy) as exc:
+        print(f"{tool}: error: {exc}", file=sys.stderr)
+        return 2, None
+    except KeyboardInterrupt as exc:
+        print(str(exc) if isinstance(exc, FolderInterrupted) else
+              f"{tool}: interrupted (Ctrl-C) before anything was written", file=sys.stderr)
+        return EXIT_INTERRUPTED, None

@@ -189,20 +189,35 @@ def fit_folders(folders: Sequence[PredictionFormat], reference: Reference, out_d
     return record, fitted
 
 
-def calibrate_folder(folder: PredictionFormat, scaler: Scaler, out_dir: Path, multilabel: bool) -> list[str]:
+def _decisions(probs: torch.Tensor, multilabel: bool) -> torch.Tensor:
+    """Each voxel's decision from ``C x *S`` probabilities: its class (first maximum), or its regions (p > 0.5)."""
+    return probs > 0.5 if multilabel else probs.argmax(0)
+
+
+def calibrate_folder(folder: PredictionFormat, scaler: Scaler, out_dir: Path,
+                     multilabel: bool) -> tuple[list[str], dict]:
     """Write ``folder``'s probabilities scaled by ``scaler`` to ``out_dir`` in the tool's own format (its
     :meth:`~mcseg.evaluation.formats.base.PredictionFormat.write`: nnU-Net's npz, pkl and label map re-derived,
     MONAI's and mcseg's maps with their NIfTI header), its config files (plans.json, dataset.json) copied.
-    Returns the files written (relative to ``out_dir``)."""
+    Returns the files written (relative to ``out_dir``) and how many voxels of the calibrated cases changed their
+    decision (arg-max; multi-label: any region's p > 0.5) from the saved probabilities to the written ones, as
+    :func:`~mcseg.calibration.posthoc.argmax_changes` counts the fit voxels: ``{"count", "share", "of",
+    "voxels"}``; the fit voxels can be few, or of other cases."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     link = _link(multilabel)
+    counted = {"count": 0, "of": 0, "cases": set()}
 
     def scaled(case: str, path: Path, probs: np.ndarray, channel_axis: int) -> np.ndarray:
         checked = folder.check_probabilities(case, path, np.moveaxis(np.asarray(probs), channel_axis, 0))
         z = log_probabilities(torch.from_numpy(checked), multilabel)
         with torch.no_grad():
             p = link(scaler.apply(z)[None])[0]
+        changed = _decisions(torch.from_numpy(checked), multilabel) != _decisions(p, multilabel)
+        changed = changed.any(0) if multilabel else changed
+        counted["count"] += int(changed.sum())
+        counted["of"] += changed.numel()
+        counted["cases"].add(case)
         return np.ascontiguousarray(np.moveaxis(p.numpy().astype(np.float32), 0, channel_axis))
 
     written = []
@@ -212,7 +227,9 @@ def calibrate_folder(folder: PredictionFormat, scaler: Scaler, out_dir: Path, mu
             written.append(config.name)
     for case in folder.cases():
         written += folder.write(case, scaled, out_dir)
-    return written
+    changes = {"count": counted["count"], "share": counted["count"] / max(counted["of"], 1), "of": counted["of"],
+               "voxels": f"every voxel of the {len(counted['cases'])} calibrated case(s)"}
+    return written, changes
 
 
 def take_over(out_dir: Path) -> list[dict]:
@@ -240,17 +257,19 @@ def take_over(out_dir: Path) -> list[dict]:
 
 
 def record_applied(out_dir: Path, fit: dict, scaler: str, target: PredictionFormat | None, files: list[str],
-                   fit_cases: list[str], replaced: list[dict]) -> dict:
+                   fit_cases: list[str], replaced: list[dict], changes: dict | None = None) -> dict:
     """Say in ``out_dir/calibration.json`` which fit and scaler the calibrated files carry (``applied``: the
-    fit's key, the folder they were made from, its cases, the files written, the fit cases among them) and which
-    earlier calibrations of the folder they replaced (``replaced``)."""
+    fit's key, the folder they were made from, its cases, the files written, the fit cases among them, the voxels
+    whose arg-max the calibration changed, ``changes`` of :func:`calibrate_folder`) and which earlier
+    calibrations of the folder they replaced (``replaced``)."""
     path = Path(out_dir) / CALIBRATION_FILE
     stored = json.loads(path.read_text())
     if target is not None:
         stored["applied"] = {"fit": fit["checkpoint"]["sha256"], "scaler": scaler,
                              "to": str(Path(target.path).resolve()), "format": target.format,
                              "cases": target.cases(), "files": files,
-                             "fit_cases_calibrated": sorted(set(fit_cases) & set(target.cases()))}
+                             "fit_cases_calibrated": sorted(set(fit_cases) & set(target.cases())),
+                             **({"argmax_changes": changes} if changes is not None else {})}
     if replaced:
         stored["replaced"] = replaced
     write_json(path, stored)

@@ -29,6 +29,7 @@ from mcseg.data.shift import ShiftConfig
 from mcseg.evaluation.provenance import content_record, dataset_identity, evaluation_provenance
 from mcseg.evaluation.shift import clean_to_reuse, evaluate_shift, format_shift, inference_record
 from mcseg.evaluation.split import evaluate_split, format_summary
+from mcseg.files import undone_on_failure
 
 log = logging.getLogger(__name__)
 
@@ -148,9 +149,9 @@ def plan_members(cfg: DictConfig, own_split: dict | None, members: list[Member],
 
 def conformal_check(cfg: DictConfig, own_split: dict | None):
     """The ``conformal`` node (configs/conformal/default.yaml) as checked by :mod:`mcseg.evaluation.conformal`."""
-    from mcseg.evaluation.conformal import ConformalConfig, check_conformal
+    from mcseg.evaluation.conformal import check_conformal, conformal_config
 
-    config = typed(cfg.get("conformal"), ConformalConfig, "conformal")
+    config = conformal_config(cfg)
     check_conformal(config, str(cfg.split), own_split)
     return config
 
@@ -173,22 +174,25 @@ def evaluate_predictor(cfg: DictConfig, ev: Evaluation, plans: list[PosthocPlan]
         scalers = posthoc_scalers(plans[0], ev.run_cfg, ev.own_split, ev.own_dataset, ev.predictor,
                                   ev.pooled.fit_identity, {**fit_provenance, **ev.fit_extra}, protocol)
         per_network = None
-    if reuse:
-        summary = clean_to_reuse(ev.out_dir, ev.dataset, protocol, ev.predictor.multilabel, ev.identity_sha,
-                                 inference_record(ev.predictor), {**scalers, **(per_network or {})})
-    else:
-        summary = evaluate_split(ev.predictor, ev.dataset, ev.refs, protocol, ev.out_dir, cfg.save_predictions,
-                                 cfg.save_probabilities, scalers, provenance, per_network=per_network)
-        print(format_summary(summary, ev.dataset.class_names,
-                             title=f"{ev.dataset.name} {ev.split} split ({ev.label}) -> {ev.out_dir}"))
-    conformal = conformal_check(cfg, ev.own_split)
-    if conformal.enabled:
-        from mcseg.evaluation.conformal import conformal_pass
+    # a failure from here to the end of the conformal pass removes what it wrote into the evaluation's folder: no
+    # summary.json without its conformal pass refuses the corrected command (a shift suite keeps its level 0)
+    with undone_on_failure(ev.out_dir):
+        if reuse:
+            summary = clean_to_reuse(ev.out_dir, ev.dataset, protocol, ev.predictor.multilabel, ev.identity_sha,
+                                     inference_record(ev.predictor), {**scalers, **(per_network or {})})
+        else:
+            summary = evaluate_split(ev.predictor, ev.dataset, ev.refs, protocol, ev.out_dir, cfg.save_predictions,
+                                     cfg.save_probabilities, scalers, provenance, per_network=per_network)
+            print(format_summary(summary, ev.dataset.class_names,
+                                 title=f"{ev.dataset.name} {ev.split} split ({ev.label}) -> {ev.out_dir}"))
+        conformal = conformal_check(cfg, ev.own_split)
+        if conformal.enabled:
+            from mcseg.evaluation.conformal import conformal_pass
 
-        own = ev.own_dataset or build_dataset(ev.run_cfg.dataset)
-        by_id = {r.case_id: r for r in own.case_refs()}
-        summary = conformal_pass(conformal, ev.predictor, own, [by_id[c] for c in ev.own_split["val"]], ev.dataset,
-                                 ev.refs, scalers, ev.out_dir, provenance, summary, ev.log_figure)
+            own = ev.own_dataset or build_dataset(ev.run_cfg.dataset)
+            by_id = {r.case_id: r for r in own.case_refs()}
+            summary = conformal_pass(conformal, ev.predictor, own, [by_id[c] for c in ev.own_split["val"]], ev.dataset,
+                                     ev.refs, scalers, ev.out_dir, provenance, summary, ev.log_figure)
     if cfg.get("save_dicom"):  # after the conformal pass: its masks are exported too (docs/report_html.md)
         from mcseg.evaluation.dicom_cases import export_evaluation
 

@@ -171,7 +171,8 @@ def evaluate_shift(shift: ShiftConfig, predictor, dataset: SegmentationDataset, 
                     "shift": {**record, "cases": drawn}}
             log.info("shift %d/%d: %s level %d %s", i * len(shift.levels) + j + 1, total, name, level, c.params)
             summaries[name][level] = evaluate_split(predictor, view, refs, protocol, cond, shift.save_predictions,
-                                                    False, scalers, prov, progress=False, per_network=per_network)
+                                                    shift.save_probabilities, scalers, prov, progress=False,
+                                                    per_network=per_network)
     names = [*(scalers or {}), *(per_network or {})]
     add_conditions_on_disk(shift, summaries, out_dir, refs, clean, sha, protocol_record,
                            inference_record(predictor), names)

@@ -14,7 +14,9 @@ and, when ``(epoch + 1) % rho_step == 0`` and a previous value exists, ``rho_j <
 rho_max)`` for the columns with ``c_j > tao max(c_j_prev, 0)``; ``c_prev`` is the previous epoch's value.
 
 State in ``state_dict`` (buffers, so a checkpoint resumes exactly): ``lambd``, ``rho``, ``prev_constraint``,
-``has_prev_constraint``. Initial: lambda = lambd_min, rho = rho_min.
+``has_prev_constraint``. Initial: lambda = lambd_min, rho = rho_min. The CRaC authors' checkpoints hold no such
+state (Bala93/CRac ``calibrate/utils/checkpoint.py``: epoch, model, optimiser, scheduler): their resumed run starts
+its multipliers again from the initial values.
 """
 
 from __future__ import annotations

@@ -145,7 +145,9 @@ class SDCLoss(SegmentationLoss):
     inside, so this term rewards p_k < 1/2 deep inside class k; its weight is lambda_sdf / sdf_scale = 1e-3.
     Differences: a class absent from an image gets ``phi = +1`` everywhere (one filling the image -1); the
     authors' code gives SciPy's transform a mask without background, which measures the distance to a phantom
-    voxel just outside the array's first corner (a ramp from about 0 to 1 along the first axis). Ignored voxels
+    voxel just outside the array's first corner (index -1 on the first axis, 0 on the others): once normalised, a
+    map rising along every axis, from 1 / its largest distance at the first corner to 1 at the opposite one, not a
+    ramp along one axis. Ignored voxels
     (``ignore_index``; the authors' code has none) belong to no class's mask and are left out of every mean.
 
     Args:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from mcseg.files import atomic_write
 from mcseg.report.conformal import collect_conformal, conformal_section, folder_fits
+from mcseg.report.statements import collect_statements, statement_folders, statements_section
 from mcseg.report.collect import RunRecord, collect_ensembles, collect_folder_evaluations, collect_runs, read_run
 from mcseg.report.figures import margin_heatmap, reliability_histograms, reliability_overlay, reliability_raters, \
     risk_coverage_overlay, shift_severity
@@ -140,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    if not runs and not folder_fits(args.dirs):  # mcseg-conformal-folder outputs alone: their section
+    if not runs and not folder_fits(args.dirs) and not statement_folders(args.dirs):  # folder outputs alone
         print(f"error: no runs under {', '.join(map(str, args.dirs))}", file=sys.stderr)
         return 1
     if not args.no_eval:
@@ -162,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     notes += [f"**Warning{SEEN_MARK}**: {w}: not figures of unseen data (rows marked{SEEN_MARK})." for w in seen]
     text = (markdown(rows, title, protocol_lines(runs, args) + notes) + "\n"
             + "\n".join([*conformal_section(collect_conformal(runs, ensembles, args.dirs, args.split), out),
+                         *statements_section(collect_statements(runs, args.dirs, args.split)),
                          *failure_lines(runs)]))
     atomic_write(out / "report.md", lambda tmp: tmp.write_text(text))
     write_report_csv(rows, out / "report.csv")

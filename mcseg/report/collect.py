@@ -254,7 +254,7 @@ def read_folder_evaluation(eval_dir: Path) -> RunRecord | None:
         return None
     tool = " + ".join(dict.fromkeys(str(p.get("tool")) for p in predictions))
     folders = "+".join("/".join(Path(str(p.get("path"))).parts[-2:]) for p in predictions)
-    name, key = folder_reference(provenance)
+    name, key = folder_reference(provenance, summary)
     record = RunRecord(eval_dir, f"predictions={folders.replace(' ', '_')}", tool, {}, 0, "completed",
                        dataset=name, dataset_key=key,
                        configuration_key=_sha256("\n".join(str(p.get("path")) for p in predictions)))
@@ -271,46 +271,82 @@ def _under(path: str | Path, folder: Path) -> bool:
     return Path(path).is_relative_to(folder)
 
 
-def folder_reference(provenance: dict) -> tuple[str, str]:
-    """A folder evaluation's reference as (readable name, identity): the folder's last two path parts, and a hash
-    of the reference files it read (their names within the folder and sha256, from ``input_files_sha256``), or of
-    the folder's whole path where none was recorded: two references of one name are two datasets, a moved copy of
-    one is the same."""
+def folder_reference(provenance: dict, summary: dict | None = None) -> tuple[str, str]:
+    """A folder evaluation's reference as (readable name, identity): the folder's last two path parts (with
+    ``[regions]`` when its classes were scored as sigmoid regions), and a hash of the reference files it read
+    (their names within the folder and sha256, from ``input_files_sha256``; the folder's whole path where none was
+    recorded) and of the task they were scored as (the summary's ``classes`` and ``multilabel``: the dataset.json
+    that gave them may lie outside the folder): two references of one name, or one label folder scored as labels
+    and as regions, are two datasets; a moved copy of one is the same."""
     path = Path(str((provenance.get("reference") or {}).get("path") or "?"))
     read = sorted(f"{Path(p).relative_to(path)}:{digest}"
                   for p, digest in (provenance.get("input_files_sha256") or {}).items() if _under(p, path))
-    return "/".join(path.parts[-2:]), _sha256("\n".join(read) if read else str(path))
+    task = {k: (summary or {}).get(k) for k in ("classes", "multilabel")}
+    name = "/".join(path.parts[-2:]) + (" [regions]" if task["multilabel"] else "")
+    return name, _sha256("\n".join([*(read or [str(path)]), json.dumps(task, sort_keys=True)]))
 
 
-def changed_predictions(provenance: dict) -> list[str]:
-    """The prediction files an evaluation read that no longer hold what it read (another sha256, or gone)."""
+def changed_predictions(provenance: dict) -> tuple[list[str], list[str]]:
+    """The prediction files an evaluation read that no longer hold what it read: (those of other content, those
+    gone)."""
     folders = [Path(str(p.get("path"))) for p in provenance.get("predictions") or []]
-    return [path for path, digest in (provenance.get("input_files_sha256") or {}).items()
-            if any(_under(path, f) for f in folders) and (not Path(path).is_file() or file_sha256(path) != digest)]
+    read = [(path, digest) for path, digest in (provenance.get("input_files_sha256") or {}).items()
+            if any(_under(path, f) for f in folders)]
+    gone = [path for path, _ in read if not Path(path).is_file()]
+    return [path for path, digest in read if path not in gone and file_sha256(path) != digest], gone
+
+
+def _listed(files: list[str]) -> str:
+    return f"{len(files)}: {files[0]}{' ...' if len(files) > 1 else ''}"
+
+
+def _stale(record: RunRecord, files: list[str]) -> RunRecord:
+    """``record`` as a stale evaluation: no results (listed as left out), and why."""
+    record.summaries.clear()
+    record.per_case.clear()
+    record.status = "stale"
+    record.error = (f"the prediction files it scored changed since (other content, {_listed(files)}): its figures "
+                    f"are of files that no longer exist; run its mcseg-evaluate-folder command again")
+    return record
 
 
 def current_evaluations(records: list[RunRecord]) -> list[RunRecord]:
-    """Of several evaluations of the same prediction folders against the same reference, those of the folders'
-    current files (the others are warned of and left out); when none is current, the newest."""
+    """Of one or several evaluations of the same prediction folders against the same reference, those of the
+    folders' current files; the others are warned of and left out. Where none is current, an evaluation whose
+    files now hold other content is stale (:func:`_stale`: listed as left out, never reported with the old
+    figures), and of those whose files are only gone (their figures can no longer be checked) the newest is
+    reported with a warning. Returns the records kept, stale ones included (without results)."""
     changed = {r.path: changed_predictions(r.summaries[""]["provenance"]) for r in records}
-    current = [r for r in records if not changed[r.path]] or \
-        [max(records, key=lambda r: (r.path / "summary.json").stat().st_mtime_ns)]
+    current = [r for r in records if not any(changed[r.path])]
+    gone_only = [r for r in records if not changed[r.path][0] and changed[r.path][1]]
+    kept = current or ([max(gone_only, key=lambda r: (r.path / "summary.json").stat().st_mtime_ns)]
+                       if gone_only else [])
+    out = []
     for record in records:
-        if record not in current:
-            files = changed[record.path]
-            log.warning("%s: the prediction files it scored no longer hold what it read (%d changed: %s%s); not "
-                        "reported, %s is", record.path, len(files), files[0], " ..." if len(files) > 1 else "",
-                        ", ".join(str(r.path) for r in current))
-        elif changed[record.path]:
-            log.warning("%s: its prediction files changed since it was made, and no evaluation of their current "
-                        "files exists; reported as the newest (re-evaluate the folder)", record.path)
-    return current
+        other, gone = changed[record.path]
+        if record in kept:
+            if gone:
+                log.warning("%s: %s of its prediction files are gone, and no evaluation of the folder's current "
+                            "files exists; reported as it was made (re-evaluate the folder)", record.path,
+                            _listed(gone))
+            out.append(record)
+        elif current or not other:
+            log.warning("%s: the prediction files it scored no longer hold what it read (%s changed); not "
+                        "reported, %s is", record.path, _listed(other + gone),
+                        ", ".join(str(r.path) for r in kept))
+        else:
+            log.warning("%s: the prediction files it scored no longer hold what it read (%s changed); not "
+                        "reported, listed as stale (run its mcseg-evaluate-folder command again)", record.path,
+                        _listed(other))
+            out.append(_stale(record, other))
+    return out
 
 
 def collect_folder_evaluations(roots: list[Path]) -> list[RunRecord]:
-    """Every evaluation of a prediction folder under ``roots`` (:func:`read_folder_evaluation`); of several
-    complete ones of the same folders against the same reference, the current ones (:func:`current_evaluations`);
-    unfinished ones (no results) are kept to be listed as left out."""
+    """Every evaluation of a prediction folder under ``roots`` (:func:`read_folder_evaluation`); of the complete
+    ones of the same folders against the same reference (one or several), the current ones
+    (:func:`current_evaluations`: the recorded sha256 of every prediction file is checked, a stale one is kept
+    without results); unfinished ones (no results) are kept to be listed as left out."""
     found = {path.parent.resolve() for root in roots for name in ("summary.json", STATUS_FILE)
              for path in Path(root).glob(f"**/{name}")}
     records = [r for r in (read_folder_evaluation(path) for path in sorted(found)) if r is not None]
@@ -318,5 +354,5 @@ def collect_folder_evaluations(roots: list[Path]) -> list[RunRecord]:
     for record in records:
         if record.summaries:
             groups.setdefault((record.dataset_key, record.configuration_key), []).append(record)
-    kept = {r.path for group in groups.values() for r in (group if len(group) == 1 else current_evaluations(group))}
+    kept = {r.path for group in groups.values() for r in current_evaluations(group)}
     return [r for r in records if r.path in kept or not r.summaries]

@@ -21,7 +21,7 @@ from pathlib import Path
 from mcseg.conformal.record import CONFORMAL_FILE
 from mcseg.report.collect import EnsembleRecord, RunRecord
 
-__all__ = ["ConformalFit", "collect_conformal", "conformal_section", "folder_fits"]
+__all__ = ["ConformalFit", "collect_conformal", "conformal_section", "folder_fits", "tool_records"]
 
 log = logging.getLogger(__name__)
 
@@ -49,31 +49,40 @@ def _of_evaluation(label: str, folder: Path, block: dict | None) -> list[Conform
     return found
 
 
-def folder_fits(roots: list[Path]) -> list[ConformalFit]:
-    """The completed ``mcseg-conformal-folder`` outputs under ``roots`` (or ``roots`` themselves), labelled by the
-    folder's last two path parts; the source names the saved files' tool (and whether they were calibrated)."""
-    from mcseg.evaluation.folder_outputs import CONFORMAL_TOOL, folder_status
+def tool_records(roots: list[Path], file_name: str, tool: str) -> list[tuple[Path, dict]]:
+    """``(folder, record)`` of every ``file_name`` under ``roots`` (or ``roots`` themselves) that ``tool`` wrote
+    (its ``tool`` key) in a completed folder (others warned about and left out)."""
+    from mcseg.evaluation.folder_outputs import folder_status
 
     found = []
-    paths = sorted({p.resolve() for root in roots for p in Path(root).glob(f"**/{CONFORMAL_FILE}")})
-    for path in paths:
+    for path in sorted({p.resolve() for root in roots for p in Path(root).glob(f"**/{file_name}")}):
         try:
             record = json.loads(path.read_text())
         except json.JSONDecodeError as exc:
             log.warning("%s: unreadable JSON (%s); ignored", path, exc)
             continue
-        if not isinstance(record, dict) or record.get("tool") != CONFORMAL_TOOL:
-            continue  # a checkpoint evaluation's conformal.json: found through its run or ensemble
+        if not isinstance(record, dict) or record.get("tool") != tool:
+            continue  # a checkpoint evaluation's: found through its run or ensemble
         status = folder_status(path.parent)
         if status is not None and status["status"] != "completed":
-            log.warning("%s: %s is %s; not reported (run its command again)", path.parent, CONFORMAL_TOOL,
-                        status["status"])
+            log.warning("%s: %s is %s; not reported (run its command again)", path.parent, tool, status["status"])
             continue
+        found.append((path.parent, record))
+    return found
+
+
+def folder_fits(roots: list[Path]) -> list[ConformalFit]:
+    """The completed ``mcseg-conformal-folder`` outputs under ``roots`` (or ``roots`` themselves), labelled by the
+    folder's last two path parts; the source names the saved files' tool (and whether they were calibrated)."""
+    from mcseg.evaluation.folder_outputs import CONFORMAL_TOOL
+
+    found = []
+    for folder, record in tool_records(roots, CONFORMAL_FILE, CONFORMAL_TOOL):
         predictions = (record.get("provenance") or {}).get("predictions") or []
         tools = "+".join(dict.fromkeys(str(p.get("tool")) for p in predictions)) or "?"
         calibrated = any(p.get("calibration") for p in predictions)
-        found.append(ConformalFit("/".join(path.parent.parts[-2:]),
-                                  f"saved {tools}{' calibrated' if calibrated else ''}", path.parent, record))
+        found.append(ConformalFit("/".join(folder.parts[-2:]),
+                                  f"saved {tools}{' calibrated' if calibrated else ''}", folder, record))
     return found
 
 
@@ -144,7 +153,8 @@ def conformal_section(fits: list[ConformalFit], out: Path) -> list[str]:
              "cases (a run's validation cases), whether the bound holds there, the mean test loss (FNR, or FDR) "
              "against alpha, the mean set volume over the predicted volume, the outer and inner margins in mm "
              "(their quantile at 1 - alpha) and n calibration cases with the class. Cases, not voxels, are the "
-             "units (docs/conformal.md).", "",
+             "units (docs/conformal.md). –: not computed (no finite margin when alpha < 1/(n+1) or a calibration "
+             "case has an empty prediction; no test case with the class).", "",
              "| run | source | class | threshold | controlled | test loss / alpha | set / prediction | outer mm | "
              "inner mm | n |", "|---|---|---|---|---|---|---|---|---|---|"]
     figures = []

@@ -359,12 +359,17 @@ def add_predictors(rows: list[ConfigRow], ensembles: list) -> None:
 
 def mark_seen_in_training(rows: list[ConfigRow]) -> list[str]:
     """Mark each row with a run whose evaluation scored cases that are, by content, cases the model was
-    trained or validated on (``provenance.seen_in_training``); return one warning per such run."""
+    trained or validated on (``provenance.seen_in_training``), or, of a calibrated prediction folder, cases its
+    calibration was fitted on (``provenance.scored_fit_cases``: ``--allow-fit-cases``); return one warning per
+    such run."""
     warnings = []
     for row in rows:
         row.seen_in_training = []
         for run in row.runs:
-            seen = (run.summaries.get("", {}).get("provenance") or {}).get("seen_in_training") or {}
+            provenance = run.summaries.get("", {}).get("provenance") or {}
+            seen = dict(provenance.get("seen_in_training") or {})
+            if provenance.get("scored_fit_cases"):
+                seen["calibration fit"] = provenance["scored_fit_cases"]
             if seen:
                 row.seen_in_training.append(str(run.path))
                 warnings.append(f"{run.path}: its scored cases include "

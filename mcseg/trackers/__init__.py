@@ -257,8 +257,16 @@ def build_trackers(logger_cfg: dict, run_dir: Path, resumed: bool = False, sweep
     record = read_record(run_dir) if (resumed or reopen) else {}
     parent = read_record(sweep_dir) if sweep_dir is not None else {}
     built = Trackers([], run_dir)
-    for key, node in tracker_nodes(logger_cfg).items():
-        tracker = instantiate(node, f"logger.{key}")
+    made = {key: instantiate(node, f"logger.{key}") for key, node in tracker_nodes(logger_cfg).items()}
+    named: dict[str, str] = {}
+    for key, tracker in made.items():  # before any opens: trackers.json keeps one record per name
+        if tracker.name in named:
+            raise ConfigError(f"config keys 'logger.{named[tracker.name]}' and 'logger.{key}' both make a tracker "
+                              f"named {tracker.name!r} ({target_of(made[named[tracker.name]])}, "
+                              f"{target_of(tracker)}): trackers.json keeps one run per name; give the class its own "
+                              f"name or turn one node off")
+        named[tracker.name] = key
+    for tracker in made.values():
         try:
             tracker.open(run_dir, record.get(tracker.name), parent.get(tracker.name), run_name, resumed=resumed)
         except ConfigError:

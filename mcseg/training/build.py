@@ -16,7 +16,8 @@ from omegaconf import DictConfig, OmegaConf
 from mcseg.calibration import PosthocConfig
 from mcseg.config import EvalProtocol, InferenceConfig, LoggerConfig, TrainerConfig, check_logger, typed, validate_train_config
 from mcseg.data.base import SegmentationDataset
-from mcseg.data.build import Splits, build_dataset, check_run_inputs, record_dataset_facts, resolve_split
+from mcseg.data.build import (Splits, build_dataset, check_run_inputs, choose_split, record_dataset_facts,
+                              save_splits)
 from mcseg.data.fingerprint import split_fingerprints
 from mcseg.data.split import SPLITS
 from mcseg.environment import environment_record
@@ -110,10 +111,12 @@ def build_run(cfg: DictConfig) -> Run:
     container = OmegaConf.to_container(cfg, resolve=True)
     # refused launches (last.pt without resume, a changed config, a finished run) end here, nothing written
     resume_from = check_launch(run_dir, tcfg.resume, tcfg.auto_resume, container, content_lookup(dataset))
+    splits = choose_split(dataset, cfg.dataset, run_dir)  # the same on every rank (read, or made by seed)
+    check_run_inputs(cfg, dataset, splits)  # every case's headers, posthoc vs. the split: refused, nothing written
     begin_run(resumed=resume_from is not None)
     with dist.main_first():  # torchrun: rank 0 writes split.json and the cache, the others then read them
-        splits = resolve_split(dataset, cfg.dataset, run_dir)
-        check_run_inputs(cfg, dataset, splits)  # every case's headers, posthoc vs. the split: before any work
+        if dist.is_main:
+            save_splits(splits, run_dir)
         dataset.prepare(splits["all"])  # preprocess and cache once (no-op when preprocessing is off)
     log.info("dataset %s: %s", dataset.name, {k: len(v) for k, v in splits.refs.items()})
     content = split_fingerprints(dataset, {name: splits[name] for name in SPLITS})  # cached: a stat per file

@@ -114,6 +114,17 @@ def test_refusals_and_overwrite(nn, tmp_path, capsys):
     assert "not an input folder" in capsys.readouterr().err
 
 
+def test_a_loss_its_method_cannot_control_is_refused_before_any_folder_is_read(tmp_path, capsys):
+    """CRC (the default) of the FDR is refused from the command line alone: before the reference and the
+    prediction folders are read (here they do not even exist), naming both options."""
+    out = tmp_path / "conformal"
+    argv = ["--fit", str(tmp_path / "validation"), "--reference", str(tmp_path / "raw"), "--loss", "fdr", "-o",
+            str(out)]
+    assert conformal(argv) == 2
+    err = capsys.readouterr().err
+    assert "--loss fdr with --method crc" in err and "use method 'ltt'" in err and not out.exists()
+
+
 def test_monai_folders(nn, tmp_path):
     from tests.tool_outputs import make_monai
 

@@ -8,7 +8,7 @@ import torch
 
 from mcseg.conformal import ConformalSettings, NotMonotone, case_counts, control, default_thresholds, fit_thresholds
 from mcseg.conformal.control import crc
-from mcseg.conformal.risks import CaseCounts, Loss, class_masks, loss_table
+from mcseg.conformal.risks import LOSSES, CaseCounts, Loss, class_masks, loss_table
 from tests.conformal.synthetic import synthetic_case, synthetic_summaries
 
 
@@ -68,7 +68,7 @@ def test_crc_and_rcps_refuse_a_loss_they_cannot_prove_monotone_and_ltt_takes_it(
     bumpy = fnr.copy()
     bumpy[7, 50] = bumpy[7, 51] + 0.2
     with pytest.raises(NotMonotone, match="calibration case 7 decreases .* between grid thresholds 50 and 51"):
-        control(bumpy, grid, Loss("bumpy", True, "largest", 1.0, "a bumpy loss"), "crc", 0.2)
+        control(bumpy, grid, Loss("bumpy", True, "largest", 1.0, "a bumpy loss", LOSSES["fnr"].formula), "crc", 0.2)
     fit = control(fdr, grid, "fdr", "ltt", 0.3, delta=0.1)
     assert fit.controlled and fit.risk <= 0.3 and fit.bound <= 0.1  # a valid lambda: its p-value passes Holm
     with pytest.raises(ValueError, match="delta None"):

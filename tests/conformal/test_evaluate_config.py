@@ -25,6 +25,8 @@ def test_the_default_node_composes_off_and_typed(tmp_path):
     ({"alpha": 1.5}, "conformal.alpha': expected 0 < alpha < 1"),
     ({"delta": 0.1}, "conformal.delta': belongs to method rcps or ltt"),
     ({"alhpa": 0.1}, "conformal.alhpa"),
+    ({"loss": "fdr"}, r"conformal.loss'=fdr with conformal.method=crc: .*not non-decreasing.*conformal.method=ltt"),
+    ({"loss": "fdr", "method": "rcps", "delta": 0.1}, r"conformal.loss'=fdr with conformal.method=rcps"),
 ])
 def test_bad_values_are_refused_naming_the_key(node, message):
     with pytest.raises(ConfigError, match=message):
@@ -64,7 +66,7 @@ def test_headline_block_means_over_classes():
 
 def test_a_training_without_validation_cases_is_refused_at_its_start(tmp_path):
     """The conformal pass of a run's test evaluation fits on its validation cases: none is said before any training
-    step, naming the key that left none (not after the training, by the test evaluation)."""
+    step, naming the key that left none (not after the training, by the test evaluation), and writes nothing."""
     from mcseg.train import train
     from tests.conftest import TINY_2D
 
@@ -73,4 +75,32 @@ def test_a_training_without_validation_cases_is_refused_at_its_start(tmp_path):
                                    "posthoc.fit=[]", "posthoc.apply=[]"], run)
     with pytest.raises(ConfigError, match=r"conformal.enabled.*dataset.split.val_fraction=0"):
         train(cfg)
-    assert not (run / "checkpoints").exists() and not (run / "eval").exists()
+    # nothing written: no split.json, which the corrected launch (val_fraction=0.2) would otherwise take as its own
+    assert not run.exists() or sorted(p.name for p in run.iterdir()) == []
+
+
+def test_a_loss_its_method_cannot_control_is_refused_before_the_training(tmp_path, monkeypatch):
+    """``conformal.loss=fdr`` with the default CRC: refused by train() before anything is built (not by the test
+    evaluation's conformal pass after the training), and by an evaluation's check before anything is written."""
+    import mcseg.train
+    from mcseg.evaluation.predictor import conformal_check
+    from tests.conftest import TINY_2D
+
+    def built(cfg):
+        raise AssertionError("build_run was reached: the conformal node was not checked at start")
+
+    monkeypatch.setattr(mcseg.train, "build_run", built)
+    cfg = compose_config("train", [*TINY_2D, "conformal.enabled=true", "conformal.loss=fdr"], tmp_path / "run")
+    with pytest.raises(ConfigError, match=r"conformal.loss'=fdr"):
+        mcseg.train.train(cfg)
+    cfg = compose_config("evaluate", ["ckpt=x", "split=test", "conformal.enabled=true", "conformal.loss=fdr"],
+                         tmp_path)
+    with pytest.raises(ConfigError, match=r"conformal.loss'=fdr"):
+        conformal_check(cfg, {"train": ["a"], "val": ["b"], "test": ["c"]})
+    from mcseg.evaluate import evaluate
+
+    with pytest.raises(ConfigError, match=r"conformal.loss'=fdr"):  # before the checkpoint (here none) is read
+        evaluate(cfg)
+    cfg = compose_config("evaluate", ["ckpt=x", "split=test", "conformal.enabled=true", "conformal.loss=fdr",
+                                      "conformal.method=ltt", "conformal.delta=0.1"], tmp_path)
+    assert conformal_check(cfg, {"train": ["a"], "val": ["b"], "test": ["c"]}).loss == "fdr"  # LTT controls it

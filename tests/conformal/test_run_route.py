@@ -97,3 +97,28 @@ def test_a_runs_saved_probabilities_through_the_folder_command(run, tmp_path):
             probs = _probs(path / f"eval/test/predictions/{case}_probs.nii.gz")
             mask = np.asarray(nib.load(str(out / f"{case}_set_{name}.nii.gz")).dataobj).astype(bool)
             np.testing.assert_array_equal(mask, probs[fit["channel"]] >= fit["threshold"])
+
+
+def test_statements_of_the_run_equal_the_folder_commands(run, tmp_path, monkeypatch):
+    """conformal.statements=true in evaluate.py (issue #54) states for the test cases what mcseg-new-cases states
+    from the run's saved validation and test probabilities."""
+    import csv
+
+    from mcseg.new_cases import main as new_cases
+
+    path, msd, split = run
+    monkeypatch.setenv("MCSEG_CACHE_DIR", str(tmp_path / "cache"))
+    evaluate(compose_config("evaluate", [
+        "evaluation.bootstrap_samples=10", f"ckpt={path}", "split=test", "conformal.enabled=true",
+        "conformal.alpha=0.4", "conformal.statements=true", "conformal.posthoc=false", "conformal.repeats=0",
+        "conformal.masks=false", "save_predictions=false", f"eval_dir={tmp_path / 'eval'}"], tmp_path / "job"))
+    folder = tmp_path / "folder"
+    assert new_cases(["--fit", str(path / "eval/val/predictions"), "--reference", str(msd), "--apply",
+                      str(path / "eval/test/predictions"), "-o", str(folder), "--alpha", "0.4"]) == 0
+    read = lambda p: list(csv.DictReader(p.open()))  # noqa: E731
+    ours, theirs = read(tmp_path / "eval/conformal/raw/statements/statements.csv"), read(folder / "statements.csv")
+    assert (tmp_path / "eval/conformal/raw/statements/statements.png").read_bytes()[:4] == b"\x89PNG"
+    assert [(r["case"], r["structure"]) for r in ours] == [(r["case"], r["structure"]) for r in theirs]
+    for a, b in zip(ours, theirs):
+        for key in ("volume_mask_ml", "volume_lower_ml", "volume_upper_ml", "dice_lower", "review"):
+            assert a[key] == b[key] or float(a[key]) == pytest.approx(float(b[key]), rel=1e-4, abs=1e-6), key

@@ -20,11 +20,12 @@ def _fit_and_test(record: dict) -> dict:
 def test_run_evaluation_writes_what_evaluate_writes(make_cfg, tmp_path, monkeypatch):
     monkeypatch.setenv("MCSEG_CACHE_DIR", str(tmp_path / "cache"))
     run = tmp_path / "run"
-    train(make_cfg([*TINY_2D, "logger=none", "conformal.enabled=true", "conformal.alpha=0.4"], output_dir=run))
+    train(make_cfg([*TINY_2D, "logger=none", "conformal.enabled=true", "conformal.alpha=0.4",
+                    "conformal.statements=true"], output_dir=run))
     summary = json.loads((run / "eval/test/summary.json").read_text())
     evaluate(compose_config("evaluate", ["evaluation.bootstrap_samples=10", f"ckpt={run}", "split=test",
                                          "conformal.enabled=true", "conformal.alpha=0.4",
-                                         f"eval_dir={tmp_path / 'eval'}"], tmp_path / "job"))
+                                         "conformal.statements=true", f"eval_dir={tmp_path / 'eval'}"], tmp_path / "job"))
     sources = sorted(p.name for p in (run / "eval/test/conformal").iterdir())
     assert sources == sorted(p.name for p in (tmp_path / "eval/conformal").iterdir()) and "raw" in sources
     for source in sources:
@@ -32,6 +33,11 @@ def test_run_evaluation_writes_what_evaluate_writes(make_cfg, tmp_path, monkeypa
         theirs = json.loads((tmp_path / "eval/conformal" / source / "conformal.json").read_text())
         assert _fit_and_test(ours) == _fit_and_test(theirs)
         assert ours["applied"]["split_cases"] == theirs["applied"]["split_cases"]
+        # the new-case statements (issue #54) of the run's test cases, fitted on its validation cases, alike
+        mine = json.loads((run / "eval/test/conformal" / source / "statements/statements.json").read_text())
+        other = json.loads((tmp_path / "eval/conformal" / source / "statements/statements.json").read_text())
+        assert mine == other and mine["calibration_cases"] == ours["fit_cases"]
+        assert mine["new_cases"] == ours["applied"]["split_cases"] and len(mine["rows"]) > 0
     assert set(summary["conformal"]) == set(sources)
 
 

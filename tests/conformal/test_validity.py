@@ -82,3 +82,30 @@ def test_split_once_test_risk_and_volume_recomputed_from_the_probabilities():
         stretch = [float((p[k].double() >= t).sum() / (p.argmax(0) == k).sum()) for p, _ in cases[18:]]
         assert row["test_risk"] == pytest.approx(np.mean(fnr))
         assert row["set_over_prediction"] == pytest.approx(np.mean(stretch)) and row["set_over_prediction"] > 1
+
+
+def test_the_random_splits_differ_partition_the_pool_and_are_shared_by_the_alphas(monkeypatch):
+    """What each repeat is fitted and measured on (split_once's arguments, recorded): REPEATS splits of the pool,
+    each into n_calibration cases and the others, no two with the same calibration cases (a bug that reused one
+    split, or one permutation, would give REPEATS equal ones whatever the seed); the same splits at every alpha of
+    over_alphas, and again for the same seed."""
+    from mcseg.conformal import validity
+
+    summaries = synthetic_summaries(np.random.default_rng(5), 30)
+    seen = []
+
+    def recorded(calibration, test, settings):
+        seen.append((settings.alpha, tuple(calibration.cases), tuple(test.cases)))
+        return real(calibration, test, settings)
+
+    real = validity.split_once
+    monkeypatch.setattr(validity, "split_once", recorded)
+    validity.over_alphas(summaries, ConformalSettings(classes=[1]), ["bg", "a", "b"], (0.1, 0.2), 12, seed=4)
+    first, second = ([s[1:] for s in seen if s[0] == a] for a in (0.1, 0.2))
+    assert len(first) == validity.REPEATS and first == second
+    for calibration, test in first:
+        assert len(calibration) == 12 and sorted(calibration + test) == summaries.cases
+    assert len({frozenset(calibration) for calibration, _ in first}) == validity.REPEATS
+    seen.clear()
+    validity.over_splits(summaries, ConformalSettings(classes=[1]), 12, seed=4)
+    assert [s[1:] for s in seen] == first

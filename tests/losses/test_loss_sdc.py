@@ -134,12 +134,16 @@ def test_equals_the_authors_computation_value_and_gradient(dims, morph):
 
 
 def test_the_absent_class_difference():
-    """Their SDF of an absent class measures the distance to a phantom voxel outside the array's first corner
-    (SciPy's transform of a mask without background): a ramp along the first axis, not a constant. That channel
-    is the only difference; without absent classes the values agree."""
+    """Their SDF of an absent class measures the distance to a phantom voxel outside the array's first corner,
+    at (-1, 0) (SciPy's transform of a mask without background): normalised, a map rising along both axes, not a
+    constant. That channel is the only difference; without absent classes the values agree."""
     logits, target = _inputs((2, 4, 9, 8), seed=3)
     theirs = authors_sdf(target, 4)[1, 3]  # class 3 is absent
-    assert theirs.min() < 0.3 and theirs.max() == pytest.approx(1.0, abs=1e-5)
+    i, j = torch.meshgrid(torch.arange(9.0), torch.arange(8.0), indexing="ij")
+    corner = torch.hypot(i + 1, j)
+    torch.testing.assert_close(theirs, corner / (corner.max() + 1e-6))
+    assert (theirs.diff(dim=0) > 0).all() and (theirs.diff(dim=1) > 0).all()  # rising along both axes
+    assert theirs.min() < 0.1 and theirs.max() == pytest.approx(1.0, abs=1e-5)
     assert torch.equal(SDCLoss().targets(target, None, 4, torch.float32)[1][1, 3], torch.ones(9, 8))
     assert SDCLoss()(logits, target).item() != pytest.approx(authors_sdc(logits, target).item(), rel=1e-7)
     logits, target = random_inputs((2, 3, 9, 8), seed=5, dtype=torch.float64)

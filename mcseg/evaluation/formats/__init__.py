@@ -18,28 +18,41 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mcseg.registry import unique
 from mcseg.data.reference import FolderError, Task, case_volumes
 from mcseg.evaluation.formats.base import CasePrediction, PredictionFormat
 from mcseg.evaluation.formats.channel_last import ChannelLastFormat, McsegFormat, MonaiFormat
 from mcseg.evaluation.formats.nnunet import NnUNetFormat
 
 __all__ = ["FORMATS", "CasePrediction", "ChannelLastFormat", "McsegFormat", "MonaiFormat", "NnUNetFormat",
-           "PredictionFormat", "declared_classes", "detect_format", "format_names", "open_folder", "prediction_files"]
+           "PredictionFormat", "checked_formats", "declared_classes", "detect_format", "format_names", "open_folder", "prediction_files"]
 
 # every prediction format mcseg reads and writes, in the order detection lists them
 FORMATS: list[type[PredictionFormat]] = [NnUNetFormat, MonaiFormat, McsegFormat]
 
 
+def checked_formats() -> list[type[PredictionFormat]]:
+    """:data:`FORMATS`, each name (``--format``) and file pattern once: a format whose name or pattern another has
+    taken would take that one's files, so it is refused naming both (checked at import and at every use, since an
+    entry may be added later)."""
+    unique(FORMATS, lambda fmt: fmt.format, "prediction format")
+    unique(FORMATS, lambda fmt: fmt.pattern(), "prediction file pattern")
+    return FORMATS
+
+
+checked_formats()
+
+
 def format_names() -> list[str]:
     """The ``--format`` names of :data:`FORMATS` (read when a parser is built, so an entry added is offered)."""
-    return [fmt.format for fmt in FORMATS]
+    return [fmt.format for fmt in checked_formats()]
 
 
 def _held(folder: Path, **options) -> dict[type[PredictionFormat], int]:
     """The formats whose case files ``folder`` holds, with how many."""
     if not folder.is_dir():
         raise FolderError(f"{folder}: the prediction folder is not a folder")
-    counts = {fmt: fmt.detect(folder, **options) for fmt in FORMATS}
+    counts = {fmt: fmt.detect(folder, **options) for fmt in checked_formats()}
     return {fmt: n for fmt, n in counts.items() if n}
 
 

@@ -1,0 +1,95 @@
+"""The new-case statements under shift: plain and weighted (docs/new_cases.md) on a run's corrupted test cases.
+
+    python evaluate.py ckpt=$R split=val save_probabilities=true
+    python evaluate.py ckpt=$R split=test save_probabilities=true shift=rood_mri shift.save_probabilities=true \
+        shift.corruptions=[ghosting,bias_field,rician_noise] shift.levels=[1,3,5]
+    python scripts/statements_shift.py $R --reference $HIPPO -o DIR [--alpha 0.1] [--split test]
+
+For the clean test cases (level 0) and each condition of ``<run>/eval/<split>/shift/<corruption>/<level>/`` whose
+probabilities were saved, ``mcseg-new-cases`` is fitted on the run's validation cases and applied to the condition's
+cases twice, plain and ``--shift weighted``; the conditions' labels (the reference's: corruptions that move the label,
+affine and elastic, are left out) measure the coverage of each statement. Writes DIR/shift_coverage.csv (per
+corruption, level, statement, structure: the plain and the weighted coverage, the effective sample size),
+DIR/shift_coverage.md (per level, means over the corruptions) and, per condition, the two folders of statements.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mcseg.files import write_csv  # noqa: E402
+from mcseg.new_cases import main as new_cases  # noqa: E402
+from mcseg.statements.intervals import STATEMENTS  # noqa: E402
+
+MOVES_LABEL = ("affine", "elastic_deformation")
+
+
+def coverage(folder: Path) -> dict[tuple[str, str], float]:
+    with (folder / "statements.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    out = {}
+    for name in STATEMENTS:
+        for structure in dict.fromkeys(r["structure"] for r in rows):
+            own = [r for r in rows if r["structure"] == structure]
+            out[name, structure] = float(np.mean([r[f"{name}_covered"] == "True" for r in own]))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("run", type=Path)
+    p.add_argument("--reference", type=Path, required=True)
+    p.add_argument("-o", "--output-dir", type=Path, required=True)
+    p.add_argument("--alpha", type=float, default=0.1)
+    p.add_argument("--split", default="test")
+    p.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more mcseg-new-cases options")
+    args = p.parse_args(argv)
+    evaluation = args.run / "eval" / args.split
+    conditions = [("clean", 0, evaluation / "predictions")]
+    for folder in sorted((evaluation / "shift").glob("*/*/predictions")):
+        corruption, level = folder.parent.parent.name, folder.parent.name
+        if corruption not in MOVES_LABEL and any(folder.glob("*_probs.nii.gz")):
+            conditions.append((corruption, int(level), folder))
+    rows = []
+    for corruption, level, folder in conditions:
+        found = {}
+        for mode in ("none", "weighted"):
+            out = args.output_dir / corruption / str(level) / mode
+            code = new_cases(["--fit", str(args.run / "eval/val/predictions"), "--reference", str(args.reference),
+                              "--apply", str(folder), "-o", str(out), "--alpha", str(args.alpha), "--shift", mode,
+                              "--overwrite", *args.extra])
+            if code:
+                return code
+            found[mode] = coverage(out)
+        n_eff = json.loads((args.output_dir / corruption / str(level) / "weighted" / "statements.json")
+                           .read_text())["shift"]["n_eff"]
+        for (name, structure), plain in found["none"].items():
+            rows.append({"corruption": corruption, "level": level, "statement": name, "structure": structure,
+                         "coverage_plain": plain, "coverage_weighted": found["weighted"][name, structure],
+                         "n_eff": n_eff})
+    write_csv(args.output_dir / "shift_coverage.csv", rows)
+    lines = [f"Coverage of the statements at level {1 - args.alpha:g} on the run's {args.split} cases, clean (level 0) "
+             f"and corrupted (mean over {len({r['corruption'] for r in rows}) - 1} corruption(s) per level): plain / "
+             f"weighted.", "", "| level | statement | structure | plain | weighted | n_eff |", "|---|---|---|---|---|---|"]
+    for level in sorted({r["level"] for r in rows}):
+        for name in STATEMENTS:
+            for structure in dict.fromkeys(r["structure"] for r in rows):
+                own = [r for r in rows if r["level"] == level and r["statement"] == name
+                       and r["structure"] == structure]
+                lines.append(f"| {level} | {name} | {structure} | {np.mean([r['coverage_plain'] for r in own]):.3f} | "
+                             f"{np.mean([r['coverage_weighted'] for r in own]):.3f} | "
+                             f"{np.mean([r['n_eff'] for r in own]):.1f} |")
+    (args.output_dir / "shift_coverage.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
