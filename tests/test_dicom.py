@@ -121,3 +121,28 @@ def test_evaluate_folder_dicom_writes_each_case_over_the_reference_images(tmp_pa
     probs = np.asarray(__import__("nibabel").load(str(predictions / "c0_probs.nii.gz")).dataobj)
     back = dicom.read_frames(case / "c0_probabilities.dcm", _series(case / "series"))
     assert np.abs(back - probs[..., 1:]).max() <= 1 / 255
+
+
+@pytest.mark.slow
+def test_a_training_with_save_dicom_writes_its_test_cases_on_their_images_geometry(make_cfg, tmp_path, monkeypatch):
+    """inference.save_dicom=true: after the run's test evaluation, each test case as DICOM over its own image (an
+    MSD folder with a rotated affine), the series' geometry the image's and the probabilities within 1/255."""
+    import nibabel as nib
+
+    from mcseg.train import train
+    from tests.fake_datasets import write_msd
+    from tests.test_bad_input import MSD_TINY
+
+    monkeypatch.setenv("MCSEG_CACHE_DIR", str(tmp_path / "cache"))
+    root = write_msd(tmp_path / "msd", n_cases=4)
+    train(make_cfg(MSD_TINY + [f"dataset.root={root}", "trainer.device=cpu", "inference.save_dicom=true",
+                               "inference.save_probabilities=true"]))
+    evaluation = tmp_path / "run" / "eval" / "test"
+    cases = sorted(p for p in (evaluation / "dicom").iterdir())
+    assert cases and all((c / f"{c.name}_probabilities.dcm").is_file() for c in cases)
+    case = cases[0]
+    series = _series(case / "series")
+    image = nib.load(str(next((root / "imagesTr").glob(f"{case.name}*"))))
+    assert np.allclose(dicom.series_affine(series), image.affine, atol=1e-4)
+    probs = np.asarray(nib.load(str(evaluation / "predictions" / f"{case.name}_probs.nii.gz")).dataobj)
+    assert np.abs(dicom.read_frames(case / f"{case.name}_probabilities.dcm", series) - probs[..., 1:]).max() <= 1 / 255
