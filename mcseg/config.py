@@ -156,6 +156,7 @@ class InferenceConfig:
     member_seed: int = 0
     save_predictions: bool = True
     save_probabilities: bool = False
+    save_dicom: bool = False  # the test evaluation's cases as DICOM too (mcseg.evaluation.dicom_cases)
 
 
 @dataclass

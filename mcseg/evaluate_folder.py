@@ -61,11 +61,18 @@ def evaluate_folder(pred_dir: Path, label_dir: Path, probs_dir: Path | None = No
         from mcseg.evaluation.provenance import file_sha256
 
         selection["sha256"] = file_sha256(splits)
-    out = Path(output_dir) if output_dir else pred_dir / ("eval" if len(folders) == 1 else f"eval-ensemble{len(folders)}")
+    out = output_folder(pred_dir, len(folders), output_dir)
     # mcseg's maps go beside its predictions; never into another tool's folder (its tools would read them as cases)
     uncertainty = (pred_dir if folders[0].format == "mcseg" and len(folders) == 1 else out / "uncertainty") \
         if protocol.save_uncertainty else None
     return evaluate_folders(folders, reference, protocol, out, cases, allow_missing, uncertainty, selection, overwrite)
+
+
+def output_folder(pred_dir: Path, n_folders: int, output_dir: Path | None = None) -> Path:
+    """Where an evaluation of ``n_folders`` prediction folders goes: ``output_dir``, else ``pred_dir/eval`` or
+    ``pred_dir/eval-ensemble<M>``."""
+    name = "eval" if n_folders == 1 else f"eval-ensemble{n_folders}"
+    return Path(output_dir) if output_dir else Path(pred_dir) / name
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -97,6 +104,11 @@ def _parser() -> argparse.ArgumentParser:
                    "never a folder of predictions, an earlier evaluation only with --overwrite")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier evaluation in OUT_DIR (never "
                    "a folder of predictions or another tool's files)")
+    p.add_argument("--dicom", action="store_true", help="also write each case as DICOM into OUT_DIR/dicom: the image "
+                   "as a series, probabilities, prediction and uncertainty as Segmentations and a Parametric Map "
+                   "(mcseg-dicom; docs/report_html.md)")
+    p.add_argument("--images", type=Path, help="with --dicom: folder of the images (<case>.nii.gz or "
+                   "<case>_0000.nii.gz; default: imagesTr beside the reference)")
     p.add_argument("--allow-missing", action="store_true", help="evaluate even if some labels have no prediction")
     p.add_argument("--region", choices=REGIONS, default=defaults.region, help="voxels used for calibration")
     p.add_argument("--n-bins", type=int, default=defaults.n_bins)
@@ -138,6 +150,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mcseg-evaluate-folder: warning: {warning}", file=sys.stderr)
     names = summary["classes"] if summary.get("multilabel") else ["background", *summary["classes"]]
     print(format_summary(summary, names, title=f"{args.pred_dir}"))
+    if args.dicom:
+        from mcseg.evaluation.dicom import DicomError
+        from mcseg.evaluation.dicom_cases import export_evaluation
+
+        out = output_folder(args.pred_dir, 1 + len(args.ensemble), args.output_dir)
+        try:
+            print(f"DICOM: {len(export_evaluation(out, summary, {}, args.images))} objects in {out / 'dicom'}")
+        except (DicomError, OSError) as exc:
+            print(f"mcseg-evaluate-folder: error: DICOM: {exc}", file=sys.stderr)
+            return 2
     return 0
 
 

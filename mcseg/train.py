@@ -6,7 +6,9 @@ all call this one function.
 """
 from __future__ import annotations
 
+import logging
 import math
+from pathlib import Path
 
 from omegaconf import DictConfig
 
@@ -23,6 +25,8 @@ from mcseg.slots import slot_record
 from mcseg.training.build import Run, build_run
 from mcseg.training.distributed import shutdown
 from mcseg.trials import TrialPruned, trial_reporter
+
+log = logging.getLogger("mcseg.train")
 
 
 def train(cfg: DictConfig) -> dict:
@@ -92,12 +96,28 @@ def evaluate_test(run: Run, cfg: DictConfig) -> dict:
         inference.save_predictions, inference.save_probabilities, scalers, provenance,
     )
     summary = conformal_of_run(run, cfg, scalers, provenance, summary)
+    if inference.save_dicom:  # after the conformal pass: its masks are exported too (docs/report_html.md)
+        dicom_of_run(run_dir / "eval" / "test", summary, run.splits["test"])
     best_val = validation_score(next((h for h in trainer.history if h["epoch"] == trainer.best_epoch), {}),
                                 cfg.get("score"))
     run.trackers.evaluation("test", summary, run_dir / "eval" / "test", trainer.global_step,
                             hparams={"params": hparams_of(cfg), "metrics": {"final/best_val_score": best_val}})
     run.trackers.save_record(trainer.global_step)
     return summary
+
+
+def dicom_of_run(folder: Path, summary: dict, refs: list) -> None:
+    """``inference.save_dicom=true``: the test cases as DICOM into ``folder/dicom``, each over its own image file
+    (:mod:`mcseg.evaluation.dicom_cases`). A case that cannot be written (no image file, another grid) is logged
+    with the reason and left out: the run and its evaluation stand."""
+    from mcseg.evaluation.dicom import DicomError
+    from mcseg.evaluation.dicom_cases import export_evaluation
+
+    images = {r.case_id: Path(r.image_paths[0]) for r in refs if r.image_paths}
+    try:
+        log.info("DICOM: %d objects in %s", len(export_evaluation(folder, summary, images)), folder / "dicom")
+    except (DicomError, OSError) as exc:
+        log.error("inference.save_dicom: %s", exc)
 
 
 def conformal_of_run(run: Run, cfg: DictConfig, scalers: dict, provenance: dict, summary: dict) -> dict:

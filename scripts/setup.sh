@@ -32,9 +32,38 @@ nnunet_tests() {
     esac
     echo "setup: nnU-Net's export code (scripts/nnunet-tests.txt) not installed: the tests that need it are skipped"
 }
+# Headless Chromium for tests/test_report_browser.py (report.html in a real browser, driven by the test extra's
+# Playwright through the browser's executable): a Chromium already there ($MCSEG_CHROMIUM or on the PATH), else
+# Debian's chromium-headless-shell installed with apt-get (as root, or with sudo -n). MCSEG_BROWSER=0 leaves it
+# out. Under CI=true a Chromium that cannot be installed ends the set-up: the tests would fail.
+browser() {
+    [ "${MCSEG_BROWSER:-1}" = "0" ] && return 0
+    [ -n "${MCSEG_CHROMIUM:-}" ] && [ -x "$MCSEG_CHROMIUM" ] && return 0
+    local name
+    for name in chromium-headless-shell chromium chromium-browser google-chrome; do
+        if command -v "$name" >/dev/null 2>&1 || [ -x "/usr/lib/chromium/$name" ]; then return 0; fi
+    done
+    local sudo=()
+    [ "$(id -u)" = 0 ] || sudo=(sudo -n)
+    if command -v apt-get >/dev/null 2>&1 && ${sudo[@]+"${sudo[@]}"} apt-get update -qq >/dev/null &&
+        ${sudo[@]+"${sudo[@]}"} env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium-headless-shell \
+            >/dev/null; then
+        echo "setup: installed chromium-headless-shell (tests/test_report_browser.py)"
+        return 0
+    fi
+    case "${CI:-}" in
+        [Tt][Rr][Uu][Ee] | 1)
+            echo "setup: error: no Chromium, and chromium-headless-shell could not be installed with apt-get; under" \
+                "CI=$CI the browser tests of report.html fail instead of skipping (MCSEG_CHROMIUM=<executable>)" >&2
+            exit 1 ;;
+    esac
+    echo "setup: no Chromium (apt-get install chromium-headless-shell, or MCSEG_CHROMIUM=<executable>): the" \
+        "browser tests of report.html are skipped"
+}
 if [ "$gpu" != "1" ]; then
     "${pip[@]}" -c constraints-cpu.txt -e ".[test]"
     nnunet_tests
+    browser
     exit 0
 fi
 if [ -n "${MCSEG_TORCH_INDEX:-}" ]; then
@@ -49,6 +78,7 @@ elif torch_dir=$("$python" -c 'import os, torch; print(os.path.dirname(os.path.d
 fi
 "${pip[@]}" -e ".[test]"
 nnunet_tests
+browser
 .venv/bin/python - <<'EOF'
 import sys
 import torch

@@ -62,6 +62,7 @@ def _fake_checkout(tmp_path: Path) -> Path:
 def test_setup_fails_under_ci_when_nnunets_export_code_cannot_be_installed(tmp_path, ci, gpu):
     repo = _fake_checkout(tmp_path)
     env = {k: v for k, v in os.environ.items() if k not in ("CI", "MCSEG_GPU", "MCSEG_TORCH_INDEX", "PYTHON")}
+    env["MCSEG_BROWSER"] = "0"  # no apt-get from a test
     if ci:
         env["CI"] = ci
     if gpu:  # the GPU set-up, with an interpreter without torch (.venv's python stands in for the CUDA check)

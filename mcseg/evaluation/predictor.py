@@ -193,6 +193,11 @@ def evaluate_predictor(cfg: DictConfig, ev: Evaluation, plans: list[PosthocPlan]
             by_id = {r.case_id: r for r in own.case_refs()}
             summary = conformal_pass(conformal, ev.predictor, own, [by_id[c] for c in ev.own_split["val"]], ev.dataset,
                                      ev.refs, scalers, ev.out_dir, provenance, summary, ev.log_figure)
+    if cfg.get("save_dicom"):  # after the conformal pass: its masks are exported too (docs/report_html.md)
+        from mcseg.evaluation.dicom_cases import export_evaluation
+
+        images = {r.case_id: Path(r.image_paths[0]) for r in ev.refs if r.image_paths}
+        print(f"DICOM: {len(export_evaluation(ev.out_dir, summary, images))} objects in {ev.out_dir / 'dicom'}")
     if shift is not None:
         summary = {**summary, "shift": evaluate_shift(shift, ev.predictor, ev.dataset, ev.refs, protocol, ev.out_dir,
                                                       summary, {**provenance, **ev.shift_extra}, scalers, per_network,

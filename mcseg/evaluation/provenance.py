@@ -102,6 +102,7 @@ RESULT_NEUTRAL = (
     "trainer.progress_bar", "trainer.log_every_n_steps", "trainer.checkpoint_every_n_steps", "dataset.root",
     "dataset.split.file", "dataset.sampling.num_workers", "dataset.preprocess.cache", "dataset.preprocess.cache_dir",
     "dataset.preprocess.workers", "inference.save_predictions", "inference.save_probabilities",
+    "inference.save_dicom",
 )
 
 

@@ -9,7 +9,8 @@ Writes
 ``reliability_histogram_selected.png`` (the dataset reliability histograms), where the evaluations scored
 several raters ``reliability_raters.png`` (against the rater mean beside against one rater), for margin sweeps
 ``margin_heatmap.png`` and, where runs or ensembles were evaluated under shift (``evaluate.py shift=...``),
-``shift.csv`` and ``shift_severity.png`` (:mod:`mcseg.report.shift`) into ``--out`` (default:
+``shift.csv`` and ``shift_severity.png`` (:mod:`mcseg.report.shift`), and ``report.html``, all of it on one
+self-contained page with a per-case view (:mod:`mcseg.report.html`), into ``--out`` (default:
 ``<first DIR>/report``).
 """
 from __future__ import annotations
@@ -25,6 +26,7 @@ from mcseg.report.statements import collect_statements, statement_folders, state
 from mcseg.report.collect import RunRecord, collect_ensembles, collect_folder_evaluations, collect_runs, read_run
 from mcseg.report.figures import margin_heatmap, reliability_histograms, reliability_overlay, reliability_raters, \
     risk_coverage_overlay, shift_severity
+from mcseg.report.html import write_html
 from mcseg.report.render import ENVIRONMENT_MARK, RATER_FIGURE, SEEN_MARK, SHIFT_FIGURE, latex, markdown, \
     write_report_csv, write_shift_csv
 from mcseg.report.shift import add_shift
@@ -121,6 +123,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-eval", action="store_true", help="list runs without an evaluation instead of evaluating")
     parser.add_argument("--device", default="auto", help="device for the evaluations of missing runs")
     parser.add_argument("--title", default=None)
+    html = parser.add_argument_group("report.html (one self-contained page: docs/report_html.md)")
+    html.add_argument("--html-cases", type=int, default=6, help="cases drawn in the per-case view, the worst first "
+                      "by Dice (default: 6; 0: none)")
+    html.add_argument("--html-size", type=int, default=160, help="pixels of a drawn slice's longer side (default: 160)")
+    html.add_argument("--html-slices", type=int, default=32, help="slices drawn per case (default: 32)")
+    html.add_argument("--images", type=Path, default=None, help="folder of the cases' images (<case>.nii.gz or "
+                      "<case>_0000.nii.gz; default: the dataset's folder recorded in the evaluations)")
+    html.add_argument("--labels", type=Path, default=None, help="folder of the cases' labels (default: as --images)")
+    html.add_argument("--no-html", action="store_true", help="write no report.html")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
@@ -174,6 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, fig in figures.items():
         if fig is not None:
             atomic_write(out / name, lambda tmp, fig=fig: fig.savefig(tmp, format="png", dpi=120))
+    if not args.no_html:
+        write_html(out, text, title, rows, args.split, [n for n, fig in figures.items() if fig is not None],
+                   args.html_cases, args.html_size, args.html_slices, args.images, args.labels)
     print(text)
     print(f"\nwritten to {out}")
     return 0
