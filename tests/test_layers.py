@@ -19,7 +19,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "mcseg"
 # Each top-level module or package of mcseg and its layer, top (entry points) to bottom (config, runtime).
 LAYERS = {
     "mcseg.train": 5, "mcseg.evaluate": 5, "mcseg.evaluate_folder": 5, "mcseg.calibrate_folder": 5, "mcseg.conformal_folder": 5, "mcseg.cli": 5, "mcseg.sweep": 5,
-    "mcseg.new_cases": 5, "mcseg.optuna_proxy": 5,
+    "mcseg.new_cases": 5, "mcseg.optuna_proxy": 5, "mcseg.dicom_export": 5,
     "mcseg.report": 5,
     "mcseg.training": 4,
     "mcseg.trackers": 4,  # beside training, which logs through them (never the other way: NEVER below)
