@@ -211,7 +211,9 @@ def summary_lines(record: dict) -> list[str]:
     review = record["review"]
     lines.append(f"guarantee: each statement holds with probability >= {record['level']:.3g} ({record['method']}; "
                  f"n = {record['n_calibration_cases']} calibration cases; assumption: {record['assumption']})")
-    rule = (f"flag when u > {review['threshold']:.3g}" if review["certified"] else "flag every case")
+    rule = ("flag every case" if not review["certified"] else
+            f"flag when u > {review['threshold']:.3g}" if review["threshold"] < 1 else
+            "flag no case (u <= 1 always: even accepting every case is certified)")
     lines.append(f"review: {rule} (failure: {review['failure']}; {review['guarantee']}; {review['reason']}); "
                  f"{review['flagged_new']} of {review['n_new']} new case(s) flagged")
     if "warning" in record:
