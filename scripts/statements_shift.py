@@ -9,7 +9,8 @@ For the clean test cases (level 0) and each condition of ``<run>/eval/<split>/sh
 probabilities were saved, ``mcseg-new-cases`` is fitted on the run's validation cases and applied to the condition's
 cases twice, plain and ``--shift weighted``; the conditions' labels (the reference's: corruptions that move the label,
 affine and elastic, are left out) measure the coverage of each statement. Writes DIR/shift_coverage.csv (per
-corruption, level, statement, structure: the plain and the weighted coverage, the effective sample size),
+corruption, level, statement, structure: the plain and the weighted coverage, their widths, the share of infinite
+weighted statements, the effective sample size),
 DIR/shift_coverage.md (per level, means over the corruptions) and, per condition, the two folders of statements.
 """
 from __future__ import annotations
@@ -31,14 +32,26 @@ from mcseg.statements.intervals import STATEMENTS  # noqa: E402
 MOVES_LABEL = ("affine", "elastic_deformation")
 
 
-def coverage(folder: Path) -> dict[tuple[str, str], float]:
+ENDS = {"volume": ("volume_lower_ml", "volume_upper_ml"),
+        "volume_normalised": ("volume_normalised_lower_ml", "volume_normalised_upper_ml"),
+        "dice": ("dice_lower", None), "hd95": (None, "hd95_upper_mm")}
+
+
+def coverage(folder: Path) -> dict[tuple[str, str], tuple[float, float, float]]:
+    """Per statement and structure: (coverage, median width of the finite statements, share infinite); a one-sided
+    statement's width is its distance from its range's end (1 - Dice bound, the HD95 bound)."""
     with (folder / "statements.csv").open() as f:
         rows = list(csv.DictReader(f))
     out = {}
     for name in STATEMENTS:
+        low, high = ENDS[name]
         for structure in dict.fromkeys(r["structure"] for r in rows):
             own = [r for r in rows if r["structure"] == structure]
-            out[name, structure] = float(np.mean([r[f"{name}_covered"] == "True" for r in own]))
+            widths = np.array([(float(r[high]) if high else 1.0) - (float(r[low]) if low else 0.0) for r in own])
+            finite = widths[np.isfinite(widths)]
+            out[name, structure] = (float(np.mean([r[f"{name}_covered"] == "True" for r in own])),
+                                    float(np.median(finite)) if finite.size else float("inf"),
+                                    float(1 - finite.size / widths.size))
     return out
 
 
@@ -70,22 +83,27 @@ def main(argv: list[str] | None = None) -> int:
             found[mode] = coverage(out)
         n_eff = json.loads((args.output_dir / corruption / str(level) / "weighted" / "statements.json")
                            .read_text())["shift"]["n_eff"]
-        for (name, structure), plain in found["none"].items():
+        for (name, structure), (plain, width, _) in found["none"].items():
+            weighted, weighted_width, infinite = found["weighted"][name, structure]
             rows.append({"corruption": corruption, "level": level, "statement": name, "structure": structure,
-                         "coverage_plain": plain, "coverage_weighted": found["weighted"][name, structure],
-                         "n_eff": n_eff})
+                         "coverage_plain": plain, "coverage_weighted": weighted, "width_plain": width,
+                         "width_weighted": weighted_width, "infinite_weighted": infinite, "n_eff": n_eff})
     write_csv(args.output_dir / "shift_coverage.csv", rows)
     lines = [f"Coverage of the statements at level {1 - args.alpha:g} on the run's {args.split} cases, clean (level 0) "
              f"and corrupted (mean over {len({r['corruption'] for r in rows}) - 1} corruption(s) per level): plain / "
-             f"weighted.", "", "| level | statement | structure | plain | weighted | n_eff |", "|---|---|---|---|---|---|"]
+             f"weighted, the median width of the finite statements (1 - bound for Dice, the bound for HD95) plain / "
+             f"weighted, and the share of infinite weighted statements.", "",
+             "| level | statement | structure | coverage plain | weighted | width plain | weighted | infinite | n_eff |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for level in sorted({r["level"] for r in rows}):
         for name in STATEMENTS:
             for structure in dict.fromkeys(r["structure"] for r in rows):
                 own = [r for r in rows if r["level"] == level and r["statement"] == name
                        and r["structure"] == structure]
-                lines.append(f"| {level} | {name} | {structure} | {np.mean([r['coverage_plain'] for r in own]):.3f} | "
-                             f"{np.mean([r['coverage_weighted'] for r in own]):.3f} | "
-                             f"{np.mean([r['n_eff'] for r in own]):.1f} |")
+                mean = lambda key: np.mean([r[key] for r in own])  # noqa: E731
+                lines.append(f"| {level} | {name} | {structure} | {mean('coverage_plain'):.3f} | "
+                             f"{mean('coverage_weighted'):.3f} | {mean('width_plain'):.3g} | "
+                             f"{mean('width_weighted'):.3g} | {mean('infinite_weighted'):.2f} | {mean('n_eff'):.1f} |")
     (args.output_dir / "shift_coverage.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
