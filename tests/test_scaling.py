@@ -293,7 +293,7 @@ def test_the_optuna_sweeper_refuses_submit_and_go(capsys, monkeypatch):
 
     from mcseg import sweep
 
-    monkeypatch.setattr(sweep, "_refused", False)  # restored after the test: the refusal sets it
+    monkeypatch.setattr(sweep, "_stop_reason", None)  # restored after the test: the refusal sets it
     monkeypatch.delenv("MCSEG_TRACEBACK", raising=False)
 
     from hydra_plugins.mcseg_submit_launcher.submit_launcher import DetachableLocalLauncher
