@@ -194,7 +194,7 @@ def test_an_unknown_storage_is_refused_before_any_job_starts(tmp_path):
     proc = run_cli("train.py", ["hparams_search=margin_optuna", "hydra.sweeper.storage=mongodb://host/db",
                                 f"hydra.sweep.dir={sweep}", *JOB])
     assert proc.returncode == 1, proc.stderr[-3000:]
-    assert "error: hydra.sweeper.storage='mongodb://host/db' is not a storage" in proc.stderr
+    assert "error: config key 'hydra.sweeper.storage'=mongodb://host/db: SQLAlchemy knows no database" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert _job_dirs(sweep) == [] and not (sweep / "sweep_summary.json").exists()
 
