@@ -31,7 +31,13 @@ LAUNCHERS = {  # name: (extra overrides, jobs at a time)
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=4)
+    parser.add_argument("--json", type=Path, help="also write the rows, the load before and after, the command, the "
+                        "times and the code commit here (the raw output beside docs/scaling.md's table)")
     args = parser.parse_args()
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    record = {"command": " ".join(sys.argv), "commit": commit, "cpus": os.cpu_count(),
+              "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "load_before": os.getloadavg()[0],
+              "rows": []}
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     print("| launcher | jobs | at a time | sweep wall s | jobs' own s (sum) | overhead per job s |")
@@ -49,9 +55,15 @@ def main() -> int:
                 print(done.stderr[-2000:], file=sys.stderr)
                 return 1
             own = [json.loads(p.read_text())["wall_time_s"] for p in sweep.glob("*/status.json")]
-        print(f"| {name} | {len(own)} | {parallel} | {wall:.1f} | {sum(own):.1f} | "
-              f"{(parallel * wall - sum(own)) / len(own):.1f} |", flush=True)
+        overhead = (parallel * wall - sum(own)) / len(own)
+        record["rows"].append({"launcher": name, "jobs": len(own), "at_a_time": parallel, "sweep_wall_s": wall,
+                               "jobs_own_s": own, "overhead_per_job_s": overhead})
+        print(f"| {name} | {len(own)} | {parallel} | {wall:.1f} | {sum(own):.1f} | {overhead:.1f} |", flush=True)
     print(f"load average after: {os.getloadavg()[0]:.1f}")
+    if args.json:
+        record.update(load_after=os.getloadavg()[0], ended_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(record, indent=1) + "\n")
     return 0
 
 
