@@ -185,13 +185,7 @@ def new_cases(args: argparse.Namespace) -> dict:
                              "input_files_sha256": {str(p.resolve()): file_sha256(p) for p in dict.fromkeys(files)}},
               "rows": rows}
     with writing(out, NEW_CASES_TOOL, status, (*OUTPUTS, "statements.png") if earlier is not None else ()):
-        write_statements(out, calibration, new, rows, record)
-        if args.figure:
-            from mcseg.files import atomic_write
-            from mcseg.statements.plots import statements_figure
-
-            figure = statements_figure(rows, record["level"], len(calibration))
-            atomic_write(out / "statements.png", lambda tmp: figure.savefig(tmp, format="png", dpi=110))
+        write_statements(out, calibration, new, rows, record, figure=args.figure)
     return record
 
 

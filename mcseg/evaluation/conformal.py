@@ -214,12 +214,7 @@ def statements_of_split(config: ConformalConfig, structures: list[str], table: d
     rows, record = make_statements(parts["val"], parts["test"], settings)
     record = {**record, "classes": structures, "calibration_cases": parts["val"].cases,
               "new_cases": parts["test"].cases, "rows": rows}
-    write_statements(folder / "statements", parts["val"], parts["test"], rows, record)
-    from mcseg.files import atomic_write
-    from mcseg.statements.plots import statements_figure
-
-    figure = statements_figure(rows, record["level"], len(parts["val"]))
-    atomic_write(folder / "statements" / "statements.png", lambda tmp: figure.savefig(tmp, format="png", dpi=110))
+    figure = write_statements(folder / "statements", parts["val"], parts["test"], rows, record, figure=True)
     if log_figure is not None:
         log_figure(f"conformal/{source}/statements", figure)
     return record

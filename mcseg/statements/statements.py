@@ -139,11 +139,21 @@ def make_statements(calibration: CaseTable, new: CaseTable, settings: StatementS
     return rows, record
 
 
-def write_statements(out: Path, calibration: CaseTable, new: CaseTable, rows: list[dict], record: dict) -> None:
-    """:data:`OUTPUTS` into ``out``: the two per-case tables, statements.csv (``rows``) and statements.json."""
+def write_statements(out: Path, calibration: CaseTable, new: CaseTable, rows: list[dict], record: dict,
+                     figure: bool = False):
+    """:data:`OUTPUTS` into ``out``: the two per-case tables, statements.csv (``rows``) and statements.json; with
+    ``figure`` also ``statements.png`` (:func:`mcseg.statements.plots.statements_figure`), returned for a tracker."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     calibration.write(out / "calibration_cases.csv")
     new.write(out / "new_cases.csv")
     write_csv(out / "statements.csv", rows)
     write_json(out / "statements.json", {**record, "rows": rows} if "rows" not in record else record)
+    if not figure:
+        return None
+    from mcseg.files import atomic_write
+    from mcseg.statements.plots import statements_figure
+
+    drawn = statements_figure(rows, record["level"], len(calibration))
+    atomic_write(out / "statements.png", lambda tmp: drawn.savefig(tmp, format="png", dpi=110))
+    return drawn
