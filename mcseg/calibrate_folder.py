@@ -1,7 +1,7 @@
 """``mcseg-calibrate-folder --fit VAL_DIR [...] --reference REF --apply TEST_DIR -o OUT_DIR``
 
 Post-hoc calibration of another tool's saved probabilities (:mod:`mcseg.evaluation.folder_posthoc`): a
-scaler of :data:`~mcseg.calibration.scalers.SCALER_TYPES` (a temperature by default; vector scaling, histogram
+scaler of :data:`~mcseg.calibration.scaler_registry.SCALER_TYPES` (a temperature by default; vector scaling, histogram
 binning, isotonic regression, Fiducio's calibrators; local temperature scaling on the log-probabilities, without the
 image) is fitted on validation prediction folders (nnU-Net's ``fold_k/validation``
 folders written with ``--npz``: together every training case once, out of fold; or any folder, or the
@@ -17,8 +17,8 @@ import sys
 
 from mcseg.calibration import PosthocConfig
 from mcseg.calibration.posthoc import OBJECTIVES, VOXEL_SAMPLES
-from mcseg.calibration.scalers import softmax_only_message
-from mcseg.calibration.scalers import SCALER_TYPES
+from mcseg.calibration.scaler_registry import softmax_only_message
+from mcseg.calibration.scaler_registry import SCALER_TYPES
 from mcseg.data.io import VolumeError
 from mcseg.config import EvalProtocol
 from mcseg.evaluation.folder_options import add_fit_apply_options, add_input_options
@@ -52,7 +52,7 @@ def _parser() -> argparse.ArgumentParser:
                    "(refused otherwise: their evaluation would score the cases the scaler was fitted on); "
                    "recorded in calibration.json and in the provenance of the calibrated folder's evaluation")
     p.add_argument("--scaler", default="temperature", choices=list(SCALER_TYPES),
-                   help="the post-hoc scaler (mcseg.calibration.scalers.SCALER_TYPES)")
+                   help="the post-hoc scaler (mcseg.calibration.scaler_registry.SCALER_TYPES)")
     p.add_argument("--lts", nargs="+", default=[], metavar="KEY=VALUE", help="settings of --scaler lts (posthoc.lts "
                    "of a run, e.g. max_epochs=20 patch_size=[32,32,32]; default: 3D patches of 64^3)")
     p.add_argument("--histogram-bins", type=int, default=posthoc.histogram_bins,

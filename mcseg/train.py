@@ -16,7 +16,7 @@ from mcseg.calibration import fit_posthoc, scalers_to_apply
 from mcseg.environment import environment_record
 from mcseg.errors import TrainingInterrupted
 from mcseg.evaluation.conformal import check_conformal, conformal_config, conformal_pass
-from mcseg.evaluation.figures import summary_keys
+from mcseg.evaluation.figure_table import summary_keys
 from mcseg.evaluation.provenance import checkpoint_identity, evaluation_provenance, hydra_overrides
 from mcseg.evaluation.split import evaluate_split, format_summary
 from mcseg.files import write_json

@@ -18,7 +18,7 @@ import time
 import fiducio
 import torch
 
-from mcseg.calibration.scaling import fit_scaler, scale_logits
+from mcseg.calibration.logit_scaling import fit_scaler, scale_logits
 
 
 def voxels(n: int, seed: int = 0, k: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
@@ -58,7 +58,7 @@ def rows(n: int) -> list[str]:
 
 
 def near_ties() -> list[str]:
-    from mcseg.calibration.scalers import SCALER_TYPES, FitData, build_scaler
+    from mcseg.calibration.scaler_registry import SCALER_TYPES, FitData, build_scaler
 
     g = torch.Generator().manual_seed(0)
     z = torch.randn(4, 20000, generator=g) * 3 + 20

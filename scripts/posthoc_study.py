@@ -50,8 +50,8 @@ sys.path.insert(0, str(ROOT))
 from omegaconf import OmegaConf  # noqa: E402
 
 from mcseg.calibration import PosthocConfig, fit_posthoc, scalers_to_apply  # noqa: E402
-from mcseg.calibration.scalers import SCALER_TYPES  # noqa: E402
-from mcseg.evaluation.figures import shown_in  # noqa: E402
+from mcseg.calibration.scaler_registry import SCALER_TYPES  # noqa: E402
+from mcseg.evaluation.figure_table import shown_in  # noqa: E402
 from mcseg.config import EvalProtocol, InferenceConfig, typed  # noqa: E402
 from mcseg.inference.build import build_predictor, load_checkpoint, restore_model  # noqa: E402
 from mcseg.evaluation.checkpoint import SELECTED, own_splits  # noqa: E402
@@ -80,7 +80,7 @@ VARIANTS = {
 VARIANTS.update({name: (name, "region" if scaler.preserves_argmax else "balanced", "nll", {})
                  for name, scaler in SCALER_TYPES.items()
                  if name not in {v[0] for v in VARIANTS.values()} and scaler.fitted_on == "voxels"})
-# the figures of the post-hoc comparison, from the evaluation's table of figures (mcseg/evaluation/figures.py)
+# the figures of the post-hoc comparison, from the evaluation's table of figures (mcseg/evaluation/figure_table.py)
 METRICS = tuple(f.summary_key for f in shown_in("posthoc"))
 SHORT = {f.summary_key: f.label for f in shown_in("posthoc")}
 # the segmentation figures whose change against the raw outputs the table shows (0 for a calibrator keeping the arg-max)

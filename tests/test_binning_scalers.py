@@ -1,4 +1,4 @@
-"""Histogram binning and isotonic regression as post-hoc scalers (mcseg/calibration/binning_scalers.py), and the
+"""Histogram binning and isotonic regression as post-hoc scalers (mcseg/calibration/binning_adapters.py), and the
 arg-max changes every fit records (issue #45 items 2 and 3): hand-derived cases through the Scaler interface,
 save/load, the stated floor, chunking, a known number of changed voxels."""
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from mcseg.calibration import PosthocConfig, fit_posthoc
-from mcseg.calibration import binning_scalers
-from mcseg.calibration.scalers import SCALER_TYPES, FitData, FitOptions, build_scaler, load_scaler
+from mcseg.calibration import binning_adapters
+from mcseg.calibration.scaler_registry import SCALER_TYPES, FitData, FitOptions, build_scaler, load_scaler
 from mcseg.data.cases import CaseData
 from mcseg.errors import ConfigError
 from tests.test_binning_calibrators import FIT, LABELS, TOP_FIT, TOP_LABELS
@@ -90,7 +90,7 @@ def test_saved_records_are_json_and_load_to_the_same_map_and_cases_are_calibrate
     once = scaler.apply(case)
     assert once.shape == case.shape and once.dtype == case.dtype and torch.isfinite(once).all()
     torch.testing.assert_close(loaded.apply(case), once, rtol=0, atol=0)
-    monkeypatch.setattr(binning_scalers, "CHUNK", 17)  # 315 voxels in 19 chunks, the last one short
+    monkeypatch.setattr(binning_adapters, "CHUNK", 17)  # 315 voxels in 19 chunks, the last one short
     torch.testing.assert_close(scaler.apply(case), once, rtol=0, atol=0)
     # the calibrated probabilities are the numpy calibrator's
     p = torch.softmax(case.double(), 0).reshape(4, -1).T.numpy()

@@ -15,8 +15,8 @@ import fiducio
 import pytest
 import torch
 
-from mcseg.calibration.fiducio_scalers import FIDUCIO_SCALERS, GUARANTEES
-from mcseg.calibration.scalers import SCALER_TYPES, FitData, build_scaler, load_scaler
+from mcseg.calibration.fiducio_adapters import FIDUCIO_SCALERS, GUARANTEES
+from mcseg.calibration.scaler_registry import SCALER_TYPES, FitData, build_scaler, load_scaler
 from tests.test_folder_posthoc import nn  # noqa: F401  (its nnU-Net folders, made by nnU-Net's export)
 
 NAMES = [o.name for o in FIDUCIO_SCALERS]
@@ -96,7 +96,7 @@ def test_mcsegs_probabilities_are_fiducios_own_transform_of_the_saved_calibrator
     loaded = load_scaler(name, record, directory)
     ours = torch.softmax(loaded.apply(z), 0)
     torch.testing.assert_close(ours, expected, atol=1e-5, rtol=0)
-    monkeypatch.setattr("mcseg.calibration.fiducio_scalers.CHUNK_VOXELS", 7 * 5)  # one slice a slab
+    monkeypatch.setattr("mcseg.calibration.fiducio_adapters.CHUNK_VOXELS", 7 * 5)  # one slice a slab
     torch.testing.assert_close(torch.softmax(loaded.apply(z), 0), expected, atol=1e-5, rtol=0)
     torch.testing.assert_close(torch.softmax(scaler.apply(z), 0), expected, atol=1e-5, rtol=0)  # as fitted
 
@@ -151,7 +151,7 @@ def test_mcsegs_temperature_and_vector_scaling_are_fiducios_ts_and_vs(kind):
     """The same voxels, the same objective (mean cross-entropy) and optimiser (L-BFGS, lr 1, 100 iterations,
     strong Wolfe): the same map. Only the temperature's parametrisation differs (exp(log T) against
     softplus(a) + 1e-6), so T agrees to the optimiser's tolerance, not bit for bit (docs/posthoc.md)."""
-    from mcseg.calibration.scaling import fit_scaler, scale_logits
+    from mcseg.calibration.logit_scaling import fit_scaler, scale_logits
 
     logits, target = _voxels(5000, seed=2)
     ours = fit_scaler(kind, logits, target, lambda z: torch.softmax(z, 1), max_iter=100)
@@ -325,7 +325,7 @@ def test_calibrate_folder_fits_one_on_monai_files(tmp_path):
 
 def test_posthoc_fiducio_sets_how_they_are_fitted_and_a_bad_setting_is_refused_at_start():
     from mcseg.calibration import PosthocConfig
-    from mcseg.calibration.scalers import FitOptions
+    from mcseg.calibration.scaler_registry import FitOptions
     from mcseg.errors import ConfigError
 
     options = FitOptions(fiducio={"optimizer": "lbfgs", "max_iter": 20, "lambda_reg": 0.01})

@@ -1,4 +1,4 @@
-"""The table of figures (mcseg/evaluation/figures.py) is the one list: what the evaluator writes is exactly what it
+"""The table of figures (mcseg/evaluation/figure_table.py) is the one list: what the evaluator writes is exactly what it
 declares (and docs/protocol.md lists), and each place that shows figures takes its selection from it."""
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import re
 import pytest
 import torch
 
-from mcseg.evaluation import figures
+from mcseg.evaluation import figure_table as figures
 from mcseg.evaluation.evaluator import Evaluator
 from mcseg.config import EvalProtocol
-from mcseg.evaluation.figure import Figure, shows
+from mcseg.evaluation.figure_declaration import Figure, shows
 from mcseg.evaluation.scorers import Scorer
-from mcseg.evaluation.figures import case_keys, class_keys, summary_value, table
+from mcseg.evaluation.figure_table import case_keys, class_keys, summary_value, table
 
 from tests.conftest import ROOT
 from tests.metrics.reference import blobs

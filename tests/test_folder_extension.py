@@ -170,7 +170,7 @@ def test_a_toy_prediction_format_is_one_class_and_one_entry_read_and_written_by_
 
 def _toy_scaler():
     """A toy post-hoc calibrator, one class: the temperature of a grid (0.5, 1, 2, 4) with the smallest NLL."""
-    from mcseg.calibration.scalers import Scaler
+    from mcseg.calibration.scaler_registry import Scaler
 
     class GridTemperature(Scaler):
         name = "toy"
@@ -202,7 +202,7 @@ def _toy_scaler():
 def test_a_toy_calibrator_is_one_class_and_one_entry_fitted_by_calibrate_folder_and_evaluated(
         monai, tmp_path, monkeypatch, capsys):
     from mcseg.calibrate_folder import main as calibrate
-    from mcseg.calibration.scalers import SCALER_TYPES
+    from mcseg.calibration.scaler_registry import SCALER_TYPES
     from mcseg.evaluate_folder import main as evaluate
     from tests.tool_outputs import copy_folder
 
@@ -240,7 +240,7 @@ def test_a_toy_calibrator_in_a_run_reaches_the_summary_the_report_and_the_tracke
     """The same toy calibrator (one class, one SCALER_TYPES entry) fitted and applied by a training run: its figures
     are in the run's summary (posthoc.toy), its own evaluation's per_case.csv, the report's post-hoc table and the
     run's tracker (CSV)."""
-    from mcseg.calibration.scalers import SCALER_TYPES
+    from mcseg.calibration.scaler_registry import SCALER_TYPES
     from mcseg.report import cli as report
     from mcseg.train import train
     from tests.conftest import TINY_2D

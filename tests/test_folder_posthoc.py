@@ -16,7 +16,7 @@ import torch
 
 from mcseg.calibrate_folder import main as calibrate
 from mcseg.calibration import PosthocConfig
-from mcseg.calibration.scaling import fit_scaler
+from mcseg.calibration.logit_scaling import fit_scaler
 from mcseg.evaluate_folder import main as evaluate
 from mcseg.evaluation.folder_posthoc import FLOOR, log_probabilities
 from tests.conftest import require
@@ -405,7 +405,7 @@ def test_lts_on_log_probabilities_is_invariant_to_a_per_voxel_constant_added_to_
 def test_lts_on_nnunet_folders_from_log_probabilities_keeps_the_segmentation(nn, kind, tmp_path):
     from nnunetv2.imageio.simpleitk_reader_writer import SimpleITKIO
 
-    from mcseg.calibration.scalers import load_scaler
+    from mcseg.calibration.scaler_registry import load_scaler
 
     folders = nn[kind]
     val, test = folders["members"]
@@ -437,7 +437,7 @@ def test_lts_on_nnunet_folders_from_log_probabilities_keeps_the_segmentation(nn,
 def test_lts_on_monai_folders_from_log_probabilities(tmp_path):
     import nibabel as nib
 
-    from mcseg.calibration.scalers import load_scaler
+    from mcseg.calibration.scaler_registry import load_scaler
     from tests.test_monai_folders import _labels
     from tests.tool_outputs import make_monai
 
@@ -460,7 +460,7 @@ def test_binning_scalers_on_an_nnunet_folder(nn, scaler, tmp_path, capsys):
     from nnunetv2.imageio.simpleitk_reader_writer import SimpleITKIO
     from nnunetv2.utilities.plans_handling.plans_handler import PlansManager
 
-    from mcseg.calibration.scalers import load_scaler
+    from mcseg.calibration.scaler_registry import load_scaler
 
     folders = nn["labels"]
     val, test = folders["members"]

@@ -1,4 +1,4 @@
-"""The post-hoc scaler interface (mcseg.calibration.scalers) and local temperature scaling (mcseg.calibration.lts)."""
+"""The post-hoc scaler interface (mcseg.calibration.scaler_registry) and local temperature scaling (mcseg.calibration.lts)."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from mcseg.calibration.lts import HALO, CaseLogits, LTSConfig, LTSNet, load_lts, save_lts
-from mcseg.calibration.scalers import SCALER_TYPES, FitData, LTSScaler, build_scaler, load_scaler
+from mcseg.calibration.scaler_registry import SCALER_TYPES, FitData, LTSScaler, build_scaler, load_scaler
 from mcseg.metrics.overlap import dice
 from tests.test_calibration import calibrated_logits
 
@@ -47,7 +47,7 @@ def random_net(k: int, dims: int, image_channels: int = 0, seed: int = 0) -> LTS
 
 # ------------------------------------------------------------------ the interface
 def test_every_scaler_is_registered_under_its_name():
-    from mcseg.calibration.fiducio_scalers import FIDUCIO_SCALERS
+    from mcseg.calibration.fiducio_adapters import FIDUCIO_SCALERS
 
     assert set(SCALER_TYPES) == {"temperature", "vector", "lts", "histogram", "histogram_top", "isotonic", "isotonic_top",
                                  *(o.name for o in FIDUCIO_SCALERS)}

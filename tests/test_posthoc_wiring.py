@@ -13,8 +13,8 @@ import torch
 
 from mcseg.calibration import PosthocConfig
 from mcseg.calibration.posthoc import collect_validation
-from mcseg.calibration.scalers import FitData, FitOptions, build_scaler
-from mcseg.calibration.scaling import fit_temperature_ece, voxel_ece
+from mcseg.calibration.scaler_registry import FitData, FitOptions, build_scaler
+from mcseg.calibration.logit_scaling import fit_temperature_ece, voxel_ece
 from mcseg.config import EvalProtocol
 from mcseg.data.cases import CaseData
 from mcseg.evaluation.evaluator import Evaluator

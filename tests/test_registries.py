@@ -81,7 +81,7 @@ def test_a_format_under_a_taken_name_is_refused(monkeypatch):
 
 
 def test_a_figure_key_or_scorer_declared_twice_is_refused(monkeypatch):
-    from mcseg.evaluation import figures
+    from mcseg.evaluation import figure_table as figures
 
     monkeypatch.setattr(figures, "SCORERS", [*figures.SCORERS, figures.SCORERS[0]])
     with pytest.raises(DuplicateName, match="scorer 'OverlapScorer' is declared twice"):
@@ -89,8 +89,8 @@ def test_a_figure_key_or_scorer_declared_twice_is_refused(monkeypatch):
 
 
 def test_a_scaler_under_a_taken_name_is_refused():
-    from mcseg.calibration.scaler_base import TemperatureScaler
-    from mcseg.calibration.scalers import SCALER_TYPES
+    from mcseg.calibration.scaler_interface import TemperatureScaler
+    from mcseg.calibration.scaler_registry import SCALER_TYPES
 
     class Mine(TemperatureScaler):
         pass

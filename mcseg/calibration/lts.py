@@ -217,7 +217,7 @@ def _as_numpy(a) -> np.ndarray:
 
 def _voxel_nll(z: Tensor, y: Tensor, link: Callable | None, multilabel: bool) -> Tensor:
     """NLL per voxel (``B x *S``; mean over regions for multi-label) of calibrated logits ``B x K x *S``,
-    as :func:`mcseg.calibration.scaling.nll` but unreduced; softmax (``link=None``) from ``log_softmax``."""
+    as :func:`mcseg.calibration.logit_scaling.nll` but unreduced; softmax (``link=None``) from ``log_softmax``."""
     if link is None:
         return F.cross_entropy(z, y.long(), reduction="none")
     p = link(z)

@@ -1,7 +1,7 @@
 """Post-hoc calibration of a trained run: fit on the validation split, save, apply at evaluation.
 
 ``fit_posthoc`` segments the validation cases with the run's predictor and fits each scaler of
-``posthoc.fit`` through the one interface of :mod:`mcseg.calibration.scalers`. The voxel-wise
+``posthoc.fit`` through the one interface of :mod:`mcseg.calibration.scaler_registry`. The voxel-wise
 scalers (temperature, vector) are fitted on a voxel sample: ``region`` (default: the voxels of the
 protocol's calibration region ``evaluation.region``, chosen by the evaluator's own
 :func:`~mcseg.metrics.regions.region_mask` with the model's own prediction: the fit is made where
@@ -17,7 +17,7 @@ space (the preprocessed cases), where the scalers are applied.
 ``calibration.json`` holds one fit per checkpoint, keyed by the checkpoint file's sha256
 (``{"fits": {sha256: record}}``), never by its file name: fits of several checkpoints coexist,
 and a different model that happens to have the same file name is fitted anew. Each scaler's
-entry is its :meth:`~mcseg.calibration.scalers.Scaler.save` record (with which voxels and which
+entry is its :meth:`~mcseg.calibration.scaler_registry.Scaler.save` record (with which voxels and which
 objective it was fitted on); files it writes (LTS weights) sit beside ``calibration.json``, named
 with the checkpoint's sha256. A fitted temperature outside ``PLAUSIBLE_TEMPERATURE`` is kept but
 warned about (and listed in the record's ``warnings``): it usually means too few validation voxels.
@@ -28,7 +28,7 @@ key): its "calibrated" figures are those of a near-uniform prediction, not of a 
 Every scaler's entry says how many of the voxels it was fitted on changed their arg-max under it
 (``argmax_changes``: count, share, of how many; :func:`argmax_changes`); a scaler that should keep the arg-max and
 changed it is warned about. A fit on fewer than ``MIN_VOXELS_PER_PARAMETER`` voxels per number it chose
-(:meth:`~mcseg.calibration.scalers.Scaler.n_parameters`) is warned about too (:func:`too_few_voxels`): its
+(:meth:`~mcseg.calibration.scaler_registry.Scaler.n_parameters`) is warned about too (:func:`too_few_voxels`): its
 parameters are not determined by so few (and neighbouring voxels are not independent), and its arg-max changes on
 the fit voxels say little of those on other cases.
 """
@@ -45,9 +45,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from mcseg.calibration.fiducio_scalers import check_fiducio_settings
+from mcseg.calibration.fiducio_adapters import check_fiducio_settings
 from mcseg.calibration.lts import CaseLogits, LTSConfig
-from mcseg.calibration.scalers import (SCALER_TYPES, FitData, FitOptions, Scaler, build_scaler, load_scaler,
+from mcseg.calibration.scaler_registry import (SCALER_TYPES, FitData, FitOptions, Scaler, build_scaler, load_scaler,
                                       softmax_only_message)
 from mcseg.config import EvalProtocol
 from mcseg.data.cases import CaseData
@@ -88,7 +88,7 @@ class PosthocConfig:
     objective: str = "nll"    # nll | ece (temperature only)
     lts: dict[str, Any] = field(default_factory=dict)  # LTSConfig fields; dims, patch_size, slice_axis: the model's
     histogram_bins: int = 15  # equal-width bins of histogram binning (histogram, histogram_top)
-    # how Fiducio's calibrators are fitted (fiducio_scalers.SETTINGS: optimizer, lr, max_iter, lambda_reg, mu_reg);
+    # how Fiducio's calibrators are fitted (fiducio_adapters.SETTINGS: optimizer, lr, max_iter, lambda_reg, mu_reg);
     # {}: the library's defaults. A calibrator is given those its constructor takes (ETS has no regulariser)
     fiducio: dict[str, Any] = field(default_factory=dict)
     # predictors of several members (ensembles, TTA, MC dropout): fit the scaler on the pooled prediction

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 
-from mcseg.evaluation.figure import Figure
+from mcseg.evaluation.figure_declaration import Figure
 from mcseg.evaluation.scorers import CaseView, Scorer
 from mcseg.metrics.challenge import lesion_f1, ndsc_aac, normalised_dice, qubrats_curves, uncertainty_0_100
 

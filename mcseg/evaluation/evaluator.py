@@ -26,7 +26,7 @@ from mcseg.evaluation.raters import (
     CASE_FIGURES, CLASS_FIGURES, RATER_COLUMNS, RELIABILITY_COLUMNS, RELIABILITY_FILE, RaterFigures,
 )
 from mcseg.files import atomic_write, write_csv
-from mcseg.evaluation import figures
+from mcseg.evaluation import figure_table as figures
 from mcseg.evaluation.scorers import CalibrationScorer, CaseView
 from mcseg.metrics.binning import BinSums
 from mcseg.metrics.calibration import NLL_FLOOR, top_label
@@ -96,7 +96,7 @@ class Evaluator:
     def reset(self) -> None:
         self._cases: list[dict] = []
         self._ids: set[str] = set()
-        # the per-case scorers of the table of figures (mcseg.evaluation.figures.SCORERS), read now
+        # the per-case scorers of the table of figures (mcseg.evaluation.figure_table.SCORERS), read now
         self.scorers = [cls(self.num_classes, self.class_names, self.protocol, self.multilabel)
                         for cls in figures.active_scorers(self.num_classes, self.multilabel)]
         found = [s for s in self.scorers if isinstance(s, CalibrationScorer)]

@@ -19,7 +19,7 @@ softmax log-probabilities u = ln p = z - c(x) it is *not* (the per-voxel constan
 drop out unless all w_k are equal): it is then a calibration map of its own on the log-probabilities (a diagonal
 Dirichlet calibration, Kull et al. 2019), recorded as such.
 
-**Fiducio's calibrators** (:mod:`mcseg.calibration.fiducio_scalers`) take ln p as their logits: the
+**Fiducio's calibrators** (:mod:`mcseg.calibration.fiducio_adapters`) take ln p as their logits: the
 translation-invariant ones (ETS, MSc) and those of the log-probabilities (Dirichlet, CMS, CMSap, CMSop) are then
 exactly the logits' own maps; matrix scaling (MS), like vector scaling, is a map of the log-probabilities.
 
@@ -49,7 +49,7 @@ import torch
 
 from mcseg.calibration import PosthocConfig, fit_posthoc
 from mcseg.calibration.posthoc import CALIBRATION_FILE
-from mcseg.calibration.scalers import SCALER_TYPES, Scaler, load_scaler
+from mcseg.calibration.scaler_registry import SCALER_TYPES, Scaler, load_scaler
 from mcseg.data.cases import CaseData
 from mcseg.files import write_json
 from mcseg.config import EvalProtocol

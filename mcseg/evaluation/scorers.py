@@ -1,10 +1,10 @@
 """Per-case scorers: thin faces over :mod:`mcseg.metrics` that turn one case into its figures.
 
-A scorer declares the figures it computes (:class:`~mcseg.evaluation.figure.Figure` entries of the table of
+A scorer declares the figures it computes (:class:`~mcseg.evaluation.figure_declaration.Figure` entries of the table of
 figures) and returns them from :meth:`Scorer.score`: a list of K values for a ``per="class"`` figure (one per
 class or region; the background entry is ignored), a number for a ``per="case"`` one. It may also return extra
 per-class columns (``class_extras``, e.g. the structure status) and per-case columns (``case_extras``). The
-:class:`~mcseg.evaluation.evaluator.Evaluator` calls every scorer of :data:`mcseg.evaluation.figures.SCORERS` on
+:class:`~mcseg.evaluation.evaluator.Evaluator` calls every scorer of :data:`mcseg.evaluation.figure_table.SCORERS` on
 each case, then :meth:`Scorer.commit` on all of them once the case is fully evaluated (a case that fails in one
 scorer leaves no trace in any), and asks each for its pooled values (``pooled=True`` figures) at the end.
 
@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from mcseg.config import EvalProtocol
-from mcseg.evaluation.figure import Figure, shows
+from mcseg.evaluation.figure_declaration import Figure, shows
 from mcseg.metrics.binning import BinSums
 from mcseg.metrics.calibration import CalibrationStats, case_calibration
 from mcseg.metrics.overlap import dice_score, overlap_counts

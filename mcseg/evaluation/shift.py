@@ -32,7 +32,7 @@ from mcseg.data.shift import Corruption, ShiftConfig, case_seed, corruption
 from mcseg.evaluation.split import clear_evaluation, evaluate_split
 from mcseg.evaluation.evaluator import Evaluator
 from mcseg.config import EvalProtocol
-from mcseg.evaluation.figures import shown_in
+from mcseg.evaluation.figure_table import shown_in
 from mcseg.errors import ConfigError
 from mcseg.metrics.robustness import level_weights, suite_robustness
 

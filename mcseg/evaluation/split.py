@@ -22,7 +22,7 @@ from mcseg.config import EvalProtocol
 from mcseg.evaluation.cases import ArgmaxChanges, PerNetwork, evaluate_cases, failure_detection
 from mcseg.evaluation.raters import RELIABILITY_FILE as RATER_RELIABILITY
 from mcseg.inference.predict import SegmentationPredictor
-from mcseg.evaluation.figures import shown_in, summary_value
+from mcseg.evaluation.figure_table import shown_in, summary_value
 
 from mcseg.text import plural
 

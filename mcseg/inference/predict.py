@@ -9,7 +9,7 @@ from contextlib import nullcontext
 
 import torch
 
-from mcseg.calibration.scaling import inverse_link
+from mcseg.calibration.logit_scaling import inverse_link
 from mcseg.data.cases import CaseData
 from mcseg.inference.volume import predict_logits
 from mcseg.config import InferenceConfig

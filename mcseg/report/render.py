@@ -5,7 +5,7 @@ import math
 from pathlib import Path
 
 from mcseg.files import write_csv
-from mcseg.evaluation import figures
+from mcseg.evaluation import figure_table as figures
 from mcseg.evaluation.shift import shift_metrics
 from mcseg.report.table import RATER_METRICS, RATER_PATHS, ConfigRow, MetricCell, metrics, posthoc_metrics
 

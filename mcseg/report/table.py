@@ -28,7 +28,7 @@ import numpy as np
 from scipy.stats import wilcoxon
 
 from mcseg.environment import environment_differences
-from mcseg.evaluation.figures import shown_in
+from mcseg.evaluation.figure_table import shown_in
 from mcseg.metrics.statistics import bootstrap_ci, describe
 from mcseg.report.collect import RunRecord
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mcseg.evaluation.figures import summary_keys
+from mcseg.evaluation.figure_table import summary_keys
 from mcseg.trackers.base import Tracker, note_failure
 from mcseg.trackers.tb_logger import TensorBoardLogger
 

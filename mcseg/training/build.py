@@ -22,7 +22,7 @@ from mcseg.data.fingerprint import split_fingerprints
 from mcseg.data.split import SPLITS
 from mcseg.environment import environment_record
 from mcseg.errors import ConfigError
-from mcseg.evaluation.figures import summary_keys
+from mcseg.evaluation.figure_table import summary_keys
 from mcseg.evaluation.provenance import (classes_unseen_in_training, configuration_sha256, content_lookup,
                                          dataset_identity, split_case_ids, warn_shared_content)
 from mcseg.identity import run_identity, sweep_dir_of_job

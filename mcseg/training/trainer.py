@@ -47,7 +47,7 @@ from mcseg.inference.build import load_checkpoint, load_model_weights
 from mcseg.training.loader import stop_workers, to_device
 from mcseg.training.distributed import DistContext, StopVote, wrap_model
 from mcseg.evaluation.evaluator import Evaluator, reliability_figure
-from mcseg.evaluation.figures import summary_keys
+from mcseg.evaluation.figure_table import summary_keys
 from mcseg.inference.volume import autocast_context
 from mcseg.evaluation.cases import evaluate_cases
 from mcseg.inference.predict import SegmentationPredictor

@@ -55,7 +55,7 @@ def test_evaluate_fits_on_validation_and_applies_to_test(run, tmp_path, monkeypa
         assert record["fit_cases"] == split["val"] and record["applied"]["split_cases"] == split["test"]
         assert summary["conformal"][source]["classes"].keys() == record["classes"].keys()
     # the table of figures reads the raw block from summary.json: means over the classes of the test figures
-    from mcseg.evaluation.figures import figure, summary_value
+    from mcseg.evaluation.figure_table import figure, summary_value
 
     written = json.loads((tmp_path / "eval/summary.json").read_text())
     raw = json.loads((tmp_path / "eval/conformal/raw/conformal.json").read_text())["test"]

@@ -1,4 +1,4 @@
-"""Histogram binning and isotonic regression as post-hoc scalers (:mod:`mcseg.calibration.scaler_base`), on the
+"""Histogram binning and isotonic regression as post-hoc scalers (:mod:`mcseg.calibration.scaler_interface`), on the
 calibrators of :mod:`mcseg.calibration.binning`.
 
 Four names: ``histogram`` and ``isotonic`` (classwise one-versus-rest, renormalised: the definition of netcal and
@@ -8,7 +8,7 @@ bins) sets the equal-width bins of histogram binning.
 
 They are fitted on the probabilities (softmax) of the voxel sample of ``posthoc.voxels`` and map probabilities to
 probabilities; :meth:`apply` returns their logarithm as the "logits" (softmax of them gives the calibrated
-probabilities back), a probability of 0 kept at 1e-12 (:func:`~mcseg.calibration.scaling.inverse_link`, log 1e-12 =
+probabilities back), a probability of 0 kept at 1e-12 (:func:`~mcseg.calibration.logit_scaling.inverse_link`, log 1e-12 =
 -27.6; the softmax then moves the others by at most 1e-12 x C, below float32's resolution), so every logit is
 finite and the NLL of a voxel whose class was mapped to 0 is 27.6, not infinite. A case is calibrated
 ``CHUNK`` voxels at a time: the only full-size tensor made is the result.
@@ -27,9 +27,9 @@ import torch
 from torch import Tensor
 
 from mcseg.calibration.binning import HistogramBinning, IsotonicCalibration, _OneVersusRest
-from mcseg.calibration.scaler_base import FitData, FitOptions, Scaler
-from mcseg.calibration.scaling import nll
-from mcseg.calibration.scaling import inverse_link
+from mcseg.calibration.scaler_interface import FitData, FitOptions, Scaler
+from mcseg.calibration.logit_scaling import nll
+from mcseg.calibration.logit_scaling import inverse_link
 
 __all__ = ["BINNING_SCALERS", "CHUNK", "HistogramScaler", "HistogramTopScaler", "IsotonicScaler",
            "IsotonicTopScaler"]

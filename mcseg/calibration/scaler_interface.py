@@ -6,7 +6,7 @@ logits (``K x *S``), saved to a JSON-able record (plus files in the run director
 and rebuilt from that record; ``describe()`` is the short summary a log line or report shows
 (with how the scaler was fitted: which voxels, which objective). The registry of every scaler by name
 (``SCALER_TYPES``: these, histogram binning and isotonic regression, Fiducio's calibrators) is
-:mod:`mcseg.calibration.scalers`; :mod:`mcseg.calibration.posthoc` and the evaluation use only this interface.
+:mod:`mcseg.calibration.scaler_registry`; :mod:`mcseg.calibration.posthoc` and the evaluation use only this interface.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from mcseg.calibration.lts import CaseLogits, LTSConfig, LTSNet, fit_lts, load_lts, save_lts
-from mcseg.calibration.scaling import fit_scaler, fit_temperature_ece, scale_logits
+from mcseg.calibration.logit_scaling import fit_scaler, fit_temperature_ece, scale_logits
 
 
 @dataclass
@@ -31,7 +31,7 @@ class FitOptions:
     objective: str = "nll"       # nll | ece (temperature only)
     n_bins: int = 15             # ECE bins of the ece objective (the protocol's evaluation.n_bins)
     lts: LTSConfig = field(default_factory=LTSConfig)
-    histogram_bins: int = 15     # equal-width bins of histogram binning (mcseg.calibration.binning_scalers)
+    histogram_bins: int = 15     # equal-width bins of histogram binning (mcseg.calibration.binning_adapters)
     fiducio: dict = field(default_factory=dict)  # Fiducio's fit settings (posthoc.fiducio); {}: its defaults
 
 
@@ -123,7 +123,7 @@ def _softmax(z: Tensor) -> Tensor:
 
 
 class _VoxelScaler(Scaler):
-    """Adapter for the L-BFGS scalers of :mod:`mcseg.calibration.scaling` (parameters in the record)."""
+    """Adapter for the L-BFGS scalers of :mod:`mcseg.calibration.logit_scaling` (parameters in the record)."""
 
     kind: ClassVar[str]
 

@@ -1,5 +1,5 @@
 """One reported figure: its keys, how a person reads it and where it shows (the record of the table of figures,
-:mod:`mcseg.evaluation.figures`, whose docstring says what each field means)."""
+:mod:`mcseg.evaluation.figure_table`, whose docstring says what each field means)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -7,7 +7,7 @@ from typing import Literal
 
 __all__ = ["Figure", "SHOWS", "shows"]
 
-#: the places a figure can show (mcseg.evaluation.figures' docstring)
+#: the places a figure can show (mcseg.evaluation.figure_table' docstring)
 SHOWS = frozenset({"headline", "hparams", "posthoc", "shift", "report", "predictor"})
 
 

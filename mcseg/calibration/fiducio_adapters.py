@@ -9,13 +9,13 @@ one mcseg offers, with its name (as in ``posthoc.fit``, evaluate.py's ``posthoc.
 * ``none``: the arg-max can move (the segmentation, its Dice and HD95 change).
 
 Temperature and vector scaling are NOT offered twice: mcseg's own ``temperature`` and ``vector``
-(:mod:`mcseg.calibration.scaling`) are the one implementation of each. They fit the same objective as Fiducio's
+(:mod:`mcseg.calibration.logit_scaling`) are the one implementation of each. They fit the same objective as Fiducio's
 TS and VS (mean cross-entropy of the same voxels, L-BFGS) and agree with them (tests/test_fiducio_scalers.py,
 docs/posthoc.md), and mcseg's also serve what Fiducio does not: sigmoid (multi-label) and other inverse links
 (SPA), the ECE objective, and the fall-back to the identity when a fit would raise the NLL.
 
 How they are fitted: on the voxel sample mcseg selects (``posthoc.voxels``, ``max_voxels``, ``seed``: the
-``voxels`` of :class:`~mcseg.calibration.scalers.FitData`), as an ``N x K`` table of logits, on the CPU, by the
+``voxels`` of :class:`~mcseg.calibration.scaler_registry.FitData`), as an ``N x K`` table of logits, on the CPU, by the
 library's own defaults (Adam, 200 steps; learning rate 0.1, 0.01 for the class-conditional family; no
 regulariser) unless ``posthoc.fiducio`` sets some of :data:`SETTINGS` (each calibrator gets those its constructor
 takes; the constructor's arguments are recorded). With the defaults Adam keeps the iterate of lowest training loss,
@@ -44,8 +44,8 @@ import fiducio
 import torch
 from torch import Tensor
 
-from mcseg.calibration.scaler_base import FitData, FitOptions, Scaler, softmax_only_message
-from mcseg.calibration.scaling import nll
+from mcseg.calibration.scaler_interface import FitData, FitOptions, Scaler, softmax_only_message
+from mcseg.calibration.logit_scaling import nll
 
 __all__ = ["CHUNK_VOXELS", "FIDUCIO_SCALERS", "FIDUCIO_SCALER_TYPES", "FiducioScaler", "GUARANTEES", "SETTINGS",
            "check_fiducio_settings"]
@@ -86,7 +86,7 @@ FIDUCIO_SCALERS = (
 
 
 class FiducioScaler(Scaler):
-    """A Fiducio calibrator as a :class:`~mcseg.calibration.scalers.Scaler` (module docstring); one subclass per
+    """A Fiducio calibrator as a :class:`~mcseg.calibration.scaler_registry.Scaler` (module docstring); one subclass per
     entry of :data:`FIDUCIO_SCALERS` sets ``name``, ``calibrator_class`` and ``guarantee``."""
 
     calibrator_class: ClassVar[type]
@@ -221,5 +221,5 @@ def _scaler_class(offered: Offered) -> type[FiducioScaler]:
         "preserves_argmax": offered.guarantee != "none", "__doc__": f"{offered.summary} (Fiducio)."})
 
 
-#: Fiducio's calibrators by name (registered in mcseg.calibration.scalers.SCALER_TYPES)
+#: Fiducio's calibrators by name (registered in mcseg.calibration.scaler_registry.SCALER_TYPES)
 FIDUCIO_SCALER_TYPES: dict[str, type[FiducioScaler]] = {o.name: _scaler_class(o) for o in FIDUCIO_SCALERS}

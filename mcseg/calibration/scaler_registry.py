@@ -1,7 +1,7 @@
 """Every post-hoc scaler by name: ``SCALER_TYPES`` maps a name (as in ``posthoc.fit`` and
 ``mcseg-calibrate-folder --scaler``) to its class. The interface and the temperature family are in
-:mod:`mcseg.calibration.scaler_base`, histogram binning and isotonic regression in
-:mod:`mcseg.calibration.binning_scalers`, Fiducio's calibrators in :mod:`mcseg.calibration.fiducio_scalers`;
+:mod:`mcseg.calibration.scaler_interface`, histogram binning and isotonic regression in
+:mod:`mcseg.calibration.binning_adapters`, Fiducio's calibrators in :mod:`mcseg.calibration.fiducio_adapters`;
 a new scaler is a class in one of those (or a module of its own) and an entry here.
 """
 from __future__ import annotations
@@ -9,9 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from mcseg.registry import unique
-from mcseg.calibration.binning_scalers import BINNING_SCALERS
-from mcseg.calibration.fiducio_scalers import FIDUCIO_SCALER_TYPES
-from mcseg.calibration.scaler_base import (FitData, FitOptions, LTSScaler, Scaler, TemperatureScaler, VectorScaler,
+from mcseg.calibration.binning_adapters import BINNING_SCALERS
+from mcseg.calibration.fiducio_adapters import FIDUCIO_SCALER_TYPES
+from mcseg.calibration.scaler_interface import (FitData, FitOptions, LTSScaler, Scaler, TemperatureScaler, VectorScaler,
                                            softmax_only_message)
 
 SCALER_TYPES: dict[str, type[Scaler]] = unique(

@@ -16,7 +16,7 @@ Temperature scaling can also be fitted by minimising the ECE of the fitting voxe
 search over log T), as some segmentation papers do.
 
 These are the one implementation of temperature and vector scaling in mcseg: Fiducio's TS and VS
-(:mod:`mcseg.calibration.fiducio_scalers`) fit the same objective on the same voxels and give the same
+(:mod:`mcseg.calibration.fiducio_adapters`) fit the same objective on the same voxels and give the same
 maps (tests/test_fiducio_scalers.py; measured in docs/posthoc.md), but they calibrate a softmax only, so
 mcseg keeps its own for what Fiducio lacks: sigmoid (multi-label) and other inverse links (SPA), the ECE
 objective, and the identity kept when a fit would raise the NLL.

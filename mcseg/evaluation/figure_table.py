@@ -1,6 +1,6 @@
 """The table of figures: every figure an evaluation reports, declared once.
 
-A :class:`~mcseg.evaluation.figure.Figure` names its per-case key (the column of per_case.csv), where its split value sits in
+A :class:`~mcseg.evaluation.figure_declaration.Figure` names its per-case key (the column of per_case.csv), where its split value sits in
 summary.json, how a person reads it (label, digits, which direction is better) and where it shows. Every list
 of figures elsewhere (the evaluator's columns, the post-hoc block, the shift tables, the report's columns, the
 console headline, TensorBoard's HParams) is a selection of :func:`table`. Per-case figures are declared by the
@@ -37,7 +37,7 @@ Every evaluation's numeric summary values also go to the trackers (``summary_met
 """
 from __future__ import annotations
 
-from mcseg.evaluation.figure import SHOWS, Figure, shows
+from mcseg.evaluation.figure_declaration import SHOWS, Figure, shows
 from mcseg.registry import unique
 from mcseg.evaluation.challenge_scorers import QuBratsScorer, ShiftsLesionScorer
 from mcseg.evaluation.scorers import CalibrationScorer, OverlapScorer, PECEScorer, Scorer, SurfaceScorer
@@ -89,11 +89,11 @@ def figure(key: str) -> Figure:
     for f in table():
         if f.key == key:
             return f
-    raise KeyError(f"no figure {key!r} in the table of figures (mcseg/evaluation/figures.py)")
+    raise KeyError(f"no figure {key!r} in the table of figures (mcseg/evaluation/figure_table.py)")
 
 
 def shown_in(place: str) -> tuple[Figure, ...]:
-    """The figures that show in ``place`` (one of :data:`~mcseg.evaluation.figure.SHOWS`), in table order."""
+    """The figures that show in ``place`` (one of :data:`~mcseg.evaluation.figure_declaration.SHOWS`), in table order."""
     if place not in SHOWS:
         raise ValueError(f"place {place!r}: expected one of {sorted(SHOWS)}")
     return tuple(f for f in table() if place in f.shows)
