@@ -141,14 +141,22 @@ def test_the_table_refuses_a_malformed_entry():
     assert len({f.key for f in table()}) == len(table())
 
 
-class ToyScorer(Scorer):
-    """A figure added by one class and one entry: the fraction of the case's voxels predicted foreground."""
+TOY_PROTOCOL = "the fraction of the case's voxels predicted foreground"
 
-    figures = (Figure("toy_fraction", "toy fraction", "case", "segmentation", 0, shows("report", "predictor")),)
+
+class ToyScorer(Scorer):
+    """Figures added by one class and one entry: the fraction of the case's voxels predicted foreground
+    (directional: higher is better, as declared) and its distance to 0.5 signed (best at zero: not directional)."""
+
+    figures = (Figure("toy_fraction", "toy fraction", "case", "segmentation", +1,
+                      shows("report", "predictor", "shift"), protocol=TOY_PROTOCOL),
+               Figure("toy_offset", "toy offset", "case", "segmentation", 0, shows("report", "shift"),
+                      protocol=lambda protocol, multilabel: f"toy fraction - 0.5 ({protocol.n_bins} bins unused)"))
 
     def score(self, case):
         foreground = case.prediction > 0 if not self.multilabel else case.prediction.any(0)
-        return {"toy_fraction": float(foreground.float().mean())}
+        fraction = float(foreground.float().mean())
+        return {"toy_fraction": fraction, "toy_offset": fraction - 0.5}
 
 
 def _run_dir(run, loss: str, seed: int, monkeypatch):
@@ -177,4 +185,49 @@ def test_a_toy_figure_added_by_one_class_and_one_entry_shows_everywhere(tmp_path
     header = next(line for line in report.splitlines() if line.startswith("| loss"))
     assert "| toy fraction |" in header
     with open(tmp_path / "report" / "report.csv") as fh:
-        assert any(c.startswith("toy_fraction") for c in next(csv.reader(fh)))
+        rows = {r["loss"]: r for r in csv.DictReader(fh)}
+    # its declaration says it is tested: an interval over the cases' values (read from per_case.csv) and a paired
+    # Wilcoxon test of the margin configuration against the baseline (ce)
+    for name in ("toy_fraction", "toy_offset"):
+        assert int(rows["margin"][f"{name}_n_cases"]) == 2
+        assert float(rows["margin"][f"{name}_ci95_lo"]) <= float(rows["margin"][f"{name}_ci95_hi"])
+        assert 0 <= float(rows["margin"][f"{name}_p_vs_baseline"]) <= 1 and rows["ce"][f"{name}_p_vs_baseline"] == ""
+    # its protocol text goes where the evaluator states its figures
+    assert summary["protocol"]["toy_fraction"] == TOY_PROTOCOL
+    assert summary["protocol"]["toy_offset"] == "toy fraction - 0.5 (15 bins unused)"
+
+
+def test_a_toy_figure_reaches_the_shift_tables_where_it_is_directional(tmp_path, monkeypatch):
+    from omegaconf import OmegaConf
+
+    from mcseg.data.shift import shift_config
+    from mcseg.evaluation.shift import shift_metrics, shift_summary, shift_table
+
+    monkeypatch.setattr(figures, "SCORERS", [*figures.SCORERS, ToyScorer])
+    assert shift_metrics()["toy_fraction"] == ("mean_toy_fraction", True) and "toy_offset" not in shift_metrics()
+    clean, corrupted = _written(tmp_path / "clean")[1], _written(tmp_path / "level1", seed=5)[1]
+    suite = shift_config(OmegaConf.load(ROOT / "configs" / "shift" / "rood_mri.yaml"))
+    result = shift_summary(suite, {"ghosting": {0: clean, 1: corrupted}})
+    toy = result["predictors"]["raw"]["toy_fraction"]
+    assert toy["values"]["ghosting"] == {"0": clean["mean_toy_fraction"], "1": corrupted["mean_toy_fraction"]}
+    assert toy["higher_is_better"] is True and "toy_offset" not in result["predictors"]["raw"]
+    assert "## raw: toy_fraction (higher is better)" in shift_table({**result, "output_dir": str(tmp_path)})
+
+
+def test_an_untested_figure_gets_no_interval_nor_test_in_the_report(tmp_path, monkeypatch):
+    from mcseg.report import cli
+
+    class Untested(Scorer):
+        figures = (Figure("toy_size", "toy size", "case", "segmentation", +1, shows("report"), tested=False),)
+
+        def score(self, case):
+            return {"toy_size": float(case.prediction.numel())}
+
+    monkeypatch.setattr(figures, "SCORERS", [*figures.SCORERS, Untested])
+    for loss, seed in (("ce", 0), ("ce", 1), ("margin", 0), ("margin", 1)):
+        _run_dir(tmp_path / "runs" / f"{loss}{seed}", loss, seed, monkeypatch)
+    assert cli.main([str(tmp_path / "runs"), "--no-eval", "--out", str(tmp_path / "report")]) == 0
+    with open(tmp_path / "report" / "report.csv") as fh:
+        margin = next(r for r in csv.DictReader(fh) if r["loss"] == "margin")
+    assert margin["toy_size_p_vs_baseline"] == "" and margin["toy_size_ci95_lo"] == "nan"
+    assert margin["dice_p_vs_baseline"] != ""  # the declared-tested figures beside it still are

@@ -23,7 +23,7 @@ import math
 
 from mcseg.evaluation.figure_declaration import Figure
 from mcseg.evaluation.scorers import CaseView, Scorer
-from mcseg.metrics.challenge import lesion_f1, ndsc_aac, normalised_dice, qubrats_curves, uncertainty_0_100
+from mcseg.metrics.challenge import NDSC_R, lesion_f1, ndsc_aac, normalised_dice, qubrats_curves, uncertainty_0_100
 
 __all__ = ["ShiftsLesionScorer", "QuBratsScorer", "LESION_F1_IOU"]
 
@@ -35,9 +35,18 @@ class ShiftsLesionScorer(Scorer):
     """nDSC, nDSC R-AAC and lesion F1 of the foreground of a binary task (module docstring)."""
 
     figures = (
-        Figure("ndsc", "nDSC", "class", "segmentation", +1),
-        Figure("ndsc_aac", "nDSC R-AAC", "class", "failure", -1),
-        Figure("lesion_f1", f"lesion F1 (IoU {LESION_F1_IOU:g})", "class", "segmentation", +1),
+        Figure("ndsc", "nDSC", "class", "segmentation", +1, protocol=(
+            "normalised Dice of the foreground (Raina et al. 2023; Shifts mswml/metrics.py dice_norm_metric, "
+            f"r = {NDSC_R:g}): 2 TP / (2 TP + FN + k FP), k = (1 - r) |reference| / (r (|grid| - |reference|)); "
+            "1 when both are empty")),
+        Figure("ndsc_aac", "nDSC R-AAC", "class", "failure", -1, protocol=(
+            "area above the nDSC retention curve (Shifts mswml/retention_curves.py): voxels retained in order of "
+            "rising binary entropy of the foreground probability, the rejected ones replaced by the reference; every "
+            "voxel of the grid; NaN without probabilities")),
+        Figure("lesion_f1", f"lesion F1 (IoU {LESION_F1_IOU:g})", "class", "segmentation", +1, protocol=(
+            f"lesion-scale F1 (Shifts mswml/metrics.py lesion_f1_score): connected lesions of the prediction and "
+            f"the reference matched at IoU >= {LESION_F1_IOU:g} (the Shifts evaluation script's threshold); 1 when "
+            "both have no lesion")),
     )
 
     @classmethod
@@ -57,10 +66,16 @@ class QuBratsScorer(Scorer):
     """The QU-BraTS AUCs and score per region of a multilabel task (module docstring)."""
 
     figures = (
-        Figure("qubrats_score", "QU-BraTS score", "class", "failure", +1),
-        Figure("qubrats_dice_auc", "QU-BraTS Dice AUC", "class", "failure", +1),
-        Figure("qubrats_ftp_auc", "QU-BraTS FTP AUC", "class", "failure", -1),
-        Figure("qubrats_ftn_auc", "QU-BraTS FTN AUC", "class", "failure", -1),
+        Figure("qubrats_score", "QU-BraTS score", "class", "failure", +1, protocol=(
+            "QU-BraTS (Mehta et al. 2022; RagMeh11/QU-BraTS BraTS_Seg_Uncertainty.py) per region: "
+            "(AUC_Dice + (1 - AUC_FTP) + (1 - AUC_FTN)) / 3 over the uncertainty thresholds 0..100 in steps of "
+            "2.5; uncertainty 100 x the binary entropy of p_r in bits; every voxel of the grid the brain mask")),
+        Figure("qubrats_dice_auc", "QU-BraTS Dice AUC", "class", "failure", +1,
+               protocol="QU-BraTS: area under the Dice of the voxels retained below each uncertainty threshold"),
+        Figure("qubrats_ftp_auc", "QU-BraTS FTP AUC", "class", "failure", -1,
+               protocol="QU-BraTS: area under the ratio of filtered true positives over the uncertainty thresholds"),
+        Figure("qubrats_ftn_auc", "QU-BraTS FTN AUC", "class", "failure", -1,
+               protocol="QU-BraTS: area under the ratio of filtered true negatives over the uncertainty thresholds"),
     )
 
     @classmethod

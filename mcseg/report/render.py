@@ -52,7 +52,9 @@ def cell_text(cell: MetricCell | None, name: str, latex: bool = False) -> str:
         return "–"
     d = digits(name)
     pm = r" $\pm$ " if latex else " ± "
-    text = f"{_num(cell.mean, d)}{pm}{_num(cell.std, d)} [{_num(cell.ci95[0], d)}, {_num(cell.ci95[1], d)}]"
+    text = f"{_num(cell.mean, d)}{pm}{_num(cell.std, d)}"
+    if cell.tested:  # the figure's declaration asks for an interval (and a paired test) over cases
+        text += f" [{_num(cell.ci95[0], d)}, {_num(cell.ci95[1], d)}]"
     if cell.p_vs_baseline is not None:
         text += f" ({_p(cell.p_vs_baseline)})" if not latex else f" ({_p(cell.p_vs_baseline).replace('<', '$<$')})"
     return text
