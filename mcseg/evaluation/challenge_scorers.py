@@ -21,12 +21,16 @@ from __future__ import annotations
 
 import math
 
-from mcseg.evaluation.figure_declaration import Figure
+from mcseg.evaluation.figure_declaration import Figure, shows
 from mcseg.evaluation.scorers import CaseView, Scorer
 from mcseg.metrics.challenge import NDSC_R, lesion_f1, ndsc_aac, normalised_dice, qubrats_curves, uncertainty_0_100
 
 __all__ = ["ShiftsLesionScorer", "QuBratsScorer", "LESION_F1_IOU"]
 
+#: where a challenge's figures show (their components, QU-BraTS's three AUCs, in summary.json, per_case.csv and the
+#: trackers only): a column of mcseg-report's table with its interval and paired test (``tested``, the default) and
+#: a table under shift; mcseg-report leaves out a column that no evaluation scored (another kind of task)
+REPORTED = shows("report", "shift")
 #: the IoU threshold of a detected lesion (Shifts ``test.py``; ``lesion_f1_score``'s own default is 0.25)
 LESION_F1_IOU = 0.5
 
@@ -35,15 +39,15 @@ class ShiftsLesionScorer(Scorer):
     """nDSC, nDSC R-AAC and lesion F1 of the foreground of a binary task (module docstring)."""
 
     figures = (
-        Figure("ndsc", "nDSC", "class", "segmentation", +1, protocol=(
+        Figure("ndsc", "nDSC", "class", "segmentation", +1, REPORTED, protocol=(
             "normalised Dice of the foreground (Raina et al. 2023; Shifts mswml/metrics.py dice_norm_metric, "
             f"r = {NDSC_R:g}): 2 TP / (2 TP + FN + k FP), k = (1 - r) |reference| / (r (|grid| - |reference|)); "
             "1 when both are empty")),
-        Figure("ndsc_aac", "nDSC R-AAC", "class", "failure", -1, protocol=(
+        Figure("ndsc_aac", "nDSC R-AAC", "class", "failure", -1, REPORTED, protocol=(
             "area above the nDSC retention curve (Shifts mswml/retention_curves.py): voxels retained in order of "
             "rising binary entropy of the foreground probability, the rejected ones replaced by the reference; every "
             "voxel of the grid; NaN without probabilities")),
-        Figure("lesion_f1", f"lesion F1 (IoU {LESION_F1_IOU:g})", "class", "segmentation", +1, protocol=(
+        Figure("lesion_f1", f"lesion F1 (IoU {LESION_F1_IOU:g})", "class", "segmentation", +1, REPORTED, protocol=(
             f"lesion-scale F1 (Shifts mswml/metrics.py lesion_f1_score): connected lesions of the prediction and "
             f"the reference matched at IoU >= {LESION_F1_IOU:g} (the Shifts evaluation script's threshold); 1 when "
             "both have no lesion")),
@@ -66,7 +70,7 @@ class QuBratsScorer(Scorer):
     """The QU-BraTS AUCs and score per region of a multilabel task (module docstring)."""
 
     figures = (
-        Figure("qubrats_score", "QU-BraTS score", "class", "failure", +1, protocol=(
+        Figure("qubrats_score", "QU-BraTS score", "class", "failure", +1, REPORTED, protocol=(
             "QU-BraTS (Mehta et al. 2022; RagMeh11/QU-BraTS BraTS_Seg_Uncertainty.py) per region: "
             "(AUC_Dice + (1 - AUC_FTP) + (1 - AUC_FTN)) / 3 over the uncertainty thresholds 0..100 in steps of "
             "2.5; uncertainty 100 x the binary entropy of p_r in bits; every voxel of the grid the brain mask")),

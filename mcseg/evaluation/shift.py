@@ -249,9 +249,8 @@ def shift_summary(shift: ShiftConfig, summaries: dict[str, dict[int, dict]], sca
                 return _get(s, path) if predictor == "raw" else _get((s.get("posthoc") or {}).get(predictor) or {},
                                                                      path)
             table = {name: {level: value(s) for level, s in levels.items()} for name, levels in summaries.items()}
-            if predictor == "raw" and metric in failure and all(v is None for t in table.values()
-                                                                        for v in t.values()):
-                continue  # not evaluated (evaluation.failure_detection=false)
+            if all(v is None for t in table.values() for v in t.values()):
+                continue  # not evaluated (evaluation.failure_detection=false), or not scored on this kind of task
             scores = suite_robustness(table, higher, shift.alpha)
             metrics[metric] = {"higher_is_better": higher, "values": {n: {str(k): v for k, v in t.items()}
                                                                        for n, t in table.items()},

@@ -61,8 +61,15 @@ def cell_text(cell: MetricCell | None, name: str, latex: bool = False) -> str:
 
 
 def metric_columns(rows: list[ConfigRow]) -> list[str]:
-    """The table's metric columns: ``METRICS``, then ``RATER_METRICS`` when some row scored several raters."""
-    return [m[0] for m in metrics()] + ([m[0] for m in RATER_METRICS] if any(r.raters for r in rows) else [])
+    """The table's metric columns: ``metrics()`` that some evaluation scored (a figure of another kind of task,
+    e.g. the binary-task nDSC on a multi-class dataset, has neither a value nor a case in any row and is left out),
+    then ``RATER_METRICS`` when some row scored several raters."""
+    def scored(name: str) -> bool:
+        cells = [row.cells.get(name) for row in rows]
+        return not cells or any(c is None or c.n_cases or not math.isnan(c.mean) for c in cells)
+
+    return [m[0] for m in metrics() if scored(m[0])] + ([m[0] for m in RATER_METRICS] if any(r.raters for r in rows)
+                                                        else [])
 
 
 def row_cell(row: ConfigRow, name: str) -> MetricCell | None:
@@ -129,7 +136,8 @@ def posthoc_table(rows: list[ConfigRow]) -> list[str]:
     selected = [r for r in rows if r.selected and r.posthoc]
     if not selected:
         return []
-    names = [m[0] for m in posthoc_metrics()]
+    scored = set(metric_columns(rows))
+    names = [m[0] for m in posthoc_metrics() if m[0] in scored]
     several = several_datasets(rows)
     out = ["## Post-hoc scalers of the selected configurations (fitted on the validation split)", "",
            ("| dataset " if several else "") + "| loss | hyperparameters | scaler (voxels, objective) | "
