@@ -84,6 +84,21 @@ def test_members_spread_scales_the_interval(folders, members, tmp_path):
     assert record["members"]["fit"] == [str(d.resolve()) for d in members["fit"]]
 
 
+@pytest.mark.slow
+def test_members_of_unlabelled_new_cases_are_read_on_their_images(folders, members, tmp_path):
+    """New cases without labels: the members read on their images' grid give the same intervals."""
+    found = []
+    for name, reference, extra in (("labelled", folders["labels"], []),
+                                   ("blind", folders["fit_labels"], ["--images", str(folders["images"])])):
+        assert new_cases(["--fit", str(folders["fit"]), "--reference", str(reference), "--apply", str(folders["new"]),
+                          "-o", str(tmp_path / name), *NAMES, *extra, *_members("--fit-members", members["fit"]),
+                          *_members("--apply-members", members["new"])]) == 0
+        with (tmp_path / name / "statements.csv").open() as handle:
+            found.append(list(csv.DictReader(handle)))
+    for key in ("volume_members_sd_ml", "volume_members_lower_ml", "volume_members_upper_ml"):
+        assert [r[key] for r in found[0]] == [r[key] for r in found[1]]
+
+
 def test_without_members_the_scale_is_the_poisson_binomial_one(folders, tmp_path):
     out = tmp_path / "out"
     assert _run(folders, out) == 0
