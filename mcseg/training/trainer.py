@@ -80,11 +80,13 @@ class Trainer:
         self.settings = settings
         self.cfg, self.run_dir = settings.trainer, settings.run_dir
         self.num_classes, self.class_names = settings.num_classes, list(settings.class_names)
-        self.protocol, self.config_container, self.images = settings.protocol, settings.config_container, settings.images
+        self.protocol, self.config_container = settings.protocol, settings.config_container
+        self.images = settings.images
         model, predictor = parts.model, parts.predictor
-        self.model, self.loss_fn, self.optimizer, self.scheduler = model, parts.loss_fn, parts.optimizer, parts.scheduler
-        self.loader, self.sampler, self.predictor, self.restore = parts.loader, parts.sampler, predictor, parts.restore
-        self.val_cases = parts.val_cases  # all of them, or capped at trainer.val_max_cases when loaded (no full_val_every)
+        self.model, self.loss_fn, self.optimizer = model, parts.loss_fn, parts.optimizer
+        self.scheduler, self.loader, self.sampler = parts.scheduler, parts.loader, parts.sampler
+        self.predictor, self.restore = predictor, parts.restore
+        self.val_cases = parts.val_cases  # every one, or capped at trainer.val_max_cases when loaded (no full_val_every)
         self.trackers = parts.trackers
         self.device = predictor.device
         self.dist = parts.dist
