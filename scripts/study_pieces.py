@@ -29,8 +29,8 @@ the figures published before).
 
 Studies: one preset each, ``configs/experiment/study/<study>.yaml`` (read by :func:`study_presets.load_study`),
 a study sweep over ``experiment=hippocampus_study`` whose named arms (``hydra.sweeper.arms``) are the study's
-configurations and whose ``hydra.sweeper.params.seed`` are its seeds (so ``python train.py -m experiment=study/<study>`` trains the
-whole study at once), with a top-level ``study:`` node that the training ignores: each configuration's label (in
+configurations and whose ``hydra.sweeper.params.seed`` are its seeds (so
+``python train.py -m experiment=study/<study>`` trains the whole study at once), with a top-level ``study:`` node that the training ignores: each configuration's label (in
 the study's order), and what a piece evaluates besides the single networks (the fields of :class:`Study`;
 ``prepare`` names a function of :data:`study_presets.PREPARE`). A new study is a new preset there.
 

@@ -86,7 +86,7 @@ class Trainer:
         self.model, self.loss_fn, self.optimizer = model, parts.loss_fn, parts.optimizer
         self.scheduler, self.loader, self.sampler = parts.scheduler, parts.loader, parts.sampler
         self.predictor, self.restore = predictor, parts.restore
-        self.val_cases = parts.val_cases  # every one, or capped at trainer.val_max_cases when loaded (no full_val_every)
+        self.val_cases = parts.val_cases  # every one, or trainer.val_max_cases when loaded (no full_val_every)
         self.trackers = parts.trackers
         self.device = predictor.device
         self.dist = parts.dist
