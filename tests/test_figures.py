@@ -125,7 +125,8 @@ def test_each_place_keeps_what_it_showed_before_the_table():
     assert list(failure_metrics()) == ["voxel_auroc_pe", "aurc_pe"]
     # the challenge figures (issue #56) joined, each where its task is scored (mcseg-report leaves out the others)
     assert [m[0] for m in metrics()] == ["dice", "hd95_mm", "ece", "classwise_ece", "smooth_ece", "ndsc", "ndsc_aac",
-                                         "lesion_f1", "qubrats_score", "ece_post_T", "classwise_ece_post_T",
+                                         "lesion_f1", "qubrats_score", "curvas_thresholded_dice", "ece_post_T",
+                                         "classwise_ece_post_T",
                                          "smooth_ece_post_T"]
     assert list(predictor_columns())[:4] == ["dice", "hd95_mm", "ece", "classwise_ece"]
     assert "signed_ece" not in shift_metrics()  # no robustness score for a figure whose best value is zero

@@ -14,6 +14,10 @@
   p_r > 0.5 per region, the label's region r; QU-BraTS derives WT/TC/ET from one label map, nested by
   construction); the uncertainty is 100 x the binary entropy of p_r in bits (QU-BraTS takes the participant's
   map); the brain mask is every voxel of the case's grid (QU-BraTS: T1 > 0).
+* :class:`CurvasRatersScorer`, softmax tasks whose cases have several raters (``needs_raters``: an evaluator
+  built with ``raters=True``): CURVAS-PDACVI's thresholded Dice of each foreground class c, the probability
+  p_c and the raters' mean of [y_r = c] thresholded at linspace(0.1, 0.8, 6) (the challenge's code; its task
+  is binary, PDAC). A case without raters' maps, or without probabilities, scores NaN.
 
 Without probabilities (a label map alone) the uncertainty-based figures are NaN; nDSC and F1 are still scored.
 """
@@ -23,9 +27,10 @@ import math
 
 from mcseg.evaluation.figure_declaration import Figure, shows
 from mcseg.evaluation.scorers import CaseView, Scorer
-from mcseg.metrics.challenge import NDSC_R, lesion_f1, ndsc_aac, normalised_dice, qubrats_curves, uncertainty_0_100
+from mcseg.metrics.challenge import (NDSC_R, curvas_class_dice, lesion_f1, ndsc_aac, normalised_dice, qubrats_curves,
+                                     uncertainty_0_100)
 
-__all__ = ["ShiftsLesionScorer", "QuBratsScorer", "LESION_F1_IOU"]
+__all__ = ["ShiftsLesionScorer", "QuBratsScorer", "CurvasRatersScorer", "LESION_F1_IOU"]
 
 #: where a challenge's figures show (their components, QU-BraTS's three AUCs, in summary.json, per_case.csv and the
 #: trackers only): a column of mcseg-report's table with its interval and paired test (``tested``, the default) and
@@ -97,3 +102,23 @@ class QuBratsScorer(Scorer):
             for key, value in zip(keys, (curves.score, curves.dice_auc, curves.ftp_auc, curves.ftn_auc)):
                 values[key].append(value)
         return values
+
+
+class CurvasRatersScorer(Scorer):
+    """CURVAS-PDACVI's thresholded Dice per foreground class against several raters (module docstring)."""
+
+    figures = (Figure("curvas_thresholded_dice", "CURVAS thresholded Dice", "class", "segmentation", +1, REPORTED,
+                      protocol=("CURVAS-PDACVI thresholded Dice (curvas-challenge merged_dice_score) per foreground "
+                                "class c: mean over t in linspace(0.1, 0.8, 6) of 2|A_t & G_t| / (|A_t| + |G_t| + "
+                                "1e-6), A_t = p_c > t, G_t = the raters' mean of [y_r = c] > t; 1 at a t where both "
+                                "are empty; NaN without raters' maps or probabilities")),)
+    needs_raters = True
+
+    @classmethod
+    def applies(cls, num_classes: int, multilabel: bool) -> bool:
+        return not multilabel
+
+    def score(self, case: CaseView) -> dict:
+        if case.raters is None or case.probs is None:
+            return {"curvas_thresholded_dice": [math.nan] * self.num_classes}
+        return {"curvas_thresholded_dice": curvas_class_dice(case.probs, case.raters, self.num_classes).tolist()}

@@ -81,7 +81,7 @@ class Evaluator:
     """
 
     def __init__(self, num_classes: int, class_names: list[str], protocol: EvalProtocol,
-                 multilabel: bool = False) -> None:
+                 multilabel: bool = False, raters: bool = False) -> None:
         if len(class_names) != num_classes:
             raise ValueError(f"{len(class_names)} class names for num_classes={num_classes}: {class_names}")
         if num_classes < (1 if multilabel else 2):
@@ -90,6 +90,7 @@ class Evaluator:
             raise ValueError(f"class names must be unique, got {class_names}")
         self.num_classes, self.class_names, self.protocol, self.multilabel = (
             num_classes, list(class_names), protocol, multilabel)
+        self.with_raters = raters  # cases come with several raters' maps: the scorers against them too
         self.foreground = list(range(num_classes)) if multilabel else list(range(1, num_classes))
         self.reset()
 
@@ -98,7 +99,7 @@ class Evaluator:
         self._ids: set[str] = set()
         # the per-case scorers of the table of figures (mcseg.evaluation.figure_table.SCORERS), read now
         self.scorers = [cls(self.num_classes, self.class_names, self.protocol, self.multilabel)
-                        for cls in figures.active_scorers(self.num_classes, self.multilabel)]
+                        for cls in figures.active_scorers(self.num_classes, self.multilabel, self.with_raters)]
         found = [s for s in self.scorers if isinstance(s, CalibrationScorer)]
         if len(found) != 1:
             raise ValueError("the table of figures needs exactly one CalibrationScorer (reliability diagrams and "
@@ -142,8 +143,10 @@ class Evaluator:
             spacing: voxel size in mm per spatial axis, in the array's axis order.
             prediction: the label map to score (same layout as ``label``); default: argmax of
                 ``probs`` (``probs > 0.5`` when multilabel). Calibration always uses ``probs``.
-            raters: ``K x *spatial`` label maps of the case's raters (a dataset with several raters): the
-                figures against them (:mod:`mcseg.evaluation.raters`) go to the ``raters`` key of the summary.
+            raters: ``K x *spatial`` label maps of the case's raters (a dataset with several raters; only to an
+                evaluator built with ``raters=True``): the figures against them (:mod:`mcseg.evaluation.raters`)
+                go to the ``raters`` key of the summary, and the scorers with ``needs_raters`` (the table of
+                figures: CURVAS-PDACVI's thresholded Dice) to per_case.csv and the summary's means.
             rater_names: their names (``seg01``, ``annotation_2``...), for per_rater.csv.
             samples: ``N x *spatial`` label maps of the predictor's members (GED, Hungarian-matched IoU).
             image: the raw ``*spatial`` CT (HU), for ``evaluation.rater_crop=curvas2024``.
@@ -166,7 +169,15 @@ class Evaluator:
         if prediction.shape != label.shape:
             raise ValueError(f"case {case_id}: prediction shape {tuple(prediction.shape)} != label shape "
                              f"{tuple(label.shape)}")
-        view = CaseView(case_id, probs, label, prediction, spacing, top)
+        if raters is not None:
+            if self.multilabel or probs is None:
+                raise ValueError(f"case {case_id}: figures against several raters need softmax probabilities")
+            if not self.with_raters:
+                raise ValueError(f"case {case_id}: raters' maps given to an evaluator built without them "
+                                 "(Evaluator(..., raters=True) scores against several raters)")
+            raters = torch.as_tensor(np.asarray(raters) if not isinstance(raters, torch.Tensor) else raters,
+                                     device=device)
+        view = CaseView(case_id, probs, label, prediction, spacing, top, raters)
         case = {"case": case_id}
         try:
             for scorer in self.scorers:
@@ -175,10 +186,6 @@ class Evaluator:
             raise ValueError(f"case {case_id}: {exc}") from None
         rater_case = None
         if raters is not None:
-            if self.multilabel or probs is None:
-                raise ValueError(f"case {case_id}: figures against several raters need softmax probabilities")
-            raters = torch.as_tensor(np.asarray(raters) if not isinstance(raters, torch.Tensor) else raters,
-                                     device=device)
             if self._raters is None:
                 p = self.protocol
                 self._raters = RaterFigures(self.num_classes, self.class_names, p.n_bins, p.hd_percentile,

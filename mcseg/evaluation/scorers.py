@@ -9,7 +9,8 @@ each case, then :meth:`Scorer.commit` on all of them once the case is fully eval
 scorer leaves no trace in any), and asks each for its pooled values (``pooled=True`` figures) at the end.
 
 A new per-case figure is a new scorer class plus its entry in ``SCORERS`` (see README, "Extending mcseg"); a
-scorer meant for some tasks only says so in :meth:`Scorer.applies`.
+scorer meant for some tasks only says so in :meth:`Scorer.applies`, one that scores against several raters
+(:attr:`CaseView.raters`) sets ``needs_raters``.
 """
 from __future__ import annotations
 
@@ -41,7 +42,8 @@ EVERYWHERE = shows("headline", "hparams", "posthoc", "shift", "report", "predict
 class CaseView:
     """What a scorer sees of one case (checked by the evaluator): probabilities ``C x *spatial`` (float32, or
     None for a label map alone), the label and the prediction (``*spatial`` integers, or ``R x *spatial`` binary
-    stacks when multilabel), the spacing in mm, and the top-label confidence and class (softmax tasks)."""
+    stacks when multilabel), the spacing in mm, the top-label confidence and class (softmax tasks), and the
+    case's raters' label maps ``K x *spatial`` (integers on the label's device; None for a case with one label)."""
 
     case_id: str
     probs: torch.Tensor | None
@@ -49,6 +51,7 @@ class CaseView:
     prediction: torch.Tensor
     spacing: tuple[float, ...]
     top: tuple[torch.Tensor, torch.Tensor] | None
+    raters: torch.Tensor | None = None
 
 
 class Scorer:
@@ -57,6 +60,7 @@ class Scorer:
     figures: tuple[Figure, ...] = ()
     class_extras: tuple[str, ...] = ()  # per-class columns besides the figures (per_case.csv rows)
     case_extras: tuple[str, ...] = ()  # per-case columns besides the figures
+    needs_raters: bool = False  # built only by an evaluator of cases with several raters (Evaluator(raters=True))
 
     def __init__(self, num_classes: int, class_names: Sequence[str], protocol: EvalProtocol,
                  multilabel: bool = False) -> None:
