@@ -38,6 +38,7 @@ from mcseg.conformal.risks import class_masks
 from mcseg.conformal.validity import ALPHAS, COVERAGE_FIGURE, REPEATS, VALIDITY_FILE, levels, pooled_splits
 from mcseg.data.io import Volume, read_volume
 from mcseg.data.reference import FolderError, Reference, fold_cases, read_reference
+from mcseg.evaluation.dicom import dicom_modules
 from mcseg.evaluation.folder_outputs import CONFORMAL_TOOL, claim_output, run_command, writing
 from mcseg.evaluation.folder_options import add_fit_apply_options, add_input_options
 from mcseg.evaluation.folder_posthoc import _fit_owners
@@ -45,6 +46,7 @@ from mcseg.evaluation.folders import read_case
 from mcseg.evaluation.formats import PredictionFormat, declared_classes, open_folder, prediction_files
 from mcseg.evaluation.provenance import file_sha256
 from mcseg.files import write_csv, write_json
+from mcseg.folder_dicom import conformal_to_dicom
 
 __all__ = ["conformal", "main"]
 
@@ -94,6 +96,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--images", type=Path, help="the --apply cases' images (<case>_0000.nii.gz or <case>.nii.gz, e.g. "
                    "an nnU-Net imagesTs): the grid of a case without a label, and what --figures draws beneath "
                    "(default: the class's probability)")
+    p.add_argument("--dicom", action="store_true", help="also OUT_DIR/dicom/<case>/: the --apply cases' sure and "
+                   "possible masks as DICOM BINARY Segmentations referencing the case's image series (--images, else "
+                   "the reference's imagesTr / imagesTs; mcseg/folder_dicom.py; docs/report_html.md)")
     add_input_options(p)
     return p
 
@@ -231,6 +236,10 @@ def conformal(args: argparse.Namespace) -> dict:
         controllable(args.loss, args.method)
     except NotMonotone as exc:
         raise FolderError(f"--loss {args.loss} with --method {args.method}: {exc}") from None
+    if args.dicom:
+        if not args.apply:
+            raise FolderError("--dicom writes the --apply cases' masks as DICOM: pass --apply")
+        dicom_modules()  # highdicom and pydicom there, before anything is written
     if args.images is not None and not args.apply:
         raise FolderError("--images gives the --apply cases' grid (and the background of --figures): pass --apply")
     inputs = [d.resolve() for d in [*args.fit, *([args.apply] if args.apply else [])]]
@@ -280,6 +289,9 @@ def conformal(args: argparse.Namespace) -> dict:
                 stored["validity"], _ = pooled_splits(summaries, CaseSummary.stack(tested), settings,
                                                       reference.task.class_names, levels(args.alphas, args.alpha),
                                                       args.repeats, out)
+            if args.dicom:
+                stored["dicom"] = [str(p.relative_to(out)) for p in conformal_to_dicom(out, stored, reference,
+                                                                                       args.images)]
         write_json(out / CONFORMAL_FILE, stored)
     return stored
 
@@ -305,6 +317,9 @@ def main(argv: list[str] | None = None) -> int:
         return code
     print("\n".join(fit_lines(stored)))
     print(f"recorded in {args.output_dir / CONFORMAL_FILE}")
+    if stored.get("dicom"):
+        print(f"{len(stored['dicom'])} DICOM object(s) written to {args.output_dir / 'dicom'} (viewers: "
+              f"docs/report_html.md)")
     return 0
 
 

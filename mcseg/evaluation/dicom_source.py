@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mcseg.evaluation.dicom import DicomError, _modules, series_affine, write_series
+from mcseg.evaluation.dicom import DicomError, dicom_modules, series_affine, write_series
 
 NIFTI_SUFFIXES = (".nii.gz", ".nii")
 
@@ -43,7 +43,7 @@ def find_image(folders: list[Path], case: str) -> Path | None:
 def read_series(folder: Path) -> tuple[list, np.ndarray, tuple[int, int, int]]:
     """The instances of the DICOM series in ``folder`` sorted along the slice normal, its NIfTI (RAS) affine and
     its grid (``Columns x Rows x slices``); refused (naming the folder) unless one evenly spaced series."""
-    _, pydicom = _modules()
+    _, pydicom = dicom_modules()
     paths = sorted(Path(folder).glob("*.dcm"))
     instances = [pydicom.dcmread(str(p)) for p in paths]
     if not instances or any("ImagePositionPatient" not in d or "ImageOrientationPatient" not in d for d in instances):
