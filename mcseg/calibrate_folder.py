@@ -31,6 +31,7 @@ from mcseg.evaluation.formats import PredictionFormat, declared_classes, open_fo
 from mcseg.metrics.regions import REGIONS
 from mcseg.conformal_folder import read_unlabelled
 from mcseg.folder_dicom import calibrated_to_dicom
+from mcseg.report.folder_report import add_html_options, command_report
 from mcseg.rundir import RunDirBusy
 
 __all__ = ["main"]
@@ -76,6 +77,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--images", type=Path, help="with --dicom: the cases' images (a DICOM series <case>/, or "
                    "<case>_0000.nii.gz / <case>.nii.gz; default: the reference's imagesTr / imagesTs); needed for "
                    "cases without a label")
+    add_html_options(p)
     add_input_options(p, fold_use="fit on")
     return p
 
@@ -124,6 +126,7 @@ def calibrate(args: argparse.Namespace) -> tuple[dict, list[str]]:
         if args.dicom:
             calibrated = open_folder(out, reference.task, args.fmt, args.monai_postfix)
             record["dicom"] = calibrated_to_dicom(out, calibrated, reference, args.images, read_unlabelled)
+        record["report"] = command_report(args, out, reference, args.images)
     record["applied"] = stored.get("applied")
     if overlap:
         record.setdefault("warnings", []).append(
@@ -220,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"warning: {warning}")
     if written:
         print(f"{len(written)} calibrated case(s) written to {args.output_dir}")
+    if record.get("report"):
+        print(f"report: {record['report']}")
     if record.get("dicom"):
         print(f"{len(record['dicom'])} DICOM object(s) written to {args.output_dir / 'dicom'} (viewers: "
               f"docs/report_html.md)")

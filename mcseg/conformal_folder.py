@@ -47,6 +47,7 @@ from mcseg.evaluation.formats import PredictionFormat, declared_classes, open_fo
 from mcseg.evaluation.provenance import file_sha256
 from mcseg.files import write_csv, write_json
 from mcseg.folder_dicom import conformal_to_dicom
+from mcseg.report.folder_report import add_html_options, command_report
 
 __all__ = ["conformal", "main"]
 
@@ -99,6 +100,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dicom", action="store_true", help="also OUT_DIR/dicom/<case>/: the --apply cases' sure and "
                    "possible masks as DICOM BINARY Segmentations referencing the case's image series (--images, else "
                    "the reference's imagesTr / imagesTs; mcseg/folder_dicom.py; docs/report_html.md)")
+    add_html_options(p)
     add_input_options(p)
     return p
 
@@ -293,6 +295,7 @@ def conformal(args: argparse.Namespace) -> dict:
                 stored["dicom"] = [str(p.relative_to(out)) for p in conformal_to_dicom(out, stored, reference,
                                                                                        args.images)]
         write_json(out / CONFORMAL_FILE, stored)
+        stored["report"] = command_report(args, out, reference, args.images)
     return stored
 
 
@@ -317,6 +320,8 @@ def main(argv: list[str] | None = None) -> int:
         return code
     print("\n".join(fit_lines(stored)))
     print(f"recorded in {args.output_dir / CONFORMAL_FILE}")
+    if stored.get("report"):
+        print(f"report: {stored['report']}")
     if stored.get("dicom"):
         print(f"{len(stored['dicom'])} DICOM object(s) written to {args.output_dir / 'dicom'} (viewers: "
               f"docs/report_html.md)")

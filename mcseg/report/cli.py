@@ -20,12 +20,13 @@ import logging
 import sys
 from pathlib import Path
 
-from mcseg.files import atomic_write
+from mcseg.files import atomic_write, check_writable
 from mcseg.report.conformal import collect_conformal, conformal_section, folder_fits
 from mcseg.report.statements import collect_statements, statement_folders, statements_section
 from mcseg.report.collect import RunRecord, collect_ensembles, collect_folder_evaluations, collect_runs, read_run
 from mcseg.report.figures import margin_heatmap, reliability_histograms, reliability_overlay, reliability_raters, \
     risk_coverage_overlay, shift_severity
+from mcseg.report.folder_report import folder_output, write_folder_report
 from mcseg.report.html import write_html
 from mcseg.report.render import ENVIRONMENT_MARK, RATER_FIGURE, SEEN_MARK, SHIFT_FIGURE, latex, markdown, \
     write_report_csv, write_shift_csv
@@ -134,7 +135,24 @@ def main(argv: list[str] | None = None) -> int:
     html.add_argument("--no-html", action="store_true", help="write no report.html")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if len(args.dirs) == 1 and folder_output(args.dirs[0]) is not None:  # a folder command's output: its own page
+        out = args.out or args.dirs[0]
+        try:
+            check_writable(out)
+            page = write_folder_report(args.dirs[0], out, images=args.images, cases=args.html_cases,
+                                       max_size=args.html_size, max_slices=args.html_slices)
+        except (OSError, ValueError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        print(f"written: {page} and {page.with_name('report.md')}")
+        return 0
 
+    out = args.out or args.dirs[0] / "report"
+    try:
+        check_writable(out)
+    except OSError as exc:  # said before any run is evaluated or anything written
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     try:
         # mcseg's runs, and evaluations of other tools' prediction folders (mcseg-evaluate-folder) beside them
         runs = collect_runs(args.dirs, args.split) + collect_folder_evaluations(args.dirs)
@@ -155,7 +173,6 @@ def main(argv: list[str] | None = None) -> int:
         log.warning("warning: %s (rows marked%s)", warning, ENVIRONMENT_MARK)
     for warning in seen:
         log.warning("warning: %s (rows marked%s)", warning, SEEN_MARK)
-    out = args.out or args.dirs[0] / "report"
     out.mkdir(parents=True, exist_ok=True)
     title = args.title or f"mcseg report: {len(rows)} configurations"
     notes = [f"**Warning{ENVIRONMENT_MARK}**: {w}; rows with a run unlike the most common are marked{ENVIRONMENT_MARK}."

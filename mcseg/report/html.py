@@ -172,8 +172,8 @@ def reliability_section(rows: list[ConfigRow], split: str) -> str:
             + "".join(figures))
 
 
-def case_section(cases: list[dict], options: str) -> str:
-    """The per-case view: a case list (worst first), the slice slider, one checkbox per overlay."""
+def case_section(cases: list[dict], options: str, order: str = "worst first by Dice") -> str:
+    """The per-case view: a case list (in ``order``: worst first), the slice slider, one checkbox per overlay."""
     if not cases:
         return ("<h2>Cases</h2><p class=\"note\">No case drawn: no selected configuration has predictions or "
                 "probabilities on disk (inference.save_predictions / save_probabilities).</p>")
@@ -186,7 +186,7 @@ def case_section(cases: list[dict], options: str) -> str:
                     for name, (text, colour) in LAYER_LABELS.items())
     images = "".join(f'<img id="layer-{name}" alt="{name}">' for name in ("image", *LAYERS))
     data = json.dumps(cases, separators=(",", ":")).replace("</", "<\\/")
-    return (f"<h2>Cases (worst first by Dice)</h2><p>{html.escape(options)}</p>"
+    return (f"<h2>Cases ({html.escape(order)})</h2><p>{html.escape(options)}</p>"
             f'<div id="viewer"><div id="stack">{images}</div><div id="controls">'
             f'<p><select id="case-select">{choices}</select></p>'
             f'<p><input type="range" id="slice" min="0" max="0" value="0"> <span id="slice-text"></span></p>'

@@ -17,7 +17,7 @@ from pathlib import Path
 from mcseg.report.collect import RunRecord
 from mcseg.report.conformal import tool_records
 
-__all__ = ["StatementSet", "collect_statements", "statement_folders", "statements_section"]
+__all__ = ["StatementSet", "case_order", "collect_statements", "statement_folders", "statements_section"]
 
 log = logging.getLogger(__name__)
 FILE = "statements.json"
@@ -56,6 +56,15 @@ def _n(value, digits: int = 2) -> str:
     return "inf" if math.isinf(float(value)) else f"{float(value):.{digits}f}"
 
 
+def case_order(record: dict) -> list[tuple[str, bool, float]]:
+    """``(case, review flag, risk score)`` of a set of statements, the flagged cases first, then the riskiest."""
+    first: dict[str, dict] = {}
+    for row in record["rows"]:
+        first.setdefault(row["case"], row)
+    return sorted(((c, bool(r["review"]), float(r["risk_score"])) for c, r in first.items()),
+                  key=lambda t: (not t[1], -t[2], t[0]))
+
+
 def qc_lines(found: StatementSet) -> list[str]:
     record = found.record
     review = record["review"]
@@ -72,9 +81,7 @@ def qc_lines(found: StatementSet) -> list[str]:
     by_case: dict[str, dict[str, dict]] = {}
     for row in record["rows"]:
         by_case.setdefault(row["case"], {})[row["structure"]] = row
-    order = sorted(by_case, key=lambda c: (not next(iter(by_case[c].values()))["review"],
-                                           -next(iter(by_case[c].values()))["risk_score"], c))
-    for case in order:
+    for case, _, _ in case_order(record):
         first = next(iter(by_case[case].values()))
         cells = [f"{_n(r['volume_mask_ml'])} [{_n(r['volume_lower_ml'])}, {_n(r['volume_upper_ml'])}] | "
                  f"{_n(r['dice_lower'], 3)} | {_n(r['hd95_upper_mm'], 1)}"
