@@ -133,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
                       "<case>_0000.nii.gz; default: the dataset's folder recorded in the evaluations)")
     html.add_argument("--labels", type=Path, default=None, help="folder of the cases' labels (default: as --images)")
     html.add_argument("--no-html", action="store_true", help="write no report.html")
+    html.add_argument("--class-names", nargs="+", help="for a folder command's output (DIR): the K class names, "
+                      "background first, where no dataset.json beside its reference says them")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if len(args.dirs) == 1 and folder_output(args.dirs[0]) is not None:  # a folder command's output: its own page
@@ -140,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             check_writable(out)
             page = write_folder_report(args.dirs[0], out, images=args.images, cases=args.html_cases,
-                                       max_size=args.html_size, max_slices=args.html_slices)
+                                       max_size=args.html_size, max_slices=args.html_slices,
+                                       class_names=args.class_names)
         except (OSError, ValueError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1

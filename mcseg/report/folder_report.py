@@ -201,9 +201,11 @@ def _cases(tool: str, folder: Path, record: dict, reference, target, images, n: 
 
 
 def write_folder_report(folder: Path, out: Path | None = None, reference=None, images: Path | None = None,
-                        cases: int = 6, max_size: int = 160, max_slices: int = 32) -> Path:
+                        cases: int = 6, max_size: int = 160, max_slices: int = 32,
+                        class_names: list[str] | None = None) -> Path:
     """Write ``report.html`` and ``report.md`` of the folder command's output ``folder`` into ``out`` (default the
-    folder; module docstring); ``reference``: the command's (else read from the recorded path); returns the page."""
+    folder; module docstring); ``reference``: the command's (else read from the recorded path, its classes from its
+    dataset.json or ``class_names``); returns the page."""
     from mcseg.data.reference import FolderError, read_reference
     from mcseg.evaluation.folder_outputs import CALIBRATE_TOOL, CONFORMAL_TOOL, NEW_CASES_TOOL
     from mcseg.evaluation.formats import open_folder
@@ -219,9 +221,9 @@ def write_folder_report(folder: Path, out: Path | None = None, reference=None, i
     lines, extra, notes = _header(tool, folder, record), "", []
     if reference is None:
         try:
-            reference = read_reference(recorded.get("path") or folder)
+            reference = read_reference(recorded.get("path") or folder, class_names)
         except (FolderError, ValueError, OSError) as exc:
-            notes.append(f"Cases not drawn: the reference could not be read ({exc}).")
+            notes.append(f"Cases not drawn: the reference could not be read ({exc}; mcseg-report --class-names).")
     target = None
     if reference is not None and applied.get("path"):
         try:
