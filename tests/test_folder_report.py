@@ -29,11 +29,11 @@ def _self_contained(page: str) -> None:
         assert attribute.startswith("data:"), f"the page refers to {attribute[:60]}"
 
 
-@pytest.fixture(scope="module")
-def folders(tmp_path_factory):
+def make_folders(root):
+    """Twelve 10 x 9 x 5 cases under ``root``: labels, images, and MONAI SaveImage probabilities of 8 fit cases
+    (``fit``) and 4 new ones (``new``)."""
     from tests.tool_outputs import blob_label, make_monai
 
-    root = tmp_path_factory.mktemp("folder_report")
     rng = np.random.default_rng(0)
     for i in range(12):
         label = blob_label((10, 9, 5), seed=i)
@@ -46,6 +46,11 @@ def folders(tmp_path_factory):
     return {"root": root, "labels": root / "labels", "images": root / "images",
             "fit": make_monai(root / "fit", root / "fit_labels", noise=1.6, seed=1),
             "new": make_monai(root / "new", root / "new_labels", noise=1.6, seed=2)}
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    return make_folders(tmp_path_factory.mktemp("folder_report"))
 
 
 def _args(folders, out, *extra):
