@@ -29,7 +29,6 @@ from mcseg.evaluation.folder_posthoc import NO_IMAGE, calibrate_folder, fit_fold
 from mcseg.data.reference import FolderError, fold_cases, read_reference
 from mcseg.evaluation.formats import PredictionFormat, declared_classes, open_folder, prediction_files
 from mcseg.metrics.regions import REGIONS
-from mcseg.conformal_folder import read_unlabelled
 from mcseg.folder_dicom import calibrated_to_dicom
 from mcseg.report.folder_report import add_html_options, command_report
 from mcseg.rundir import RunDirBusy
@@ -125,7 +124,7 @@ def calibrate(args: argparse.Namespace) -> tuple[dict, list[str]]:
         stored = record_applied(out, record, args.scaler, target, files, record["val_cases"], replaced, changes)
         if args.dicom:
             calibrated = open_folder(out, reference.task, args.fmt, args.monai_postfix)
-            record["dicom"] = calibrated_to_dicom(out, calibrated, reference, args.images, read_unlabelled)
+            record["dicom"] = calibrated_to_dicom(out, calibrated, reference, args.images)
         record["report"] = command_report(args, out, reference, args.images)
     record["applied"] = stored.get("applied")
     if overlap:

@@ -36,13 +36,10 @@ def _image(case: str, images: Path | None, reference: Reference) -> Path:
     return found
 
 
-def calibrated_to_dicom(out: Path, calibrated, reference: Reference, images: Path | None,
-                        read_unlabelled) -> list[Path]:
+def calibrated_to_dicom(out: Path, calibrated, reference: Reference, images: Path | None) -> list[Path]:
     """Every case of the calibrated folder ``calibrated`` (a :class:`~mcseg.evaluation.formats.PredictionFormat`
-    of ``out``) as DICOM (module docstring); the files written. ``read_unlabelled(folder, case, images)``: a case
-    without a label on its image's grid (:func:`mcseg.conformal_folder.read_unlabelled`; passed in, so that the
-    conformal command, which imports this module, is not imported back)."""
-    from mcseg.evaluation.folders import read_case
+    of ``out``) as DICOM (module docstring); the files written."""
+    from mcseg.evaluation.folders import read_case, read_unlabelled
 
     task, written = reference.task, []
     for case in calibrated.cases():

@@ -26,7 +26,7 @@ import torch
 from mcseg.conformal import predicted_masks
 from mcseg.conformal.fit import class_indices
 from mcseg.conformal.risks import class_masks
-from mcseg.conformal_folder import image_path, read_unlabelled
+from mcseg.evaluation.folders import image_path, read_unlabelled
 from mcseg.data.io import read_volume
 from mcseg.data.reference import FolderError, Reference, fold_cases, read_reference
 from mcseg.evaluation.folder_options import add_fit_apply_options, add_input_options

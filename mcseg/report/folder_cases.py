@@ -53,9 +53,8 @@ def _image(case: str, images: Path | None, reference) -> tuple[np.ndarray | None
 def read_folder_case(folder, case: str, reference, images: Path | None):
     """``(grid volume, label array or None, probabilities C x S tensor or None, tool's label map)`` of ``case``
     of the prediction folder ``folder``; None when the case has neither a label nor an image in ``images``."""
-    from mcseg.conformal_folder import image_path, read_unlabelled
     from mcseg.data.reference import FolderError
-    from mcseg.evaluation.folders import read_case
+    from mcseg.evaluation.folders import image_path, read_case, read_unlabelled
 
     if case in reference.labels:
         grid, _, probs, prediction, _ = read_case([folder], reference, case)

@@ -207,7 +207,7 @@ def write_folder_report(folder: Path, out: Path | None = None, reference=None, i
     folder; module docstring); ``reference``: the command's (else read from the recorded path, its classes from its
     dataset.json or ``class_names``); returns the page."""
     from mcseg.data.reference import FolderError, read_reference
-    from mcseg.evaluation.folder_outputs import CALIBRATE_TOOL, CONFORMAL_TOOL, NEW_CASES_TOOL
+    from mcseg.evaluation.folder_outputs import CALIBRATE_TOOL, CONFORMAL_TOOL
     from mcseg.evaluation.formats import open_folder
     from mcseg.report.html import HTML_FILE, case_section, markdown_html, page
 
