@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from mcseg.evaluation.dicom import DicomError
+from mcseg.files import check_writable
 from mcseg.evaluation.dicom_cases import evaluated_cases, export_case
 
 
@@ -38,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     cases = args.cases or evaluated_cases(args.eval_dir)
     out = args.out or args.eval_dir / "dicom"
     try:
+        check_writable(out)
         out.mkdir(parents=True, exist_ok=True)
         for case in cases:
             for path in export_case(args.eval_dir, summary, case, out, args.images):

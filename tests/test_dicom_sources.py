@@ -109,6 +109,16 @@ def test_a_dicom_source_on_another_grid_is_refused_naming_it_leaving_nothing(tmp
     assert not any((tmp_path / "out").glob("c0*"))
 
 
+def test_mcseg_dicom_refuses_an_output_folder_that_cannot_be_written_naming_it(tmp_path, capsys):
+    from mcseg.dicom_export import main as dicom_main
+
+    folder, _ = _evaluation(tmp_path, _affine())
+    (folder / "summary.json").write_text("{}")
+    (tmp_path / "a_file").write_text("")
+    assert dicom_main([str(folder), "--cases", "c0", "--out", str(tmp_path / "a_file" / "dcm")]) == 1
+    assert f"--out {tmp_path / 'a_file' / 'dcm'}: the output folder cannot be written" in capsys.readouterr().err
+
+
 def _segimage2itkimage() -> str:
     found = os.environ.get("MCSEG_SEGIMAGE2ITKIMAGE") or shutil.which("segimage2itkimage")
     if not found:
