@@ -239,6 +239,8 @@ def write_folder_report(folder: Path, out: Path | None = None, reference=None, i
             more, extra = _applied_calibration(folder, record, reference, raw, target,
                                                scaler.get("region") or "union_foreground")
             lines += more
+        elif target is not None:
+            lines += ["Region-based (sigmoid) probabilities: no top-label ECE before and after is computed here.", ""]
     elif tool == CONFORMAL_TOOL:
         from mcseg.report.conformal import ConformalFit, conformal_section
 
