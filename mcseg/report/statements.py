@@ -17,7 +17,7 @@ from pathlib import Path
 from mcseg.report.collect import RunRecord
 from mcseg.report.conformal import tool_records
 
-__all__ = ["StatementSet", "case_order", "collect_statements", "statement_folders", "statements_section"]
+__all__ = ["StatementSet", "case_order", "collect_statements", "run_flags", "statement_folders", "statements_section"]
 
 log = logging.getLogger(__name__)
 FILE = "statements.json"
@@ -63,6 +63,20 @@ def case_order(record: dict) -> list[tuple[str, bool, float]]:
         first.setdefault(row["case"], row)
     return sorted(((c, bool(r["review"]), float(r["risk_score"])) for c, r in first.items()),
                   key=lambda t: (not t[1], -t[2], t[0]))
+
+
+def run_flags(run: RunRecord, split: str) -> dict[str, tuple[bool, float]]:
+    """``{case: (review flag, risk score)}`` of a run's first set of statements on ``split`` (its evaluation's
+    ``conformal/<source>/statements/statements.json``, the sources in order); empty without one."""
+    for source in (run.summaries.get("", {}).get("conformal") or {}):
+        path = Path(run.path) / "eval" / split / "conformal" / source / "statements" / FILE
+        if path.is_file():
+            try:
+                record = json.loads(path.read_text())
+                return {case: (flag, risk) for case, flag, risk in case_order(record)}
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                log.warning("%s: unreadable statements (%s); cases ordered by Dice", path, exc)
+    return {}
 
 
 def qc_lines(found: StatementSet) -> list[str]:
