@@ -22,7 +22,7 @@ import torch
 from mcseg.evaluation.case_files import IMAGE_FOLDERS
 from mcseg.report.case_view import CaseVolumes
 
-__all__ = ["calibration_stats", "case_volumes", "mean_dice"]
+__all__ = ["calibration_stats", "case_dice", "case_volumes", "mean_dice", "read_folder_case"]
 
 
 def mean_dice(prediction: np.ndarray, label: np.ndarray, classes: int) -> float:
@@ -69,25 +69,36 @@ def read_folder_case(folder, case: str, reference, images: Path | None):
     return grid, None, probs, prediction
 
 
+def _drawn(read, task) -> tuple[np.ndarray | None, np.ndarray]:
+    """(channel-last probabilities to draw, the prediction) of a read case: the arg-max of softmax probabilities;
+    regions: p > 0.5 per region, no probabilities; label maps only: the tool's own."""
+    _, _, probs, own = read
+    p = None if probs is None else np.moveaxis(probs.numpy(), 0, -1)
+    if p is not None and not task.multilabel:
+        return p, np.argmax(p, -1)
+    if p is not None:
+        return None, p > 0.5
+    return None, np.asarray(own.numpy() if isinstance(own, torch.Tensor) else own)
+
+
+def case_dice(read, task) -> float:
+    """The mean foreground Dice of a read case (:func:`mean_dice`); NaN without a label or for regions."""
+    label = read[1]
+    if label is None or task.multilabel:
+        return math.nan
+    return mean_dice(_drawn(read, task)[1], label, task.channels)
+
+
 def case_volumes(read, case: str, source: str, reference, images: Path | None, masks: Path | None = None,
                  dice: float | None = None, notes: list[str] | None = None) -> CaseVolumes:
     """A case read by :func:`read_folder_case` (``read``) as the view draws it, with the conformal masks
     ``<case>_{sure,possible}_*.nii.gz`` of ``masks`` where given."""
     import nibabel as nib
 
-    grid, label, probs, own = read
-    task = reference.task
-    p = None if probs is None else np.moveaxis(probs.numpy(), 0, -1)
-    if p is not None and not task.multilabel:
-        prediction = np.argmax(p, -1)
-    elif p is not None:
-        prediction, p = (p > 0.5), None  # regions: channel-last masks
-    else:
-        prediction = np.asarray(own.numpy() if isinstance(own, torch.Tensor) else own)
+    grid, label, _, _ = read
+    p, prediction = _drawn(read, reference.task)
     image, image_name = _image(case, images, reference)
-    if dice is None:
-        dice = (mean_dice(prediction, label, task.channels) if label is not None and not task.multilabel
-                else math.nan)
+    dice = case_dice(read, reference.task) if dice is None else dice
     found = {kind: sorted(Path(masks).glob(f"{case}_{kind}_*.nii.gz")) if masks else [] for kind in
              ("sure", "possible")}
     return CaseVolumes(case, source, dice, tuple(float(s) for s in grid.spacing[:3]), p, prediction, label, image,

@@ -171,7 +171,7 @@ def _cases(tool: str, folder: Path, record: dict, reference, target, images, n: 
     """The drawn cases and the order they are listed in (module docstring)."""
     from mcseg.evaluation.folder_outputs import CONFORMAL_TOOL, NEW_CASES_TOOL
     from mcseg.report.case_view import render_volumes
-    from mcseg.report.folder_cases import case_volumes, read_folder_case
+    from mcseg.report.folder_cases import case_dice, case_volumes, read_folder_case
     from mcseg.report.statements import case_order
 
     masks = folder if tool == CONFORMAL_TOOL else None
@@ -185,7 +185,7 @@ def _cases(tool: str, folder: Path, record: dict, reference, target, images, n: 
         for case in target.cases():
             read = read_folder_case(target, case, reference, images)
             if read is not None:
-                scored.append((case_volumes(read, case, "", reference, images).dice, case))
+                scored.append((case_dice(read, reference.task), case))
         scored.sort(key=lambda t: (math.isnan(t[0]), t[0]))
         reads = [(case, read_folder_case(target, case, reference, images), None) for _, case in scored[:n]]
         how = "worst first by Dice"
