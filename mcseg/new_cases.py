@@ -9,6 +9,9 @@ Fitted on the cases of validation prediction folders (nnU-Net's out-of-fold ``fo
 folder, or the validation cases of ``--splits --fold``) against their labels; applied to the cases of ``--apply``,
 whose grid comes from their images (``--images``) or, where the reference holds their labels, from those: such
 labels are used only to measure what the statements achieve (``*_true``, ``*_covered`` columns), never to fit.
+With ``--fit-members`` and ``--apply-members`` (each member of an ensemble, TTA or MC dropout saved as its own
+prediction folder, holding every calibration / new case) the normalised volume interval is also given with the
+members' spread as its scale (statement ``volume_members``).
 Writes ``OUT_DIR/statements.csv`` (one row per case and structure), ``statements.json`` (the guarantees and the
 rows), ``calibration_cases.csv`` and ``new_cases.csv`` (the per-case figures everything is computed from), under
 :mod:`mcseg.evaluation.folder_outputs`' rule (never another tool's folder; an earlier one only with ``--overwrite``).
@@ -26,17 +29,16 @@ import torch
 from mcseg.conformal import predicted_masks
 from mcseg.conformal.fit import class_indices
 from mcseg.conformal.risks import class_masks
-from mcseg.evaluation.folders import image_path, read_unlabelled
 from mcseg.data.io import read_volume
 from mcseg.data.reference import FolderError, Reference, fold_cases, read_reference
 from mcseg.evaluation.folder_options import add_fit_apply_options, add_input_options
 from mcseg.evaluation.folder_outputs import NEW_CASES_TOOL, claim_output, run_command, writing
 from mcseg.evaluation.folder_posthoc import _fit_owners
-from mcseg.evaluation.folders import read_case
+from mcseg.evaluation.folders import image_path, read_case, read_unlabelled
 from mcseg.evaluation.formats import PredictionFormat, declared_classes, open_folder, prediction_files
 from mcseg.evaluation.provenance import file_sha256
 from mcseg.report.folder_report import add_html_options, command_report
-from mcseg.statements.features import case_row
+from mcseg.statements.features import MEMBERS, case_row, members_volume_sd
 from mcseg.statements.review import PROCEDURES
 from mcseg.statements.shift import case_vector, density_ratio_weights, image_statistics
 from mcseg.statements.statements import OUTPUTS, StatementSettings, make_statements, write_statements
@@ -70,6 +72,12 @@ def _parser() -> argparse.ArgumentParser:
                    "testing (default fixed_sequence, strict to loose)")
     p.add_argument("--shift", choices=("none", "weighted"), default="none", help="weighted: weighted conformal "
                    "intervals with density-ratio weights from a cross-fitted classifier (needs >= 10 new cases)")
+    p.add_argument("--fit-members", nargs="+", type=Path, metavar="MEMBER_DIR", help="the members of the "
+                   "calibration predictions (an ensemble's networks, TTA views or MC-dropout samples), one prediction "
+                   "folder each, every calibration case in each: the volume interval with the members' spread as "
+                   "its scale (volume_members); with --apply-members")
+    p.add_argument("--apply-members", nargs="+", type=Path, metavar="MEMBER_DIR", help="the same members' "
+                   "folders for the new cases (as many, in the same order, as --fit-members)")
     p.add_argument("--classes", nargs="+", help="structures (class names; default every class but the background)")
     p.add_argument("--figure", action="store_true", help="also statements.png: per structure the cases' volume "
                    "intervals, flagged cases in red, true volumes where the new cases' labels were given")
@@ -97,19 +105,42 @@ def _image_stats(images: Path | None, case: str) -> np.ndarray | None:
     return image_statistics(array)
 
 
+def _member_spread(members: list[PredictionFormat], reference: Reference, images: Path | None, case: str,
+                   spacing, classes: list[int]) -> tuple[np.ndarray, list[Path]]:
+    """The case's ``volume_members_sd_ml`` (:func:`~mcseg.statements.features.members_volume_sd`) from each
+    member folder's mask (its label map, else the arg-max / p > 0.5 of its probabilities), read against the
+    case's label (or image) grid; the files read."""
+    task, masks, read = reference.task, [], []
+    for member in members:
+        if case not in member.files:
+            raise FolderError(f"member folder {member.path} has no prediction of case {case}: each member folder "
+                              f"must hold every case it is given for")
+        if case in reference.labels:
+            _, _, probs, prediction, files = read_case([member], reference, case)
+        else:
+            _, _, probs, prediction, files = read_unlabelled(member, case, images)
+        masks.append(class_masks(prediction, task.channels, task.multilabel).numpy() if probs is None else
+                     predicted_masks(probs, task.multilabel, prediction))
+        read += files
+    return members_volume_sd(masks, spacing, classes), read
+
+
 def read_calibration(owners: dict[str, PredictionFormat], reference: Reference, classes: list[int],
-                     names: list[str]) -> tuple[CaseTable, list[Path]]:
+                     names: list[str], members: list[PredictionFormat] = ()) -> tuple[CaseTable, list[Path]]:
     rows, read = [], []
     for case, folder in owners.items():
         label_vol, label, probs, prediction, files = read_case([folder], reference, case)
         rows.append(_figures(probs, prediction, label_vol.spacing, classes, reference.task.multilabel,
                              f"{folder.path} (case {case})", label))
         read += files
+        if members:
+            rows[-1][MEMBERS], more = _member_spread(members, reference, None, case, label_vol.spacing, classes)
+            read += more
     return CaseTable.from_rows(list(owners), names, rows), read
 
 
 def read_new(target: PredictionFormat, reference: Reference, images: Path | None, classes: list[int],
-             names: list[str]) -> tuple[CaseTable, list[Path]]:
+             names: list[str], members: list[PredictionFormat] = ()) -> tuple[CaseTable, list[Path]]:
     """The new cases' table: label-free figures, and the truth where the reference has every case's label."""
     cases = target.cases()
     labelled = all(c in reference.labels for c in cases)
@@ -123,6 +154,10 @@ def read_new(target: PredictionFormat, reference: Reference, images: Path | None
         rows.append(_figures(probs, prediction, grid.spacing, classes, reference.task.multilabel,
                              f"{target.path} (case {case})", label))
         read += files
+        if members:
+            rows[-1][MEMBERS], more = _member_spread(members, reference, None if labelled else images, case,
+                                                     grid.spacing, classes)
+            read += more
     return CaseTable.from_rows(cases, names, rows), read
 
 
@@ -138,6 +173,20 @@ def _check(args: argparse.Namespace) -> None:
     if args.fit_images is not None and (args.images is None or args.shift != "weighted"):
         raise FolderError("--fit-images adds intensity statistics to the weighted statements' case features: pass "
                           "it with --images and --shift weighted")
+    fit_members, apply_members = args.fit_members or [], args.apply_members or []
+    if bool(fit_members) != bool(apply_members):
+        given, absent = ("--fit-members", "--apply-members") if fit_members else ("--apply-members", "--fit-members")
+        raise FolderError(f"{given} without {absent}: the members' spread scales the interval only when both the "
+                          f"calibration and the new cases have members (pass {absent} MEMBER_DIR ...)")
+    for option, folders in (("--fit-members", fit_members), ("--apply-members", apply_members)):
+        if folders and len(folders) < 2:
+            raise FolderError(f"{option} {folders[0]}: one member has no spread; give the members' folders, at "
+                              f"least two")
+        if len({d.resolve() for d in folders}) < len(folders):
+            raise FolderError(f"{option}: a member folder is listed twice; list each member once")
+    if fit_members and len(fit_members) != len(apply_members):
+        raise FolderError(f"--fit-members has {len(fit_members)} folders, --apply-members {len(apply_members)}: the "
+                          f"same members must predict the calibration and the new cases")
 
 
 def new_cases(args: argparse.Namespace) -> dict:
@@ -168,8 +217,10 @@ def new_cases(args: argparse.Namespace) -> dict:
     if not all(c in reference.labels for c in target.cases()) and args.images is None:
         raise FolderError(f"--apply {target.path}: cases without a label in {reference.root} need --images (their "
                           f"images: the grid the predictions are checked against)")
-    calibration, read = read_calibration(owners, reference, classes, names)
-    new, new_read = read_new(target, reference, args.images, classes, names)
+    members = {option: [open_folder(d, task, args.fmt, args.monai_postfix) for d in folders or []]
+               for option, folders in (("fit", args.fit_members), ("apply", args.apply_members))}
+    calibration, read = read_calibration(owners, reference, classes, names, members["fit"])
+    new, new_read = read_new(target, reference, args.images, classes, names, members["apply"])
     weights = None
     if args.shift == "weighted":
         stats = (lambda folder, cases: np.stack([_image_stats(folder, c) for c in cases])
@@ -182,6 +233,9 @@ def new_cases(args: argparse.Namespace) -> dict:
     files = [*reference.files, *read, *new_read]
     record = {"tool": NEW_CASES_TOOL, **record, "classes": names,
               "calibration_cases": calibration.cases, "new_cases": new.cases,
+              "members": ({option: [str(f.path.resolve()) for f in folders] for option, folders in members.items()}
+                          if members["fit"] else "none: the normalised volume interval's scale is the "
+                          "Poisson-binomial sd only"),
               "provenance": {"fit": [f.identity() for f in fit], "apply": target.identity(),
                              "reference": {"path": str(reference.root.resolve()), "kind": reference.kind},
                              "input_files_sha256": {str(p.resolve()): file_sha256(p) for p in dict.fromkeys(files)}},

@@ -8,17 +8,15 @@ from __future__ import annotations
 
 import logging
 import math
-from pathlib import Path
 
 from omegaconf import DictConfig
 
-from mcseg.calibration import fit_posthoc, scalers_to_apply
 from mcseg.environment import environment_record
 from mcseg.errors import TrainingInterrupted
-from mcseg.evaluation.conformal import check_conformal, conformal_config, conformal_pass
+from mcseg.evaluation.conformal import check_conformal, conformal_config
 from mcseg.evaluation.figure_table import summary_keys
-from mcseg.evaluation.provenance import checkpoint_identity, evaluation_provenance, hydra_overrides
-from mcseg.evaluation.split import evaluate_split, format_summary
+from mcseg.evaluation.predictor import Evaluation, Member, Outputs, PosthocPlan, evaluate_predictor
+from mcseg.evaluation.provenance import checkpoint_identity, hydra_overrides
 from mcseg.files import write_json
 from mcseg.identity import run_identity
 from mcseg.slots import slot_record
@@ -33,7 +31,7 @@ def train(cfg: DictConfig) -> dict:
     """Train and evaluate as configured; return validation and test metrics."""
     conformal_config(cfg)  # a bad conformal node refused before the training, not after it
     run = build_run(cfg)
-    trainer, dataset, trackers = run.trainer, run.dataset, run.trackers
+    trainer, trackers = run.trainer, run.trackers
     tcfg, run_dir, device = trainer.cfg, trainer.run_dir, trainer.device
     try:
         # inside an Optuna sweep: each validation is reported to the job's trial, whose pruner may stop the run
@@ -51,7 +49,6 @@ def train(cfg: DictConfig) -> dict:
         trackers.close()
     finally:
         shutdown(run.dist)
-    print(format_summary(summary, dataset.class_names, title=f"{dataset.name} test split"))
     headline = summary_keys("headline")
     result = {f"test/{k}": summary.get(k) for k in headline}
     result.update({k: v for k, v in trainer.history[-1].items() if k.startswith(("val/", "val_full/"))} if trainer.history else {})
@@ -72,66 +69,39 @@ def train(cfg: DictConfig) -> dict:
 
 
 def evaluate_test(run: Run, cfg: DictConfig) -> dict:
-    """After fitting: post-hoc calibration of best.pt on the validation cases (``posthoc.fit``), then the test
-    split evaluated into ``<run>/eval/test`` and sent to the trackers; returns its summary."""
+    """After fitting: the test split of best.pt evaluated into ``<run>/eval/test`` through the one evaluation of a
+    predictor (:func:`mcseg.evaluation.predictor.evaluate_predictor`), with its post-hoc fit (``posthoc.fit``) on
+    the validation cases the trainer loaded, its conformal pass (``conformal.enabled``) and DICOM export
+    (``inference.save_dicom``), then sent to the trackers; returns its summary."""
     trainer, posthoc, inference = run.trainer, run.posthoc, run.inference
-    run_dir, predictor, protocol = trainer.run_dir, trainer.predictor, trainer.protocol
+    run_dir, predictor, out = trainer.run_dir, trainer.predictor, trainer.run_dir / "eval" / "test"
     trained_on, unseen = trainer.provenance["dataset"], trainer.provenance["classes_unseen_in_training"]
-    best = checkpoint_identity(run_dir / "checkpoints" / "best.pt", trainer.load_best())
-    overrides = hydra_overrides()
-    scalers = {}
-    if posthoc.fit:
-        record = fit_posthoc(predictor, trainer.val_cases, posthoc, run_dir, best,
-                             {"dataset": trained_on, "overrides": overrides}, protocol)
-        scalers = scalers_to_apply(record, posthoc.apply, run_dir)
-    provenance = evaluation_provenance(
-        {"checkpoint": {**best, "selected": True}, "run_dir": str(run_dir)},
-        {"name": "test", "source": "training", "cases": trainer.provenance["split"]["test"]}, trained_on, trained_on,
-        predictor, overrides, run_dir / "eval" / "test",
-        environment_record(trainer.device, trainer.cfg.deterministic, run.reductions_before),
-        {"seen_in_training": {"train": run.shared["test"]} if "test" in run.shared else {},
-         "classes_unseen_in_training": unseen})
-    summary = evaluate_split(
-        predictor, run.dataset, run.splits["test"], protocol, run_dir / "eval" / "test",
-        inference.save_predictions, inference.save_probabilities, scalers, provenance,
-    )
-    summary = conformal_of_run(run, cfg, scalers, provenance, summary)
-    if inference.save_dicom:  # after the conformal pass: its masks are exported too (docs/report_html.md)
-        dicom_of_run(run_dir / "eval" / "test", summary, run.splits["test"])
+    path = run_dir / "checkpoints" / "best.pt"
+    state = trainer.load_best()
+    best = checkpoint_identity(path, state)
+    member = Member(predictor, best, run_dir)
+    evaluation = Evaluation(
+        predictor, [member], member, run.dataset, run.splits["test"], "test", "training",
+        trainer.provenance["split"]["test"], out, {"checkpoint": {**best, "selected": True}, "run_dir": str(run_dir)},
+        state, cfg, path, trainer.provenance["split"], run.dataset, "test", hydra_overrides(),
+        environment_record(trainer.device, trainer.cfg.deterministic, run.reductions_before), best["sha256"],
+        f"{path.name}, sha256 {best['sha256'][:8]}", log_figure=lambda tag, figure: run.trackers.figure(
+            tag, figure, trainer.global_step),
+        # what the run recorded of its data: the dataset it trained on and the test cases it shares with training
+        dataset_record=trained_on,
+        content={"seen_in_training": {"train": run.shared["test"]} if "test" in run.shared else {},
+                 "classes_unseen_in_training": unseen})
+    plan = PosthocPlan({}, posthoc, run_dir, trainer.val_cases) if posthoc.fit else PosthocPlan({})
+    outputs = Outputs(inference.save_predictions, inference.save_probabilities, conformal_config(cfg),
+                      inference.save_dicom, dicom_stops=False)
+    check_conformal(outputs.conformal, "test", trainer.provenance["split"])
+    summary = evaluate_predictor(evaluation, [plan], trainer.protocol, outputs)
     best_val = validation_score(next((h for h in trainer.history if h["epoch"] == trainer.best_epoch), {}),
                                 cfg.get("score"))
-    run.trackers.evaluation("test", summary, run_dir / "eval" / "test", trainer.global_step,
+    run.trackers.evaluation("test", summary, out, trainer.global_step,
                             hparams={"params": hparams_of(cfg), "metrics": {"final/best_val_score": best_val}})
     run.trackers.save_record(trainer.global_step)
     return summary
-
-
-def dicom_of_run(folder: Path, summary: dict, refs: list) -> None:
-    """``inference.save_dicom=true``: the test cases as DICOM into ``folder/dicom``, each over its own image file
-    (:mod:`mcseg.evaluation.dicom_cases`). A case that cannot be written (no image file, another grid) is logged
-    with the reason and left out: the run and its evaluation stand."""
-    from mcseg.evaluation.dicom import DicomError
-    from mcseg.evaluation.dicom_cases import export_evaluation
-
-    images = {r.case_id: Path(r.image_paths[0]) for r in refs if r.image_paths}
-    try:
-        log.info("DICOM: %d objects in %s", len(export_evaluation(folder, summary, images)), folder / "dicom")
-    except (DicomError, OSError) as exc:
-        log.error("inference.save_dicom: %s", exc)
-
-
-def conformal_of_run(run: Run, cfg: DictConfig, scalers: dict, provenance: dict, summary: dict) -> dict:
-    """``conformal.enabled=true``: evaluate.py's conformal pass (:mod:`mcseg.evaluation.conformal`), fitted on
-    every validation case of the run and applied to its test split, into ``<run>/eval/test/conformal``; the
-    overlay figures (``conformal.figures``) also go to the trackers (TensorBoard images ``conformal/<source>/<case>``)."""
-    config = conformal_config(cfg)
-    check_conformal(config, "test", run.trainer.provenance["split"])
-    if not config.enabled:
-        return summary
-    step = run.trainer.global_step
-    return conformal_pass(config, run.trainer.predictor, run.dataset, run.splits["val"], run.dataset,
-                          run.splits["test"], scalers, run.trainer.run_dir / "eval" / "test", provenance, summary,
-                          log_figure=lambda tag, figure: run.trackers.figure(tag, figure, step))
 
 
 def hparams_of(cfg: DictConfig) -> dict:

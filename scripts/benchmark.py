@@ -26,7 +26,8 @@ evaluation and reports its peak memory in copies of its probability tensor.
     python scripts/benchmark.py eval-memory --shape 512 512 300 --classes 5   # one volume's peak memory, JSON
 
 Results are kept per device kind in docs/benchmarks.json (a CPU run leaves the GPU entry alone
-and vice versa); the Markdown section is rendered from that file.
+and vice versa); the Markdown section is rendered from that file (scripts/bench_report.py). The memory
+helpers are scripts/bench_memory.py, the large volume's measurement scripts/bench_eval_memory.py.
 """
 from __future__ import annotations
 
@@ -37,7 +38,6 @@ import sys
 import tempfile
 import time
 import warnings
-from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -48,14 +48,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bench_metrics import machine, write_section  # noqa: E402
+from bench_eval_memory import eval_memory_main, run_eval_memory_child  # noqa: E402
+from bench_memory import peak_memory, synchronize  # noqa: E402
+from bench_metrics import write_section  # noqa: E402
+from bench_report import device_name, render  # noqa: E402
 from competitor import competitors  # noqa: E402
 
-from mcseg.data.cases import CaseData  # noqa: E402
-from mcseg.evaluation.evaluator import Evaluator  # noqa: E402
 from mcseg.config import EvalProtocol, InferenceConfig  # noqa: E402
-from mcseg.evaluation.cases import evaluate_cases  # noqa: E402
-from mcseg.inference.predict import SegmentationPredictor  # noqa: E402
 from mcseg.training.build import build_run  # noqa: E402
 from mcseg.training.trainer import Trainer  # noqa: E402
 from mcseg.losses.base import target_checks  # noqa: E402
@@ -74,57 +73,7 @@ CASES = {  # name: (description, overrides after dataset=hippocampus)
 }
 
 
-# ---------------------------------------------------------------- memory and time
-def _status_bytes(key: str) -> int | None:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-def current_rss() -> int:
-    return _status_bytes("VmRSS") or 0
-
-
-def reset_host_peak() -> bool:
-    """Reset the process's peak resident set (Linux ``clear_refs``); False where unsupported."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-        return True
-    except OSError:
-        return False
-
-
-def host_peak() -> int:
-    """Peak resident set since the last reset (VmHWM), else since the start (ru_maxrss)."""
-    peak = _status_bytes("VmHWM")
-    if peak is None:
-        import resource
-
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return peak
-
-
-@contextmanager
-def peak_memory(device: torch.device, record: dict):
-    """Record the peak host (and GPU) memory of the block into ``record`` (MB)."""
-    reset_host_peak()
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    yield
-    record["peak_host_mb"] = round(host_peak() / 2**20, 1)
-    if device.type == "cuda":
-        record["peak_gpu_mb"] = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
+# ---------------------------------------------------------------- threads
 def restore_threads() -> None:
     """Every case starts with the threads the process started with (mcseg's adaptation to a competitor
     in the previous case would otherwise carry over, and with it the loader workers it leaves room for)."""
@@ -229,11 +178,6 @@ def loader_paths(trainer: Trainer, cfg, workers: list[int], epoch: int) -> dict:
     return rates
 
 
-def loader_alone(record: dict) -> str:
-    rate = record.get("loader_samples_per_s")
-    return f" (alone {rate:.0f} samples/s)" if rate else ""
-
-
 def evaluation_rate(cfg, trainer: Trainer, n_cases: int, out_dir: Path) -> dict:
     """(d): test volumes/s through ``evaluate_split`` (after one untimed volume)."""
     from mcseg.config import typed
@@ -301,199 +245,6 @@ def bench_training_case(name: str, args, device: torch.device, compile_model: bo
         run.trackers.close()
         del trainer, run
         return record
-
-
-# ---------------------------------------------------------------- one large volume's memory
-class IntensityEcho(torch.nn.Module):
-    """A stand-in network for memory measurements: logits favour the class nearest to the
-    voxel's intensity, so predictions have the sparse surfaces of a real segmentation."""
-
-    def __init__(self, num_classes: int) -> None:
-        super().__init__()
-        self.num_classes = num_classes
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        classes = torch.arange(self.num_classes, dtype=x.dtype, device=x.device).view(1, -1, *[1] * (x.ndim - 2))
-        return -4.0 * (x - classes) ** 2  # B x K x *S, nothing larger on the way
-
-
-def phantom_case(case_id: str, shape: tuple[int, ...], num_classes: int) -> CaseData:
-    """Boxes of classes 1..K-1 in a volume of ``shape``; the image is the label plus smooth noise."""
-    label = np.zeros(shape, np.uint8)
-    quarter = [max(n // 4, 1) for n in shape]
-    for k in range(1, num_classes):
-        start = (k * quarter[0] // 2) % max(shape[0] - quarter[0], 1)
-        label[start : start + quarter[0], quarter[1] : 3 * quarter[1], quarter[2] : 3 * quarter[2]] = k
-    image = label.astype(np.float32)[None]
-    image += 0.2 * np.sin(np.arange(shape[-1], dtype=np.float32) / 7.0)
-    return CaseData(case_id, image, label, (1.0,) * len(shape), np.eye(4))
-
-
-def evaluation_memory(shape: tuple[int, ...], num_classes: int, roi: list[int], sw_batch_size: int,
-                      device: torch.device) -> dict:
-    """Peak memory of one volume through ``evaluate_cases`` (sliding-window inference, softmax,
-    every metric), in bytes and in copies of its probability tensor (K x *S float32)."""
-    model = IntensityEcho(num_classes).to(device)
-    cfg = InferenceConfig(sw_batch_size=sw_batch_size, roi_size=roi)
-    predictor = SegmentationPredictor(model, 3, 16, lambda x: torch.softmax(x, 1), False, cfg, roi, "32", device)
-    evaluator = Evaluator(num_classes, [f"class_{k}" for k in range(num_classes)],
-                          EvalProtocol(bootstrap_samples=0))
-
-    def identity(case, probs):
-        return probs, case.label, case.spacing, case.affine
-
-    evaluate_cases(predictor, [phantom_case("warmup", tuple(2 * r for r in roi), num_classes)], evaluator, identity)
-    case = phantom_case("volume", shape, num_classes)
-    probability_bytes = 4 * num_classes * int(np.prod(shape))
-    before, record = current_rss(), {}
-    with peak_memory(device, record):
-        start = time.perf_counter()
-        evaluate_cases(predictor, [case], evaluator, identity)
-        synchronize(device)
-        seconds = time.perf_counter() - start
-    peak_extra = record["peak_host_mb"] * 2**20 - before
-    if device.type == "cuda":  # the volume lives on the GPU; the host holds the input and the label
-        peak_extra = record["peak_gpu_mb"] * 2**20
-    return {"shape": list(shape), "classes": num_classes, "device": device.type, "roi_size": roi,
-            "sw_batch_size": sw_batch_size, "seconds": round(seconds, 1),
-            "probability_tensor_mb": round(probability_bytes / 2**20, 1),
-            "peak_extra_mb": round(peak_extra / 2**20, 1),
-            "copies_of_probability_tensor": round(peak_extra / probability_bytes, 2),
-            "host_peak_resettable": reset_host_peak()}
-
-
-def eval_memory_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="benchmark.py eval-memory", description=evaluation_memory.__doc__)
-    parser.add_argument("--shape", type=int, nargs=3, default=[512, 512, 300])
-    parser.add_argument("--classes", type=int, default=5)
-    parser.add_argument("--roi", type=int, nargs=3, default=[96, 96, 96])
-    parser.add_argument("--sw-batch-size", type=int, default=4)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    args = parser.parse_args(argv)
-    warnings.filterwarnings("ignore")
-    result = evaluation_memory(tuple(args.shape), args.classes, args.roi, args.sw_batch_size, torch.device(args.device))
-    print(json.dumps(result))
-    return 0
-
-
-def run_eval_memory_child(shape: list[int], classes: int, roi: list[int], sw_batch_size: int,
-                          device: torch.device) -> dict:
-    """:func:`evaluation_memory` in a fresh process (nothing else in its memory)."""
-    import subprocess
-
-    done = subprocess.run([sys.executable, __file__, "eval-memory", "--shape", *map(str, shape), "--classes",
-                           str(classes), "--roi", *map(str, roi), "--sw-batch-size", str(sw_batch_size),
-                           "--device", device.type], capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"eval-memory failed: {done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-# ---------------------------------------------------------------- report
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        return (f"{props.name} ({props.total_memory / 2**30:.0f} GiB); torch {torch.__version__}, "
-                f"CUDA {torch.version.cuda}")
-    return machine()
-
-
-def render(results: dict) -> str:
-    """The Markdown section from the per-device results."""
-    lines = [
-        "`python scripts/benchmark.py` measures, in one run on the device it runs on, (a) the compute-only "
-        "ceiling: the configured network, loss and optimiser stepping on random tensors of the training "
-        "batch's shape already on the device (plain PyTorch); (b) mcseg end to end: the `Trainer` that "
-        "`train(cfg)` builds runs `train_epoch` on the real data (the run's own data path: memory-mapped cases "
-        "sampled and augmented in loader workers, or device-resident cases on CUDA, `dataset.sampling.device_cache`; "
-        "non-blocking copies, gradient clipping, non-finite tracking, "
-        "loss read once per logging interval); (c) b / a, (a) and (b) alternating, median of the repeats; "
-        "(d) test volumes per second through `evaluate_split` (inference and every metric, predictions "
-        "written); the loader workers' column adds what the loader alone delivers (its batches pinned and copied "
-        "to the device, no network). Peak memory: the main process's resident set per phase (loader workers not included) and "
-        "`torch.cuda.max_memory_allocated`.",
-        "",
-        "| device | case | (a) ceiling, samples/s | (b) mcseg, samples/s | b / a | loader workers "
-        "| peak host / GPU MB |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for kind in ("cpu", "cuda"):
-        entry = results.get(kind)
-        label = "CPU" if kind == "cpu" else "GPU"
-        if not entry:
-            lines.append(f"| {label} | - | not measured yet: `bash scripts/gpu_check.sh` on a GPU machine measures it | | | | |")
-            continue
-        for r in entry["training"]:
-            gpu = f" / {r['peak_gpu_mb']:.0f}" if "peak_gpu_mb" in r else ""
-            compiled = ", compiled" if r.get("compile") else ""
-            lines.append(f"| {label} | {r['description']}{compiled} | {r['ceiling_samples_per_s']:.1f} | "
-                         f"{r['end_to_end_samples_per_s']:.1f} | **{r['ratio']:.2f}** | {r['loader_workers']}"
-                         f"{loader_alone(r)} | {r['peak_host_mb']:.0f}{gpu} |")
-            c = r.get("contended")
-            if c:
-                slower = r["end_to_end_samples_per_s"] / c["end_to_end_samples_per_s"]
-                lines.append(f"| {label} | the same, beside {r['competition']['n']} competing torch process(es): "
-                             f"mcseg {slower:.1f}x slower than quiet | {c['ceiling_samples_per_s']:.1f} | "
-                             f"{c['end_to_end_samples_per_s']:.1f} | **{c['ratio']:.2f}** | {c['loader_workers']} | "
-                             f"{c['peak_host_mb']:.0f} |")
-    lines += ["", "The loader alone by path (samples/s, its batches brought to the device, no network; one epoch after a "
-              "warm-up one, in the same run as (a) and (b)): in the training process, from loader workers (through "
-              "the shared batch ring), and device-resident (`dataset.sampling.device_cache=true`). The path a run "
-              "takes is logged and kept in `result.json` (`device.training_batches`).", "",
-              "| device | case | (a) ceiling | (b) mcseg | loader alone, by path |", "|---|---|---|---|---|"]
-    for kind in ("cpu", "cuda"):
-        for r in (results.get(kind) or {}).get("training", []):
-            if r.get("loader_paths"):
-                paths = ", ".join(f"{name} {rate:.0f}" for name, rate in r["loader_paths"].items())
-                lines.append(f"| {'CPU' if kind == 'cpu' else 'GPU'} | {r['case']} | {r['ceiling_samples_per_s']:.1f} "
-                             f"| {r['end_to_end_samples_per_s']:.1f} | {paths} |")
-    lines += ["", "| device | evaluation | volumes/s | peak host / GPU MB |", "|---|---|---|---|"]
-    for kind in ("cpu", "cuda"):
-        entry = results.get(kind)
-        if not entry:
-            lines.append("| GPU | - | not measured yet: `bash scripts/gpu_check.sh` on a GPU machine measures it | |")
-            continue
-        for r in entry["training"]:
-            e = r.get("evaluation")
-            if e:
-                gpu = f" / {e['peak_gpu_mb']:.0f}" if "peak_gpu_mb" in e else ""
-                lines.append(f"| {'CPU' if kind == 'cpu' else 'GPU'} | {r['case']}: {e['volumes']} test volumes, "
-                             f"{e['mean_voxels'] / 1e3:.0f}k voxels on average | {e['volumes_per_s']:.2f} | "
-                             f"{e['peak_host_mb']:.0f}{gpu} |")
-                ce = (r.get("contended") or {}).get("evaluation")
-                if ce:
-                    lines.append(f"| {'CPU' if kind == 'cpu' else 'GPU'} | the same, beside "
-                                 f"{r['competition']['n']} competing torch process(es): "
-                                 f"{e['volumes_per_s'] / ce['volumes_per_s']:.1f}x slower than quiet | "
-                                 f"{ce['volumes_per_s']:.2f} | {ce['peak_host_mb']:.0f} |")
-    lines += ["", "Large volume: one case through sliding-window inference (a stand-in network whose working "
-              "memory is its window batch), softmax and every metric (`python scripts/benchmark.py eval-memory`); "
-              "peak memory above what the process held before, in copies of the case's probability tensor "
-              "(K x S float32). Two is the floor of the design: logits and probabilities coexist while one is "
-              "converted into the other, and the logits are released before the metrics run.", "",
-              "| device | volume | classes | window, sw batch | probability tensor MB | peak extra MB | copies "
-              "| seconds |",
-              "|---|---|---|---|---|---|---|---|"]
-    for kind in ("cpu", "cuda"):
-        m = (results.get(kind) or {}).get("large_volume")
-        if m:
-            lines.append(f"| {'CPU' if kind == 'cpu' else 'GPU'} | {' x '.join(map(str, m['shape']))} | "
-                         f"{m['classes']} | {' x '.join(map(str, m['roi_size']))}, {m['sw_batch_size']} | "
-                         f"{m['probability_tensor_mb']:.0f} | {m['peak_extra_mb']:.0f} | "
-                         f"**{m['copies_of_probability_tensor']:.2f}** | {m['seconds']:.0f} |")
-    lines.append("")
-    for kind in ("cpu", "cuda"):
-        for r in (results.get(kind) or {}).get("training", []):
-            if r.get("competition"):
-                lines.append(f"Competitors of {r['case']}: {r['competition']['description']}.")
-                lines.append("")
-    for kind in ("cpu", "cuda"):
-        entry = results.get(kind)
-        if entry:
-            lines.append(f"{'CPU' if kind == 'cpu' else 'GPU'} run ({entry['measured']}, {entry['mode']} mode, "
-                         f"`{entry['command']}`): {entry['device']}.")
-            lines.append("")
-    return "\n".join(lines)
 
 
 def main(argv=None) -> int:

@@ -56,7 +56,8 @@ from mcseg.config import EvalProtocol, InferenceConfig, typed  # noqa: E402
 from mcseg.inference.build import build_predictor, load_checkpoint, restore_model  # noqa: E402
 from mcseg.evaluation.checkpoint import SELECTED, own_splits  # noqa: E402
 from mcseg.data.build import build_dataset  # noqa: E402
-from mcseg.evaluation.split import evaluate_split  # noqa: E402
+from mcseg.evaluation.predictor import Evaluation, Member, Outputs, PosthocPlan, evaluate_predictor  # noqa: E402
+from mcseg.environment import environment_record  # noqa: E402
 from mcseg.evaluation.provenance import checkpoint_identity  # noqa: E402
 from mcseg.runtime import resolve_device  # noqa: E402
 from mcseg.rundir import find_run_dirs  # noqa: E402
@@ -124,7 +125,8 @@ def study_run(run_dir: Path, out: Path, variants: list[str], device: str) -> dic
     protocol = typed(run_cfg.evaluation, EvalProtocol, "evaluation")
     predictor = build_predictor(run_cfg, model, loss_fn, torch_device, inference, run_cfg.trainer.precision)
     dataset = build_dataset(run_cfg.dataset)
-    splits = own_splits(ckpt, dataset, json.loads((run_dir / "split.json").read_text()))
+    split = json.loads((run_dir / "split.json").read_text())
+    splits = own_splits(ckpt, dataset, split)
     dataset.prepare(splits["val"])
     val_cases = [dataset.load(ref) for ref in splits["val"]]
     checkpoint = {**checkpoint_identity(ckpt, state), "selected": True}
@@ -146,9 +148,15 @@ def study_run(run_dir: Path, out: Path, variants: list[str], device: str) -> dic
             scalers[name] = fitted[VARIANTS[name][0]]
             seconds[name] = took / len(names)
     scalers = {name: scalers[name] for name in variants}  # the order asked for
-    summary = evaluate_split(predictor, dataset, splits["test"], protocol, out, False, False, scalers,
-                             {"study": "scripts/posthoc_study.py", "run_dir": str(run_dir),
-                              "checkpoint": checkpoint})
+    # the one evaluation of a predictor (mcseg/evaluation/predictor.py), with the scalers fitted above
+    member = Member(predictor, checkpoint, out)
+    evaluation = Evaluation(
+        predictor, [member], member, dataset, splits["test"], "test", str(run_dir / "split.json"),
+        [r.case_id for r in splits["all"]], out,
+        {"study": "scripts/posthoc_study.py", "run_dir": str(run_dir), "checkpoint": checkpoint}, state, run_cfg,
+        ckpt, split, dataset, "test", [], environment_record(torch_device, bool(run_cfg.trainer.get("deterministic"))),
+        checkpoint["sha256"], f"{run_dir.name}, every post-hoc variant")
+    summary = evaluate_predictor(evaluation, [PosthocPlan(scalers)], protocol, Outputs(False, False))
     summary["fit_seconds"] = seconds
     summary["wall_seconds"] = time.perf_counter() - start_run
     (out / "timing.json").write_text(json.dumps({"fit": seconds, "wall": summary["wall_seconds"]}))

@@ -20,7 +20,7 @@ import statistics
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
-MAJORITY_TARGETS = ("majority", "mean", "random")  # as scripts/study_pieces.py
+MAJORITY_TARGETS = ("majority", "mean", "random")  # as scripts/study_rater_table.py
 
 
 def summary(study: str, config: str, evaluation: str) -> dict:

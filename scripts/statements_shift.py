@@ -28,13 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mcseg.files import write_csv  # noqa: E402
 from mcseg.new_cases import main as new_cases  # noqa: E402
 from mcseg.statements.intervals import STATEMENTS  # noqa: E402
+from mcseg.statements.statements import COLUMNS as ENDS  # noqa: E402
 
 MOVES_LABEL = ("affine", "elastic_deformation")
-
-
-ENDS = {"volume": ("volume_lower_ml", "volume_upper_ml"),
-        "volume_normalised": ("volume_normalised_lower_ml", "volume_normalised_upper_ml"),
-        "dice": ("dice_lower", None), "hd95": (None, "hd95_upper_mm")}
 
 
 def coverage(folder: Path) -> dict[tuple[str, str], tuple[float, float, float]]:
@@ -43,7 +39,7 @@ def coverage(folder: Path) -> dict[tuple[str, str], tuple[float, float, float]]:
     with (folder / "statements.csv").open() as f:
         rows = list(csv.DictReader(f))
     out = {}
-    for name in STATEMENTS:
+    for name in (n for n in STATEMENTS if f"{n}_covered" in rows[0]):  # volume_members: only with members
         low, high = ENDS[name]
         for structure in dict.fromkeys(r["structure"] for r in rows):
             own = [r for r in rows if r["structure"] == structure]
@@ -96,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
              "| level | statement | structure | coverage plain | weighted | width plain | weighted | infinite | n_eff |",
              "|---|---|---|---|---|---|---|---|---|"]
     for level in sorted({r["level"] for r in rows}):
-        for name in STATEMENTS:
+        for name in dict.fromkeys(r["statement"] for r in rows):
             for structure in dict.fromkeys(r["structure"] for r in rows):
                 own = [r for r in rows if r["level"] == level and r["statement"] == name
                        and r["structure"] == structure]

@@ -123,8 +123,11 @@ def test_each_place_keeps_what_it_showed_before_the_table():
     assert figures.summary_keys("posthoc")[:4] == figures.summary_keys("headline")
     assert list(shift_metrics())[:4] == ["dice", "hd95_mm", "ece", "classwise_ece"]
     assert list(failure_metrics()) == ["voxel_auroc_pe", "aurc_pe"]
-    assert [m[0] for m in metrics()] == ["dice", "hd95_mm", "ece", "classwise_ece", "smooth_ece", "ece_post_T",
-                                         "classwise_ece_post_T", "smooth_ece_post_T"]
+    # the challenge figures (issue #56) joined, each where its task is scored (mcseg-report leaves out the others)
+    assert [m[0] for m in metrics()] == ["dice", "hd95_mm", "ece", "classwise_ece", "smooth_ece", "ndsc", "ndsc_aac",
+                                         "lesion_f1", "qubrats_score", "curvas_thresholded_dice", "ece_post_T",
+                                         "classwise_ece_post_T",
+                                         "smooth_ece_post_T"]
     assert list(predictor_columns())[:4] == ["dice", "hd95_mm", "ece", "classwise_ece"]
     assert "signed_ece" not in shift_metrics()  # no robustness score for a figure whose best value is zero
 
@@ -141,14 +144,22 @@ def test_the_table_refuses_a_malformed_entry():
     assert len({f.key for f in table()}) == len(table())
 
 
-class ToyScorer(Scorer):
-    """A figure added by one class and one entry: the fraction of the case's voxels predicted foreground."""
+TOY_PROTOCOL = "the fraction of the case's voxels predicted foreground"
 
-    figures = (Figure("toy_fraction", "toy fraction", "case", "segmentation", 0, shows("report", "predictor")),)
+
+class ToyScorer(Scorer):
+    """Figures added by one class and one entry: the fraction of the case's voxels predicted foreground
+    (directional: higher is better, as declared) and its distance to 0.5 signed (best at zero: not directional)."""
+
+    figures = (Figure("toy_fraction", "toy fraction", "case", "segmentation", +1,
+                      shows("report", "predictor", "shift"), protocol=TOY_PROTOCOL),
+               Figure("toy_offset", "toy offset", "case", "segmentation", 0, shows("report", "shift"),
+                      protocol=lambda protocol, multilabel: f"toy fraction - 0.5 ({protocol.n_bins} bins unused)"))
 
     def score(self, case):
         foreground = case.prediction > 0 if not self.multilabel else case.prediction.any(0)
-        return {"toy_fraction": float(foreground.float().mean())}
+        fraction = float(foreground.float().mean())
+        return {"toy_fraction": fraction, "toy_offset": fraction - 0.5}
 
 
 def _run_dir(run, loss: str, seed: int, monkeypatch):
@@ -175,6 +186,87 @@ def test_a_toy_figure_added_by_one_class_and_one_entry_shows_everywhere(tmp_path
     assert cli.main([str(tmp_path / "runs"), "--no-eval", "--out", str(tmp_path / "report")]) == 0
     report = (tmp_path / "report" / "report.md").read_text()
     header = next(line for line in report.splitlines() if line.startswith("| loss"))
-    assert "| toy fraction |" in header
+    assert "| toy fraction |" in header and "nDSC" not in header  # a 3-class task: no binary-task figure
     with open(tmp_path / "report" / "report.csv") as fh:
-        assert any(c.startswith("toy_fraction") for c in next(csv.reader(fh)))
+        rows = {r["loss"]: r for r in csv.DictReader(fh)}
+    # its declaration says it is tested: an interval over the cases' values (read from per_case.csv) and a paired
+    # Wilcoxon test of the margin configuration against the baseline (ce)
+    for name in ("toy_fraction", "toy_offset"):
+        assert int(rows["margin"][f"{name}_n_cases"]) == 2
+        assert float(rows["margin"][f"{name}_ci95_lo"]) <= float(rows["margin"][f"{name}_ci95_hi"])
+        assert 0 <= float(rows["margin"][f"{name}_p_vs_baseline"]) <= 1 and rows["ce"][f"{name}_p_vs_baseline"] == ""
+    # its protocol text goes where the evaluator states its figures
+    assert summary["protocol"]["toy_fraction"] == TOY_PROTOCOL
+    assert summary["protocol"]["toy_offset"] == "toy fraction - 0.5 (15 bins unused)"
+
+
+def test_a_toy_figure_reaches_the_shift_tables_where_it_is_directional(tmp_path, monkeypatch):
+    from omegaconf import OmegaConf
+
+    from mcseg.data.shift import shift_config
+    from mcseg.evaluation.shift import shift_metrics, shift_summary, shift_table
+
+    monkeypatch.setattr(figures, "SCORERS", [*figures.SCORERS, ToyScorer])
+    assert shift_metrics()["toy_fraction"] == ("mean_toy_fraction", True) and "toy_offset" not in shift_metrics()
+    clean, corrupted = _written(tmp_path / "clean")[1], _written(tmp_path / "level1", seed=5)[1]
+    suite = shift_config(OmegaConf.load(ROOT / "configs" / "shift" / "rood_mri.yaml"))
+    result = shift_summary(suite, {"ghosting": {0: clean, 1: corrupted}})
+    toy = result["predictors"]["raw"]["toy_fraction"]
+    assert toy["values"]["ghosting"] == {"0": clean["mean_toy_fraction"], "1": corrupted["mean_toy_fraction"]}
+    assert toy["higher_is_better"] is True and "toy_offset" not in result["predictors"]["raw"]
+    assert "## raw: toy_fraction (higher is better)" in shift_table({**result, "output_dir": str(tmp_path)})
+
+
+def test_an_untested_figure_gets_no_interval_nor_test_in_the_report(tmp_path, monkeypatch):
+    from mcseg.report import cli
+
+    class Untested(Scorer):
+        figures = (Figure("toy_size", "toy size", "case", "segmentation", +1, shows("report"), tested=False),)
+
+        def score(self, case):
+            return {"toy_size": float(case.prediction.numel())}
+
+    monkeypatch.setattr(figures, "SCORERS", [*figures.SCORERS, Untested])
+    for loss, seed in (("ce", 0), ("ce", 1), ("margin", 0), ("margin", 1)):
+        _run_dir(tmp_path / "runs" / f"{loss}{seed}", loss, seed, monkeypatch)
+    assert cli.main([str(tmp_path / "runs"), "--no-eval", "--out", str(tmp_path / "report")]) == 0
+    with open(tmp_path / "report" / "report.csv") as fh:
+        margin = next(r for r in csv.DictReader(fh) if r["loss"] == "margin")
+    assert margin["toy_size_p_vs_baseline"] == "" and margin["toy_size_ci95_lo"] == "nan"
+    assert margin["dice_p_vs_baseline"] != ""  # the declared-tested figures beside it still are
+
+
+def _binary_run(run, loss: str, seed: int) -> None:
+    """A run of a binary lesion task whose test evaluation (three cases) the evaluator wrote."""
+    (run / "eval" / "test").mkdir(parents=True)
+    identity = {"configuration": f"loss={loss}", "overrides": [f"loss={loss}"], "loss_name": loss, "loss": {},
+                "dataset": "lesions", "seed": seed}
+    (run / "result.json").write_text(json.dumps({"score": 0.5, "run": identity}))
+    (run / "status.json").write_text(json.dumps({"status": "completed"}))
+    ev = Evaluator(2, ["bg", "lesion"], EvalProtocol(bootstrap_samples=10, figures=False))
+    for index in range(3):
+        label = (blobs((12, 10, 8), 2, seed=index) > 0).long()
+        noise = torch.randn(2, 12, 10, 8, generator=torch.Generator().manual_seed(100 * seed + index + len(loss)))
+        ev.add_case(f"c{index}", torch.softmax(torch.stack([-2.0 * label, 2.0 * label]).float() + noise, 0), label,
+                    (1.0, 1.0, 1.0))
+    ev.write(run / "eval" / "test")
+
+
+def test_the_challenge_figures_reach_the_report_with_intervals_and_tests(tmp_path):
+    """nDSC, its R-AAC and lesion F1 of a binary task: columns of mcseg-report with the cases' interval and a paired
+    test against the baseline, as their declarations say; QU-BraTS (region tasks) is left out there."""
+    from mcseg.report import cli
+
+    for loss, seed in (("ce", 0), ("ce", 1), ("margin", 0), ("margin", 1)):
+        _binary_run(tmp_path / "runs" / f"{loss}{seed}", loss, seed)
+    assert cli.main([str(tmp_path / "runs"), "--no-eval", "--out", str(tmp_path / "report")]) == 0
+    with open(tmp_path / "report" / "report.csv") as fh:
+        reader = csv.DictReader(fh)
+        rows = {r["loss"]: r for r in reader}
+    assert not any(c.startswith("qubrats") for c in reader.fieldnames)
+    for name in ("ndsc", "ndsc_aac", "lesion_f1"):
+        assert int(rows["margin"][f"{name}_n_cases"]) == 3
+        assert float(rows["margin"][f"{name}_ci95_lo"]) <= float(rows["margin"][f"{name}_ci95_hi"])
+        assert 0 <= float(rows["margin"][f"{name}_p_vs_baseline"]) <= 1
+    summary = json.loads((tmp_path / "runs" / "ce0" / "eval" / "test" / "summary.json").read_text())
+    assert summary["protocol"]["ndsc"].startswith("normalised Dice") and "qubrats_score" not in summary["protocol"]

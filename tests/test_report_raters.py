@@ -26,7 +26,8 @@ def _rater_run(run, seed: int, cases, with_samples: bool) -> dict:
     """A run of loss=margin whose test evaluation scored three raters (members' samples for the first case)."""
     _fake_run(run, "d", "margin", seed, 0.0, score=0.5)
     shutil.rmtree(run / "eval" / "test")
-    evaluator = Evaluator(3, ["background", "a", "b"], EvalProtocol(bootstrap_samples=0, figures=False, n_bins=5))
+    evaluator = Evaluator(3, ["background", "a", "b"], EvalProtocol(bootstrap_samples=0, figures=False, n_bins=5),
+                          raters=True)
     for i in cases:
         probs, raters, samples = _case(i)
         evaluator.add_case(f"c{i}", probs, raters[0], (1.0, 1.0, 1.0), raters=raters, rater_names=["r1", "r2", "r3"],

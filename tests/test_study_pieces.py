@@ -13,7 +13,9 @@ from .conftest import ROOT, TINY_2D
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import study_pieces  # noqa: E402
-from study_pieces import Study  # noqa: E402
+import study_presets  # noqa: E402
+import study_rater_table  # noqa: E402
+from study_presets import Study  # noqa: E402
 
 
 def _piece(base, config: str, rows: list[dict], **piece) -> None:
@@ -31,7 +33,7 @@ def _row(config: str, predictor: str, seed, dice: float, ece: float) -> dict:
 
 
 def test_the_table_is_assembled_from_committed_pieces_only_and_the_readme_names_the_next(tmp_path, monkeypatch):
-    monkeypatch.setattr(study_pieces, "results_dir", lambda study: tmp_path / study)
+    monkeypatch.setattr(study_presets, "results_dir", lambda study: tmp_path / study)
     base = tmp_path / "uncertainty_study"
     _piece(base, "ce_dice", [_row("CE + Dice", "single", s, d, e) for s, d, e in
                              [(0, 0.84, 0.10), (1, 0.86, 0.14), (2, 0.85, 0.12)]])
@@ -49,7 +51,7 @@ def test_the_table_is_assembled_from_committed_pieces_only_and_the_readme_names_
 
 
 def test_seed0_is_compared_with_the_published_figures(tmp_path, monkeypatch):
-    monkeypatch.setattr(study_pieces, "results_dir", lambda study: tmp_path / study)
+    monkeypatch.setattr(study_presets, "results_dir", lambda study: tmp_path / study)
     published = tmp_path / "uncertainty_study"
     published.mkdir()
     with open(published / "seed0_per_evaluation.csv", "w", newline="") as f:
@@ -75,7 +77,7 @@ def test_a_piece_trains_evaluates_every_predictor_and_resumes_without_training_a
                  ensembles=True, extra=("evaluation.bootstrap_samples=10",),
                  base=(*TINY_2D, "trainer.deterministic=true", "evaluation.bootstrap_samples=10"))
     monkeypatch.setitem(study_pieces.STUDIES, "tiny", tiny)
-    monkeypatch.setattr(study_pieces, "results_dir", lambda study: tmp_path / "docs" / study)
+    monkeypatch.setattr(study_presets, "results_dir", lambda study: tmp_path / "docs" / study)
     out = study_pieces.run_piece("tiny", "ce", tmp_path / "runs", 2)
     rows = list(csv.DictReader(open(out / "per_evaluation.csv")))
     assert {r["predictor"] for r in rows} == {
@@ -115,7 +117,7 @@ def test_the_rater_table_scores_every_row_against_the_same_references(tmp_path, 
     """A network trained on rater ``original`` is evaluated against ``original`` as its hard label (issue #43):
     its label figures are not the majority label's, so the table shows them as not scored and gives every row
     the same per-rater columns."""
-    monkeypatch.setattr(study_pieces, "results_dir", lambda study: tmp_path / study)
+    monkeypatch.setattr(study_presets, "results_dir", lambda study: tmp_path / study)
     base = tmp_path / "multirater"
     for config, target, label_dice, per_rater in (
             ("ce_mean", "mean", 0.799, {"original": 0.802, "eroded": 0.744}),
@@ -124,7 +126,7 @@ def test_the_rater_table_scores_every_row_against_the_same_references(tmp_path, 
                overrides=["loss=ce", f"dataset.raters.target={target}"])
         (base / config / "single_seed0").mkdir()
         (base / config / "single_seed0" / "summary.json").write_text(json.dumps(_rater_summary(label_dice, per_rater)))
-    lines = study_pieces.rater_table(("multirater",)).splitlines()
+    lines = study_rater_table.rater_table(("multirater",)).splitlines()
     head = [c.strip() for c in lines[0].strip("|").split("|")]
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")] for line in lines[2:]
             if line.startswith("| ce_")}
@@ -142,7 +144,7 @@ def test_the_study_table_marks_rows_scaled_by_a_degenerate_fit(tmp_path, monkeyp
     """A temperature that ends at the uniform prediction (the uncertainty study's CE MC dropout + T: T = 3.3e5,
     NLL = ln 3) is marked in the study's table (issue #43), read from the evaluation's summary.json; a sound fit's
     row keeps its name."""
-    monkeypatch.setattr(study_pieces, "results_dir", lambda study: tmp_path / study)
+    monkeypatch.setattr(study_presets, "results_dir", lambda study: tmp_path / study)
     base = tmp_path / "uncertainty_study"
     rows = [{**_row("CE", "single", 0, 0.82, 0.23), "evaluation": "single_seed0"},
             {**_row("CE", "single + T", 0, 0.82, 0.21), "evaluation": ""},
@@ -185,13 +187,13 @@ STUDIES_BEFORE = {
     "ensembles_under_shift": Study({k: _UNCERTAINTY[k] for k in ("ce_dice", "margin3")}, _UNCERTAINTY_LABELS,
                                    seeds=(0, 1, 2), shift="rood_mri", extra=("evaluation.figures=false",),
                                    runs_of="uncertainty_study"),
-    "multirater": Study(_MULTIRATER, _MULTIRATER_LABELS, base=_MULTIRATER_BASE, prepare=study_pieces.synthetic_raters),
+    "multirater": Study(_MULTIRATER, _MULTIRATER_LABELS, base=_MULTIRATER_BASE, prepare=study_presets.synthetic_raters),
     # issue #45: the networks of the post-hoc calibrators study (scripts/posthoc_study.py compares the calibrators)
     "posthoc_calibrators": Study({k: _UNCERTAINTY[k] for k in ("ce", "ce_dice", "margin3")}, _UNCERTAINTY_LABELS,
                                  seeds=(0, 1, 2)),
     "multirater_ensembles": Study({k: _MULTIRATER[k] for k in ("ce_mean", "margin3_mean")}, _MULTIRATER_LABELS,
                                   seeds=(0, 1, 2), ensembles=True, base=_MULTIRATER_BASE, runs_of="multirater",
-                                  prepare=study_pieces.synthetic_raters),
+                                  prepare=study_presets.synthetic_raters),
 }
 
 
@@ -206,7 +208,7 @@ def test_a_study_preset_is_a_study_sweep_that_gives_the_study_defined_before(nam
     from mcseg.config import validate_train_config
 
     before = STUDIES_BEFORE[name]
-    study = study_pieces.load_study(name)
+    study = study_presets.load_study(name)
     # labels of configurations outside the study are not needed (ensembles_under_shift named all five before)
     assert study == replace(before, labels={k: v for k, v in before.labels.items() if k in study.labels})
     assert list(study.arms) == list(before.arms)  # the order of the table's rows and of the pieces still to run
@@ -220,6 +222,6 @@ def test_a_study_preset_is_a_study_sweep_that_gives_the_study_defined_before(nam
 
 def test_a_study_preset_with_a_misspelt_setting_or_an_arm_without_a_label_is_refused():
     with pytest.raises(SystemExit, match=r"newer_losses.yaml: study.dropuot is not a study setting \(one of .*dropout"):
-        study_pieces.load_study("newer_losses", ("+study.dropuot=0.2",))
+        study_presets.load_study("newer_losses", ("+study.dropuot=0.2",))
     with pytest.raises(SystemExit, match="newer_losses.yaml: arm 'ce2' has no study.labels entry"):
-        study_pieces.load_study("newer_losses", ("+hydra.sweeper.arms.ce2='loss=ce'",))
+        study_presets.load_study("newer_losses", ("+hydra.sweeper.arms.ce2='loss=ce'",))

@@ -14,7 +14,9 @@ from .conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import study_pieces  # noqa: E402
-from study_pieces import Study  # noqa: E402
+import study_presets  # noqa: E402
+import study_training  # noqa: E402
+from study_presets import Study  # noqa: E402
 
 
 def _main():
@@ -27,8 +29,8 @@ def _main():
 
 def _tiny(tmp_path, monkeypatch):
     monkeypatch.setitem(study_pieces.STUDIES, "tiny", Study({"ce": ["loss=ce"]}, {"ce": "CE"}, seeds=(0, 1)))
-    monkeypatch.setitem(study_pieces.STUDIES_DOC, "tiny", "A tiny study of the tests.")
-    monkeypatch.setattr(study_pieces, "results_dir", lambda study: tmp_path / "docs" / study)
+    monkeypatch.setitem(study_presets.STUDIES_DOC, "tiny", "A tiny study of the tests.")
+    monkeypatch.setattr(study_presets, "results_dir", lambda study: tmp_path / "docs" / study)
     monkeypatch.setattr(sys, "argv", ["study_pieces.py", "tiny", "--config", "ce", "--runs", str(tmp_path / "runs")])
 
 
@@ -78,7 +80,7 @@ def test_ctrl_c_while_training_stops_the_trainings_it_started(tmp_path, monkeypa
 
     clock = SimpleNamespace(sleep=ctrl_c, **{name: getattr(time, name) for name in ("perf_counter", "monotonic",
                                                                                      "strftime")})
-    monkeypatch.setattr(study_pieces, "time", clock)  # the script's clock only: subprocess waits with time.sleep
+    monkeypatch.setattr(study_training, "time", clock)  # the script's clock only: subprocess waits with time.sleep
     try:
         assert _main() == 130
         assert len(started) == 2 and all(p.poll() is not None for p in started)

@@ -33,7 +33,7 @@ from mcseg.inference.build import build_predictor, load_checkpoint, restore_mode
 from mcseg.data.build import Splits, build_dataset, record_dataset_facts, resolve_split
 from mcseg.evaluation.split import PROVENANCE_FILE, clear_evaluation
 from mcseg.evaluation.members import member_settings, member_tag, members_as_asked, mirrored_as_asked
-from mcseg.evaluation.predictor import Evaluation, Member, evaluate_predictor, plan_members
+from mcseg.evaluation.predictor import Evaluation, Member, Outputs, evaluate_predictor, plan_members
 from mcseg.evaluation.shift import SUMMARY_FILE as SHIFT_SUMMARY
 from mcseg.data.shift import check_modality, shift_config
 from mcseg.evaluation.provenance import checkpoint_identity, file_sha256
@@ -281,4 +281,4 @@ def _evaluate_state(cfg: DictConfig, ckpt: Path, state: dict, overrides: list[st
                                                        "run_dir": str(run_dir) if run_dir is not None else None},
         state, run_cfg, ckpt, split, None if other else dataset, None if other else str(cfg.split), overrides,
         environment_record(device, deterministic), sha, f"{ckpt.name}, sha256 {sha[:8]}", log_figure=log_figure)
-    return evaluate_predictor(cfg, evaluation, plans, protocol, reuse, shift, pool_after)
+    return evaluate_predictor(evaluation, plans, protocol, Outputs.of_evaluate(cfg), reuse, shift, pool_after)

@@ -34,7 +34,7 @@ from mcseg.inference.build import build_predictor, load_checkpoint, restore_mode
 from mcseg.evaluation.checkpoint import (SELECTED, check_compatible, checkpoint_split, clear_evaluation, own_splits,
                                           refuse_fixed_overrides, resolve_checkpoint_path, reuses_clean)
 from mcseg.evaluation.members import member_settings, member_tag, members_as_asked, mirrored_as_asked, pooled_after_tag
-from mcseg.evaluation.predictor import Evaluation, Member, evaluate_predictor, plan_members
+from mcseg.evaluation.predictor import Evaluation, Member, Outputs, evaluate_predictor, plan_members
 from mcseg.data.build import build_dataset, record_dataset_facts
 from mcseg.data.shift import check_modality, shift_config
 from mcseg.inference.predict import EnsemblePredictor
@@ -236,4 +236,4 @@ def evaluate_ensemble(cfg: DictConfig, entries, overrides: list[str] | None = No
         environment_record(device, bool(first_cfg.trainer.get("deterministic", False))), identity["sha256"],
         f"ensemble of {len(identities)}", fit_extra={"members": [m["sha256"] for m in identities]},
         shift_extra={"checkpoint": identity})
-    return evaluate_predictor(cfg, evaluation, plans, protocol, reuse, shift, pool_after)
+    return evaluate_predictor(evaluation, plans, protocol, Outputs.of_evaluate(cfg), reuse, shift, pool_after)

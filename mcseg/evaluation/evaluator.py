@@ -27,11 +27,11 @@ from mcseg.evaluation.raters import (
 )
 from mcseg.files import atomic_write, write_csv
 from mcseg.evaluation import figure_table as figures
+from mcseg.evaluation.figure_declaration import KINDS
 from mcseg.evaluation.scorers import CalibrationScorer, CaseView
 from mcseg.metrics.binning import BinSums
-from mcseg.metrics.calibration import NLL_FLOOR, top_label
+from mcseg.metrics.calibration import top_label
 from mcseg.metrics.empty import StructureStatus, status_counts
-from mcseg.metrics.pece import PECE_DESCRIPTION
 from mcseg.metrics.regions import region_mask
 from mcseg.metrics.reliability import HISTOGRAM_COLUMNS, TABLE_COLUMNS, histogram_figure, histogram_table
 from mcseg.metrics.reliability import reliability_table
@@ -81,7 +81,7 @@ class Evaluator:
     """
 
     def __init__(self, num_classes: int, class_names: list[str], protocol: EvalProtocol,
-                 multilabel: bool = False) -> None:
+                 multilabel: bool = False, raters: bool = False) -> None:
         if len(class_names) != num_classes:
             raise ValueError(f"{len(class_names)} class names for num_classes={num_classes}: {class_names}")
         if num_classes < (1 if multilabel else 2):
@@ -90,6 +90,7 @@ class Evaluator:
             raise ValueError(f"class names must be unique, got {class_names}")
         self.num_classes, self.class_names, self.protocol, self.multilabel = (
             num_classes, list(class_names), protocol, multilabel)
+        self.with_raters = raters  # cases come with several raters' maps: the scorers against them too
         self.foreground = list(range(num_classes)) if multilabel else list(range(1, num_classes))
         self.reset()
 
@@ -98,7 +99,7 @@ class Evaluator:
         self._ids: set[str] = set()
         # the per-case scorers of the table of figures (mcseg.evaluation.figure_table.SCORERS), read now
         self.scorers = [cls(self.num_classes, self.class_names, self.protocol, self.multilabel)
-                        for cls in figures.active_scorers(self.num_classes, self.multilabel)]
+                        for cls in figures.active_scorers(self.num_classes, self.multilabel, self.with_raters)]
         found = [s for s in self.scorers if isinstance(s, CalibrationScorer)]
         if len(found) != 1:
             raise ValueError("the table of figures needs exactly one CalibrationScorer (reliability diagrams and "
@@ -142,8 +143,10 @@ class Evaluator:
             spacing: voxel size in mm per spatial axis, in the array's axis order.
             prediction: the label map to score (same layout as ``label``); default: argmax of
                 ``probs`` (``probs > 0.5`` when multilabel). Calibration always uses ``probs``.
-            raters: ``K x *spatial`` label maps of the case's raters (a dataset with several raters): the
-                figures against them (:mod:`mcseg.evaluation.raters`) go to the ``raters`` key of the summary.
+            raters: ``K x *spatial`` label maps of the case's raters (a dataset with several raters; only to an
+                evaluator built with ``raters=True``): the figures against them (:mod:`mcseg.evaluation.raters`)
+                go to the ``raters`` key of the summary, and the scorers with ``needs_raters`` (the table of
+                figures: CURVAS-PDACVI's thresholded Dice) to per_case.csv and the summary's means.
             rater_names: their names (``seg01``, ``annotation_2``...), for per_rater.csv.
             samples: ``N x *spatial`` label maps of the predictor's members (GED, Hungarian-matched IoU).
             image: the raw ``*spatial`` CT (HU), for ``evaluation.rater_crop=curvas2024``.
@@ -166,7 +169,15 @@ class Evaluator:
         if prediction.shape != label.shape:
             raise ValueError(f"case {case_id}: prediction shape {tuple(prediction.shape)} != label shape "
                              f"{tuple(label.shape)}")
-        view = CaseView(case_id, probs, label, prediction, spacing, top)
+        if raters is not None:
+            if self.multilabel or probs is None:
+                raise ValueError(f"case {case_id}: figures against several raters need softmax probabilities")
+            if not self.with_raters:
+                raise ValueError(f"case {case_id}: raters' maps given to an evaluator built without them "
+                                 "(Evaluator(..., raters=True) scores against several raters)")
+            raters = torch.as_tensor(np.asarray(raters) if not isinstance(raters, torch.Tensor) else raters,
+                                     device=device)
+        view = CaseView(case_id, probs, label, prediction, spacing, top, raters)
         case = {"case": case_id}
         try:
             for scorer in self.scorers:
@@ -175,10 +186,6 @@ class Evaluator:
             raise ValueError(f"case {case_id}: {exc}") from None
         rater_case = None
         if raters is not None:
-            if self.multilabel or probs is None:
-                raise ValueError(f"case {case_id}: figures against several raters need softmax probabilities")
-            raters = torch.as_tensor(np.asarray(raters) if not isinstance(raters, torch.Tensor) else raters,
-                                     device=device)
             if self._raters is None:
                 p = self.protocol
                 self._raters = RaterFigures(self.num_classes, self.class_names, p.n_bins, p.hd_percentile,
@@ -283,11 +290,15 @@ class Evaluator:
             summary["raters"] = self._raters.summary(b, seed)
         return _json_safe(summary)
 
+    def figure_definitions(self) -> dict[str, str]:
+        """What each figure this evaluator scores is, as its declaration states it (``Figure.protocol``), by kind
+        (calibration, segmentation, failure), then in the table's order (a stable sort)."""
+        declared = sorted((f for scorer in self.scorers for f in scorer.figures), key=lambda f: KINDS.index(f.kind))
+        texts = {f.protocol_key or f.key: f.protocol_text(self.protocol, self.multilabel) for f in declared}
+        return {key: text for key, text in texts.items() if text is not None}
+
     def protocol_description(self) -> dict:
         p = self.protocol
-        hd = {"max_directed": f"max of the two directed {p.hd_percentile:g}th percentiles of surface distances "
-                              "(MONAI, DeepMind surface-distance)",
-              "pooled": f"{p.hd_percentile:g}th percentile of both directed surface distance sets pooled (medpy)"}
         return {
             **asdict(p),
             "num_classes": self.num_classes,
@@ -295,27 +306,7 @@ class Evaluator:
             "multilabel": self.multilabel,
             "prediction": "probs > 0.5 per region" if self.multilabel else "argmax of the probabilities (first maximum)",
             "bins": f"{p.n_bins} equal-width bins (lo, hi], 0 in the first bin (Guo et al. 2017)",
-            "ece": "top-label ECE, sum_b |B_b|/N |acc - conf| (Guo et al. 2017)"
-                   + ("; multilabel: mean over regions of the binary top-label ECE" if self.multilabel else ""),
-            "classwise_ece": ("mean over regions of the binary ECE of p_r against y_r" if self.multilabel else
-                              "(1/K) sum_k ECE of p_k against 1[y=k] over all K classes incl. background "
-                              "(Kumar et al. 2019, Nixon et al. 2019)"),
-            "adaptive_ece": "AdaECE (Mukhoti et al. 2020): top-label, M equal-mass bins, thresholds at the order "
-                            "statistics r_(ceil(bN/M)), bins (t_{b-1}, t_b]; exact per case, pooled from a fine "
-                            "histogram with a stated error bound",
-            "smooth_ece": "top-label smooth ECE (Blasiok & Nakkiran 2024) as relplot.smECE: reflected Gaussian kernel, "
-                          "bandwidth by relplot's bisection for the fixed point; from 2^20 equal cells of five sums "
-                          "each (differences to relplot below 1e-9)"
-                          + ("; multilabel: mean over regions" if self.multilabel else ""),
-            "signed_ece": "sum_b |B_b|/N (conf - acc) over the ECE's bins = mean confidence - accuracy; positive: "
-                          "over-confident" + ("; multilabel: mean over regions" if self.multilabel else ""),
-            "nll": f"mean of -log max(p_y, {NLL_FLOOR:g}) (nats)" + ("; multilabel: binary, mean over regions"
-                                                                     if self.multilabel else ""),
-            "brier": ("binary (p_r - y_r)^2, mean over regions" if self.multilabel else
-                      "sum_k (p_k - 1[y=k])^2 per voxel, not divided by K"),
-            "pece": PECE_DESCRIPTION + ("; multilabel: p_r against y_r, mean over regions" if self.multilabel else ""),
-            "hd": hd[p.hd_definition] + ", in mm with the voxel spacing",
-            "assd": "mean of both directed surface distance sets pooled, in mm",
+            **self.figure_definitions(),
             "surface": "voxels of the structure with a face neighbour outside it or on the image border",
             "empty_policy": {"both_empty": "Dice, HD, ASSD undefined (NaN): excluded from means, counted",
                              "missed": "Dice 0; HD and ASSD = image diagonal in mm; counted",

@@ -6,7 +6,8 @@ of figures elsewhere (the evaluator's columns, the post-hoc block, the shift tab
 console headline, TensorBoard's HParams) is a selection of :func:`table`. Per-case figures are declared by the
 scorer that computes them (:mod:`mcseg.evaluation.scorers`), listed once in :data:`SCORERS`; split-level ones in
 :data:`SPLIT_FIGURES`. A new per-case figure is therefore one scorer class and one entry of ``SCORERS`` (a scorer for some
-kinds of task only, e.g. binary or region tasks, says so in ``Scorer.applies``: :func:`active_scorers`); every
+kinds of task only, e.g. binary or region tasks, says so in ``Scorer.applies``, one against several raters
+sets ``Scorer.needs_raters``: :func:`active_scorers`); every
 selection is read at use time, so an entry added later (a plug-in, a test) shows everywhere
 (tests/test_figures.py checks that the evaluator writes exactly the declared figures).
 
@@ -39,7 +40,7 @@ from __future__ import annotations
 
 from mcseg.evaluation.figure_declaration import SHOWS, Figure, shows
 from mcseg.registry import unique
-from mcseg.evaluation.challenge_scorers import QuBratsScorer, ShiftsLesionScorer
+from mcseg.evaluation.challenge_scorers import CurvasRatersScorer, QuBratsScorer, ShiftsLesionScorer
 from mcseg.evaluation.scorers import CalibrationScorer, OverlapScorer, PECEScorer, Scorer, SurfaceScorer
 
 __all__ = ["SCORERS", "SPLIT_FIGURES", "active_scorers", "table", "figure", "shown_in", "summary_keys", "class_keys", "case_keys",
@@ -47,7 +48,7 @@ __all__ = ["SCORERS", "SPLIT_FIGURES", "active_scorers", "table", "figure", "sho
 
 #: the per-case scorers, in the order of their columns
 SCORERS: list[type[Scorer]] = [OverlapScorer, SurfaceScorer, CalibrationScorer, PECEScorer, ShiftsLesionScorer,
-                               QuBratsScorer]
+                               QuBratsScorer, CurvasRatersScorer]
 
 _FD = ("failure_detection", "predictive_entropy")
 
@@ -70,10 +71,12 @@ SPLIT_FIGURES: tuple[Figure, ...] = (
 )
 
 
-def active_scorers(num_classes: int, multilabel: bool) -> list[type[Scorer]]:
-    """The entries of ``SCORERS`` that score a task of this kind (:meth:`Scorer.applies`), in order: an
-    evaluation writes their figures and only theirs."""
-    return [scorer for scorer in SCORERS if scorer.applies(num_classes, multilabel)]
+def active_scorers(num_classes: int, multilabel: bool, raters: bool = False) -> list[type[Scorer]]:
+    """The entries of ``SCORERS`` that score a task of this kind (:meth:`Scorer.applies`), in order, those that
+    score against several raters (``needs_raters``) only when ``raters``: an evaluation writes their figures and
+    only theirs."""
+    return [scorer for scorer in SCORERS
+            if scorer.applies(num_classes, multilabel) and (raters or not scorer.needs_raters)]
 
 
 def table() -> tuple[Figure, ...]:

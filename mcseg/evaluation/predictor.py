@@ -1,9 +1,11 @@
 """One evaluation of a predictor, whatever it is made of: a checkpoint is an ensemble of one.
 
-:func:`mcseg.evaluation.checkpoint.evaluate_checkpoint` and :func:`mcseg.evaluation.ensemble.evaluate_ensemble`
-resolve what is specific to their origin (the checkpoint's path, split, run and output folder; the members'
-identities and agreement) into an :class:`Evaluation` of :class:`Member` s. This module does the rest the same
-way for both:
+Every evaluation of a predictor comes here: :func:`mcseg.evaluation.checkpoint.evaluate_checkpoint` and
+:func:`mcseg.evaluation.ensemble.evaluate_ensemble` (``evaluate.py``), a run's own test evaluation after its
+training (:func:`mcseg.train.evaluate_test`) and the post-hoc study (``scripts/posthoc_study.py``). Each resolves
+what is specific to its origin (the checkpoint's path, split, run and output folder; the members' identities and
+agreement; a training's own record of its data) into an :class:`Evaluation` of :class:`Member` s and says what to
+write (:class:`Outputs`). This module does the rest the same way for all:
 
 * the post-hoc plan (:func:`plan_posthoc`, before anything is written or cleared): pooled before (the default),
   one fit of the pooled prediction; ``posthoc.pool=after``, each member's own fit, applied before pooling;
@@ -15,9 +17,10 @@ way for both:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig
 
@@ -31,9 +34,12 @@ from mcseg.evaluation.shift import clean_to_reuse, evaluate_shift, format_shift,
 from mcseg.evaluation.split import evaluate_split, format_summary
 from mcseg.files import undone_on_failure
 
+if TYPE_CHECKING:  # imported where a conformal pass runs: it costs every evaluation without one its start-up
+    from mcseg.evaluation.conformal import ConformalConfig
+
 log = logging.getLogger(__name__)
 
-__all__ = ["Member", "Evaluation", "PosthocPlan", "plan_posthoc", "posthoc_scalers", "plan_members",
+__all__ = ["Member", "Evaluation", "Outputs", "PosthocPlan", "plan_posthoc", "posthoc_scalers", "plan_members",
            "evaluate_predictor"]
 
 
@@ -44,6 +50,30 @@ class PosthocPlan:
     scalers: dict[str, Scaler]
     fit: PosthocConfig | None = None  # a fit to make now (its ``apply`` are the scalers returned)
     fit_into: Path | None = None  # the fit is saved in <fit_into>/calibration.json
+    cases: Iterable | None = None  # the loaded cases to fit on (a training's validation cases); None: the own split
+
+
+@dataclass(frozen=True)
+class Outputs:
+    """What an evaluation writes and runs beyond its tables, as its entry point's config says.
+
+    ``dicom_stops``: a DICOM export that fails fails the evaluation (``evaluate.py``), or is logged and left out
+    while the evaluation stands (a run's own test evaluation, after hours of training)."""
+
+    predictions: bool
+    probabilities: bool
+    conformal: ConformalConfig | None = None  # None (or not enabled): no conformal pass
+    dicom: bool = False
+    dicom_stops: bool = True
+    overwrite: bool = False  # a shift suite replaces its earlier levels
+
+    @classmethod
+    def of_evaluate(cls, cfg: DictConfig) -> "Outputs":
+        """``evaluate.py``'s keys (configs/evaluate.yaml)."""
+        from mcseg.evaluation.conformal import conformal_config
+
+        return cls(bool(cfg.save_predictions), bool(cfg.save_probabilities), conformal_config(cfg),
+                   bool(cfg.get("save_dicom")), True, bool(cfg.get("overwrite")))
 
 
 def plan_posthoc(cfg: DictConfig, own_split: dict | None, where: Path, checkpoint: dict,
@@ -89,12 +119,14 @@ def posthoc_scalers(plan: PosthocPlan, run_cfg: DictConfig, own_split: dict | No
     validation split (also when evaluating another dataset) and saved where the plan says."""
     if plan.fit is None:
         return plan.scalers
-    own = own or build_dataset(run_cfg.dataset)
-    by_id = {r.case_id: r for r in own.case_refs()}
-    refs = [by_id[c] for c in own_split["val"] if c in by_id]
-    own.prepare(refs)
-    record = fit_posthoc(predictor, (own.load(r) for r in refs), plan.fit, plan.fit_into, checkpoint, provenance,
-                         protocol)
+    cases = plan.cases
+    if cases is None:
+        own = own or build_dataset(run_cfg.dataset)
+        by_id = {r.case_id: r for r in own.case_refs()}
+        refs = [by_id[c] for c in own_split["val"] if c in by_id]
+        own.prepare(refs)
+        cases = (own.load(r) for r in refs)
+    record = fit_posthoc(predictor, cases, plan.fit, plan.fit_into, checkpoint, provenance, protocol)
     return scalers_to_apply(record, plan.fit.apply, plan.fit_into)
 
 
@@ -136,35 +168,34 @@ class Evaluation:
     fit_extra: dict = field(default_factory=dict)  # more provenance for the pooled fit (an ensemble's members)
     shift_extra: dict = field(default_factory=dict)  # more provenance for the shift suite
     log_figure: Callable[[str, object], None] | None = None  # gets the conformal overlays (a run's trackers)
+    # what the caller knows already, else read from the dataset and the checkpoint's stored state: the scored
+    # dataset's identity (dataset_identity of all_ids) and which scored cases it saw in training (content_record)
+    dataset_record: dict | None = None
+    content: dict | None = None
 
 
 def plan_members(cfg: DictConfig, own_split: dict | None, members: list[Member], pooled: Member, fit_dir: Path,
                  pool_after: bool) -> list[PosthocPlan]:
     """The post-hoc plans (:func:`plan_posthoc`), before anything is written or cleared: one per member pooled
     after, else one of the pooled prediction."""
-    conformal_check(cfg, own_split)
+    from mcseg.evaluation.conformal import check_conformal, conformal_config
+
+    check_conformal(conformal_config(cfg), str(cfg.split), own_split)
     return [plan_posthoc(cfg, own_split, m.home, m.fit_identity, evaluation_dir=fit_dir)
             for m in (members if pool_after else [pooled])]
 
 
-def conformal_check(cfg: DictConfig, own_split: dict | None):
-    """The ``conformal`` node (configs/conformal/default.yaml) as checked by :mod:`mcseg.evaluation.conformal`."""
-    from mcseg.evaluation.conformal import check_conformal, conformal_config
-
-    config = conformal_config(cfg)
-    check_conformal(config, str(cfg.split), own_split)
-    return config
-
-
-def evaluate_predictor(cfg: DictConfig, ev: Evaluation, plans: list[PosthocPlan], protocol: EvalProtocol,
-                       reuse: bool, shift: ShiftConfig | None, pool_after: bool) -> dict:
-    """Provenance, scalers, the evaluation (or the reused clean one) and the shift suite (module docstring)."""
+def evaluate_predictor(ev: Evaluation, plans: list[PosthocPlan], protocol: EvalProtocol, outputs: Outputs,
+                       reuse: bool = False, shift: ShiftConfig | None = None, pool_after: bool = False) -> dict:
+    """Provenance, scalers, the evaluation (or the reused clean one), its conformal pass, its DICOM export and the
+    shift suite (module docstring)."""
     provenance = evaluation_provenance(
         ev.origin, {"name": ev.split, "source": ev.split_source, "cases": [r.case_id for r in ev.refs]},
-        dataset_identity(ev.dataset, ev.all_ids),
+        ev.dataset_record if ev.dataset_record is not None else dataset_identity(ev.dataset, ev.all_ids),
         ev.state.get("dataset") or {"name": ev.run_cfg.dataset.get("name")}, ev.predictor, ev.overrides,
         ev.out_dir, ev.environment,
-        content_record(ev.checkpoint, ev.state, ev.dataset, ev.refs, ev.split, ev.content_split))
+        ev.content if ev.content is not None
+        else content_record(ev.checkpoint, ev.state, ev.dataset, ev.refs, ev.split, ev.content_split))
     fit_provenance = {"dataset": provenance["trained_on"], "overrides": list(ev.overrides)}
     if pool_after:
         fits = [posthoc_scalers(plan, ev.run_cfg, ev.own_split, ev.own_dataset, m.predictor.plain(), m.fit_identity,
@@ -181,26 +212,41 @@ def evaluate_predictor(cfg: DictConfig, ev: Evaluation, plans: list[PosthocPlan]
             summary = clean_to_reuse(ev.out_dir, ev.dataset, protocol, ev.predictor.multilabel, ev.identity_sha,
                                      inference_record(ev.predictor), {**scalers, **(per_network or {})})
         else:
-            summary = evaluate_split(ev.predictor, ev.dataset, ev.refs, protocol, ev.out_dir, cfg.save_predictions,
-                                     cfg.save_probabilities, scalers, provenance, per_network=per_network)
+            summary = evaluate_split(ev.predictor, ev.dataset, ev.refs, protocol, ev.out_dir, outputs.predictions,
+                                     outputs.probabilities, scalers, provenance, per_network=per_network)
             print(format_summary(summary, ev.dataset.class_names,
                                  title=f"{ev.dataset.name} {ev.split} split ({ev.label}) -> {ev.out_dir}"))
-        conformal = conformal_check(cfg, ev.own_split)
-        if conformal.enabled:
-            from mcseg.evaluation.conformal import conformal_pass
+        if outputs.conformal is not None and outputs.conformal.enabled:
+            from mcseg.evaluation.conformal import check_conformal, conformal_pass
 
+            check_conformal(outputs.conformal, ev.split, ev.own_split)
             own = ev.own_dataset or build_dataset(ev.run_cfg.dataset)
             by_id = {r.case_id: r for r in own.case_refs()}
-            summary = conformal_pass(conformal, ev.predictor, own, [by_id[c] for c in ev.own_split["val"]], ev.dataset,
-                                     ev.refs, scalers, ev.out_dir, provenance, summary, ev.log_figure)
-    if cfg.get("save_dicom"):  # after the conformal pass: its masks are exported too (docs/report_html.md)
-        from mcseg.evaluation.dicom_cases import export_evaluation
-
-        images = {r.case_id: Path(r.image_paths[0]) for r in ev.refs if r.image_paths}
-        print(f"DICOM: {len(export_evaluation(ev.out_dir, summary, images))} objects in {ev.out_dir / 'dicom'}")
+            summary = conformal_pass(outputs.conformal, ev.predictor, own, [by_id[c] for c in ev.own_split["val"]],
+                                     ev.dataset, ev.refs, scalers, ev.out_dir, provenance, summary, ev.log_figure)
+    if outputs.dicom:  # after the conformal pass: its masks are exported too (docs/report_html.md)
+        export_dicom(ev, summary, outputs.dicom_stops)
     if shift is not None:
         summary = {**summary, "shift": evaluate_shift(shift, ev.predictor, ev.dataset, ev.refs, protocol, ev.out_dir,
                                                       summary, {**provenance, **ev.shift_extra}, scalers, per_network,
-                                                      bool(cfg.get("overwrite")))}
+                                                      outputs.overwrite)}
         print(format_shift(summary["shift"]))
     return summary
+
+
+def export_dicom(ev: Evaluation, summary: dict, stops: bool) -> None:
+    """The scored cases as DICOM into ``<out_dir>/dicom``, each over its own image file
+    (:mod:`mcseg.evaluation.dicom_cases`). Unless ``stops``, a case that cannot be written (no image file, another
+    grid) is logged with the reason and left out: the evaluation stands."""
+    from mcseg.evaluation.dicom import DicomError
+    from mcseg.evaluation.dicom_cases import export_evaluation
+
+    images = {r.case_id: Path(r.image_paths[0]) for r in ev.refs if r.image_paths}
+    try:
+        written = export_evaluation(ev.out_dir, summary, images)
+    except (DicomError, OSError) as exc:
+        if stops:
+            raise
+        log.error("save_dicom: %s", exc)
+        return
+    print(f"DICOM: {len(written)} objects in {ev.out_dir / 'dicom'}")

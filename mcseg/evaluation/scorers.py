@@ -9,7 +9,8 @@ each case, then :meth:`Scorer.commit` on all of them once the case is fully eval
 scorer leaves no trace in any), and asks each for its pooled values (``pooled=True`` figures) at the end.
 
 A new per-case figure is a new scorer class plus its entry in ``SCORERS`` (see README, "Extending mcseg"); a
-scorer meant for some tasks only says so in :meth:`Scorer.applies`.
+scorer meant for some tasks only says so in :meth:`Scorer.applies`, one that scores against several raters
+(:attr:`CaseView.raters`) sets ``needs_raters``.
 """
 from __future__ import annotations
 
@@ -24,9 +25,9 @@ import torch
 from mcseg.config import EvalProtocol
 from mcseg.evaluation.figure_declaration import Figure, shows
 from mcseg.metrics.binning import BinSums
-from mcseg.metrics.calibration import CalibrationStats, case_calibration
+from mcseg.metrics.calibration import NLL_FLOOR, CalibrationStats, case_calibration
 from mcseg.metrics.overlap import dice_score, overlap_counts
-from mcseg.metrics.pece import PECE_BINS, PECE_FP_WEIGHT, pece
+from mcseg.metrics.pece import PECE_BINS, PECE_DESCRIPTION, PECE_FP_WEIGHT, pece
 from mcseg.metrics.regions import region_mask
 from mcseg.metrics.reliability import case_histogram
 from mcseg.metrics.statistics import nanmean
@@ -41,7 +42,8 @@ EVERYWHERE = shows("headline", "hparams", "posthoc", "shift", "report", "predict
 class CaseView:
     """What a scorer sees of one case (checked by the evaluator): probabilities ``C x *spatial`` (float32, or
     None for a label map alone), the label and the prediction (``*spatial`` integers, or ``R x *spatial`` binary
-    stacks when multilabel), the spacing in mm, and the top-label confidence and class (softmax tasks)."""
+    stacks when multilabel), the spacing in mm, the top-label confidence and class (softmax tasks), and the
+    case's raters' label maps ``K x *spatial`` (integers on the label's device; None for a case with one label)."""
 
     case_id: str
     probs: torch.Tensor | None
@@ -49,6 +51,7 @@ class CaseView:
     prediction: torch.Tensor
     spacing: tuple[float, ...]
     top: tuple[torch.Tensor, torch.Tensor] | None
+    raters: torch.Tensor | None = None
 
 
 class Scorer:
@@ -57,6 +60,7 @@ class Scorer:
     figures: tuple[Figure, ...] = ()
     class_extras: tuple[str, ...] = ()  # per-class columns besides the figures (per_case.csv rows)
     case_extras: tuple[str, ...] = ()  # per-case columns besides the figures
+    needs_raters: bool = False  # built only by an evaluator of cases with several raters (Evaluator(raters=True))
 
     def __init__(self, num_classes: int, class_names: Sequence[str], protocol: EvalProtocol,
                  multilabel: bool = False) -> None:
@@ -101,8 +105,11 @@ class OverlapScorer(Scorer):
 class SurfaceScorer(Scorer):
     """HD (the protocol's percentile and definition) and ASSD per class, in mm (:mod:`mcseg.metrics.surface`)."""
 
-    figures = (Figure("hd95_mm", "HD95 (mm)", "class", "segmentation", -1, EVERYWHERE, digits=2),
-               Figure("assd_mm", "ASSD (mm)", "class", "segmentation", -1))
+    figures = (Figure("hd95_mm", "HD95 (mm)", "class", "segmentation", -1, EVERYWHERE, digits=2,
+                      protocol=lambda p, multilabel: HD_DEFINITIONS[p.hd_definition].format(p.hd_percentile)
+                      + ", in mm with the voxel spacing", protocol_key="hd"),
+               Figure("assd_mm", "ASSD (mm)", "class", "segmentation", -1,
+                      protocol="mean of both directed surface distance sets pooled, in mm", protocol_key="assd"))
 
     def score(self, case: CaseView) -> dict:
         dist = surface_distances(case.prediction, case.label, self.num_classes, case.spacing,
@@ -110,8 +117,21 @@ class SurfaceScorer(Scorer):
         return {"hd95_mm": dist.hd.tolist(), "assd_mm": dist.assd.tolist()}
 
 
-def _calibration_figure(key: str, label: str, places: frozenset[str] = frozenset(), better: int = -1) -> Figure:
-    return Figure(key, label, "case", "calibration", better, places, pooled=True)
+#: the HD of ``evaluation.hd_definition``, as summary.json's protocol states it (the percentile formatted in)
+HD_DEFINITIONS = {
+    "max_directed": "max of the two directed {:g}th percentiles of surface distances (MONAI, DeepMind surface-distance)",
+    "pooled": "{:g}th percentile of both directed surface distance sets pooled (medpy)",
+}
+
+
+def _per_region(text: str, multilabel_text: str = "; multilabel: mean over regions"):
+    """A protocol text that adds how a multi-label task averages its regions."""
+    return lambda protocol, multilabel: text + (multilabel_text if multilabel else "")
+
+
+def _calibration_figure(key: str, label: str, places: frozenset[str] = frozenset(), better: int = -1,
+                        protocol=None) -> Figure:
+    return Figure(key, label, "case", "calibration", better, places, pooled=True, protocol=protocol)
 
 
 class CalibrationScorer(Scorer):
@@ -121,14 +141,31 @@ class CalibrationScorer(Scorer):
     voxels, the case's value the mean over regions (docs/protocol.md)."""
 
     figures = (
-        _calibration_figure("ece", "ECE", EVERYWHERE),
+        _calibration_figure("ece", "ECE", EVERYWHERE, protocol=_per_region(
+            "top-label ECE, sum_b |B_b|/N |acc - conf| (Guo et al. 2017)",
+            "; multilabel: mean over regions of the binary top-label ECE")),
         _calibration_figure("mce", "MCE"),
-        _calibration_figure("classwise_ece", "CECE", EVERYWHERE),
-        _calibration_figure("adaptive_ece", "AdaECE"),
-        _calibration_figure("smooth_ece", "smECE", shows("posthoc", "shift", "report", "predictor")),
-        _calibration_figure("signed_ece", "signed ECE", shows("posthoc", "shift", "predictor"), better=0),
-        _calibration_figure("nll", "NLL", shows("posthoc", "shift", "predictor")),
-        _calibration_figure("brier", "Brier", shows("posthoc", "predictor")),
+        _calibration_figure("classwise_ece", "CECE", EVERYWHERE, protocol=lambda p, multilabel: (
+            "mean over regions of the binary ECE of p_r against y_r" if multilabel else
+            "(1/K) sum_k ECE of p_k against 1[y=k] over all K classes incl. background "
+            "(Kumar et al. 2019, Nixon et al. 2019)")),
+        _calibration_figure("adaptive_ece", "AdaECE", protocol=(
+            "AdaECE (Mukhoti et al. 2020): top-label, M equal-mass bins, thresholds at the order statistics "
+            "r_(ceil(bN/M)), bins (t_{b-1}, t_b]; exact per case, pooled from a fine histogram with a stated error "
+            "bound")),
+        _calibration_figure("smooth_ece", "smECE", shows("posthoc", "shift", "report", "predictor"),
+                            protocol=_per_region(
+                                "top-label smooth ECE (Blasiok & Nakkiran 2024) as relplot.smECE: reflected Gaussian "
+                                "kernel, bandwidth by relplot's bisection for the fixed point; from 2^20 equal cells "
+                                "of five sums each (differences to relplot below 1e-9)")),
+        _calibration_figure("signed_ece", "signed ECE", shows("posthoc", "shift", "predictor"), better=0,
+                            protocol=_per_region("sum_b |B_b|/N (conf - acc) over the ECE's bins = mean confidence - "
+                                                 "accuracy; positive: over-confident")),
+        _calibration_figure("nll", "NLL", shows("posthoc", "shift", "predictor"), protocol=_per_region(
+            f"mean of -log max(p_y, {NLL_FLOOR:g}) (nats)", "; multilabel: binary, mean over regions")),
+        _calibration_figure("brier", "Brier", shows("posthoc", "predictor"), protocol=lambda p, multilabel: (
+            "binary (p_r - y_r)^2, mean over regions" if multilabel else
+            "sum_k (p_k - 1[y=k])^2 per voxel, not divided by K")),
     )
     class_extras = ("class_ece",)
     case_extras = ("n_region_voxels",)
@@ -221,7 +258,8 @@ class PECEScorer(Scorer):
     Softmax tasks: foreground confidence 1 - p_0 against label != 0; multilabel: p_r against y_r per region, the
     case's value the mean over regions. NaN for a label map without probabilities."""
 
-    figures = (Figure("pece", f"pECE ({PECE_BINS} bins, FP weight {PECE_FP_WEIGHT:g})", "case", "calibration", -1),)
+    figures = (Figure("pece", f"pECE ({PECE_BINS} bins, FP weight {PECE_FP_WEIGHT:g})", "case", "calibration", -1,
+                      protocol=_per_region(PECE_DESCRIPTION, "; multilabel: p_r against y_r, mean over regions")),)
 
     def score(self, case: CaseView) -> dict:
         if case.probs is None:

@@ -8,8 +8,8 @@ and every case's seed and draws). The cases are corrupted as read, before prepro
 (:meth:`mcseg.data.base.SegmentationDataset.corrupted`, :mod:`mcseg.data.shift`).
 
 ``<eval dir>/shift_summary.json`` (and ``.md``) holds, per predictor (the raw one and each post-hoc
-scaler), for Dice, HD95, ECE, classwise ECE and NLL (and failure detection where evaluated) the value
-per corruption and level and ROOD-MRI's robustness scores (:mod:`mcseg.metrics.robustness`), over every
+scaler), for every directional figure the table of figures shows under shift (``shift_metrics``: Dice, HD95,
+ECE, classwise ECE, smooth ECE, NLL; failure detection where evaluated) the value per corruption and level and ROOD-MRI's robustness scores (:mod:`mcseg.metrics.robustness`), over every
 condition of the suite in ``<eval dir>/shift/`` of the same checkpoint, protocol and members: an earlier subset's
 conditions stay in it (:func:`add_conditions_on_disk`).
 
@@ -44,15 +44,24 @@ TABLE_FILE = "shift_summary.md"
 
 
 def shift_metrics() -> dict[str, tuple[str, bool]]:
-    """The figures under shift (the table of figures' "shift"): metric -> (summary key, higher is better). A
-    figure whose best value is zero (signed ECE) has no robustness score and stays out."""
-    return {f.key: (f.summary_key, f.better > 0) for f in shown_in("shift") if f.per != "split" and f.better}
+    """The per-case figures under shift (the table of figures' "shift"): metric -> (summary key, higher is better).
+    Only a directional figure (:attr:`Figure.directional`) has robustness scores: one whose best value is zero
+    (signed ECE) stays out."""
+    return {f.key: (f.summary_key, f.better > 0) for f in shown_in("shift") if f.per != "split" and f.directional}
 
 
 def failure_metrics() -> dict[str, tuple[tuple[str, ...], bool]]:
     """Failure detection of the predictive entropy under shift, where the evaluation has it: <key>_pe -> (path in
     the summary, higher is better)."""
-    return {f"{f.key}_pe": (f.path, f.better > 0) for f in shown_in("shift") if f.per == "split"}
+    return {f"{f.key}_pe": (f.path, f.better > 0) for f in shown_in("shift") if f.per == "split" and f.directional}
+
+
+def shift_digits(metric: str) -> int:
+    """The digits of a metric of :func:`shift_metrics` or :func:`failure_metrics` in the shift tables: a figure
+    the table of figures shows with fewer than 3 digits (a distance in mm) keeps them; the others get 4, one more
+    than the report's, as a level's change is small."""
+    declared = next((f for f in shown_in("shift") if metric in (f.key, f"{f.key}_pe")), None)
+    return declared.digits if declared is not None and declared.digits < 3 else 4
 
 
 class CaseCorruption:
@@ -240,9 +249,8 @@ def shift_summary(shift: ShiftConfig, summaries: dict[str, dict[int, dict]], sca
                 return _get(s, path) if predictor == "raw" else _get((s.get("posthoc") or {}).get(predictor) or {},
                                                                      path)
             table = {name: {level: value(s) for level, s in levels.items()} for name, levels in summaries.items()}
-            if predictor == "raw" and metric in failure and all(v is None for t in table.values()
-                                                                        for v in t.values()):
-                continue  # not evaluated (evaluation.failure_detection=false)
+            if all(v is None for t in table.values() for v in t.values()):
+                continue  # not evaluated (evaluation.failure_detection=false), or not scored on this kind of task
             scores = suite_robustness(table, higher, shift.alpha)
             metrics[metric] = {"higher_is_better": higher, "values": {n: {str(k): v for k, v in t.items()}
                                                                        for n, t in table.items()},
@@ -275,7 +283,7 @@ def shift_table(result: dict) -> str:
              f"{', '.join(f'{k}: {v:.4g}' for k, v in result['level_weights'].items())}. {result['scores']}.", ""]
     for predictor, metrics in result["predictors"].items():
         for metric, entry in metrics.items():
-            digits = 2 if metric == "hd95_mm" else 4
+            digits = shift_digits(metric)
             arrow = "higher is better" if entry["higher_is_better"] else "lower is better"
             lines += [f"## {predictor}: {metric} ({arrow})", "",
                       "| corruption | " + " | ".join(f"level {s}" for s in levels) + " | overall | degradation |",

@@ -48,8 +48,10 @@ def evaluate_split(
     if not refs:
         raise ValueError(f"dataset {dataset.name}: the split to evaluate has no cases")
 
+    with_raters = any(r.raters for r in refs)  # cases with several raters: the figures against them too
+
     def new_evaluator() -> Evaluator:
-        return Evaluator(dataset.num_classes, dataset.class_names, protocol, predictor.multilabel)
+        return Evaluator(dataset.num_classes, dataset.class_names, protocol, predictor.multilabel, with_raters)
 
     evaluator = new_evaluator()
     if provenance is not None:  # how the logits were made: windows, blending, test-time mirroring
@@ -73,7 +75,7 @@ def evaluate_split(
                                                 dynamic_ncols=True, disable=not progress))  # one in memory at a time
     evaluate_cases(predictor, cases, evaluator, dataset.restore, out_dir, save_predictions, save_probabilities,
                    protocol.save_uncertainty, posthoc=posthoc, failure=failure, restore_maps=dataset.restore_maps,
-                   raters=dataset.original_raters if any(r.raters for r in refs) else None,
+                   raters=dataset.original_raters if with_raters else None,
                    rater_image=raw_ct(dataset) if protocol.rater_crop == "curvas2024" else None, changes=changes)
     after = {}
     raw = evaluator.summary() if posthoc else {}

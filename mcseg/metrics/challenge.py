@@ -44,8 +44,9 @@ A2): :func:`curvas_thresholded_dice` is mcseg's thresholded Dice (:func:`mcseg.m
 of the foreground probability against the rater mean with the code's thresholds linspace(0.1, 0.8, 6) =
 {0.10, 0.24, 0.38, 0.52, 0.66, 0.80} (the page's "0.1 to 0.8"; not 0.1, 0.2, ..., 0.8), strict comparisons
 p > t and mean > t, the mean of the six Dices. Empty case: both thresholded masks empty at a threshold -> 1 at
-that threshold (the code's policy). Difference: the code's Dice has 1e-6 added to its denominator; here none
-(the values differ by less than 1e-6 / (|A_t| + |G_t|)).
+that threshold (the code's policy); the Dice's denominator has the code's 1e-6 added (:data:`CURVAS_DICE_EPS`).
+:func:`curvas_class_dice` scores every foreground class c of a softmax task so, with the masks [y_r = c] as
+the raters' (the challenge's task is binary: PDAC; for a binary task the two are the same value).
 """
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ import torch
 from mcseg.metrics.raters import thresholded_dice
 
 __all__ = ["NDSC_R", "SHIFTS_FRACTIONS", "normalised_dice", "ndsc_retention_curve", "ndsc_aac", "lesion_f1",
-           "curvas_thresholded_dice", "QUBRATS_POINTS", "QuBratsCurves", "qubrats_curves", "uncertainty_0_100"]
+           "CURVAS_DICE_EPS", "curvas_class_dice", "curvas_thresholded_dice", "QUBRATS_POINTS", "QuBratsCurves", "qubrats_curves", "uncertainty_0_100"]
 
 NDSC_R = 0.001
 SHIFTS_FRACTIONS = np.log(np.arange(1, 201)) / np.log(200)
@@ -170,6 +171,16 @@ def lesion_f1(prediction, reference, iou_threshold: float = 0.5) -> float:
     return tp / (tp + 0.5 * (fp + fn))
 
 
+#: what CURVAS-PDACVI's ``merged_dice_score`` adds to the denominator of its Dice (its ``smooth``)
+CURVAS_DICE_EPS = 1e-6
+
+
+def curvas_class_dice(probs: torch.Tensor, raters: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """``C`` CURVAS-PDACVI thresholded Dices, one per foreground class (index 0 NaN; module docstring) of
+    softmax probabilities ``C x *S`` against ``K x *S`` rater label maps."""
+    return thresholded_dice(probs, raters, num_classes, "curvas2025", eps=CURVAS_DICE_EPS)
+
+
 def curvas_thresholded_dice(probability, raters) -> float:
     """CURVAS-PDACVI's thresholded Dice (module docstring) of a foreground probability map ``*S`` against
     ``K x *S`` binary rater masks."""
@@ -177,7 +188,7 @@ def curvas_thresholded_dice(probability, raters) -> float:
     r = torch.as_tensor(raters).long()
     if tuple(r.shape[1:]) != tuple(p.shape):
         raise ValueError(f"raters {tuple(r.shape)}: expected K x {tuple(p.shape)} binary masks")
-    return float(thresholded_dice(torch.stack([1 - p, p]), r, 2, "curvas2025")[1])
+    return float(curvas_class_dice(torch.stack([1 - p, p]), r, 2)[1])
 
 
 @dataclass(frozen=True)

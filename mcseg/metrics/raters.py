@@ -137,9 +137,10 @@ def curvas_row_dice(pred: torch.Tensor, raters: torch.Tensor, num_classes: int,
 
 
 def thresholded_dice(probs: torch.Tensor, raters: torch.Tensor, num_classes: int,
-                     thresholds: str | Sequence[float] = QUBIQ_THRESHOLDS) -> torch.Tensor:
-    """``C`` QUBIQ Dice per foreground class (index 0 NaN): mean over t of Dice(p_c > t, m_c > t), both empty
-    scoring 1 (module docstring). ``probs``: ``C x *S``."""
+                     thresholds: str | Sequence[float] = QUBIQ_THRESHOLDS, eps: float = 0.0) -> torch.Tensor:
+    """``C`` QUBIQ Dice per foreground class (index 0 NaN): mean over t of 2 |A_t & G_t| / (|A_t| + |G_t| + eps),
+    A_t = p_c > t, G_t = m_c > t, both empty scoring 1 (module docstring; CURVAS-PDACVI's code adds eps = 1e-6 to
+    the denominator). ``probs``: ``C x *S``."""
     check_raters(raters, num_classes, probs.shape[1:])
     if probs.shape[0] != num_classes:
         raise ValueError(f"expected {num_classes} probability channels, got {probs.shape[0]}")
@@ -152,6 +153,6 @@ def thresholded_dice(probs: torch.Tensor, raters: torch.Tensor, num_classes: int
         for t in ts:
             a, g = p > t, m > t
             total = int(a.sum()) + int(g.sum())
-            scores.append(2.0 * int((a & g).sum()) / total if total else 1.0)
+            scores.append(2.0 * int((a & g).sum()) / (total + eps) if total else 1.0)
         out[k] = sum(scores) / len(scores)
     return out

@@ -20,6 +20,7 @@ from pathlib import Path
 import yaml
 
 from mcseg.data.raters import scored_reference
+from mcseg.evaluation.figure_table import table
 from mcseg.evaluation.provenance import file_sha256
 from mcseg.evaluation.raters import CASE_FIGURES, FOREGROUND_FIGURES
 from mcseg.evaluation.shift import SUMMARY_FILE as SHIFT_SUMMARY
@@ -77,23 +78,22 @@ def _read_json(path: Path) -> dict | None:
 
 
 def read_per_case(path: Path) -> dict[str, dict]:
-    """Per-case values from an evaluator's per_case.csv (one row per case and foreground class).
+    """Per-case values from an evaluator's per_case.csv (one row per case and foreground class), of every per-case
+    figure of the table of figures (:mod:`mcseg.evaluation.figure_table`) that the file has a column of.
 
-    Foreground Dice and HD95 of a case are the mean over its classes with undefined (NaN)
-    values excluded, as in the evaluator's ``mean_foreground_*``; calibration values are per case.
-    With a per_case_raters.csv beside it, also the figures against several raters, ``raters/<figure>``:
-    the mean over foreground classes of the per-class ones (the summary's ``foreground``), the per-case ones as
-    they are.
+    A per-class figure's case value (Dice, HD95, ...) is the mean over its classes with undefined (NaN) values
+    excluded, as in the evaluator's ``mean_foreground_*``; a per-case figure (the calibration figures) is the
+    case's own value. With a per_case_raters.csv beside it, also the figures against several raters,
+    ``raters/<figure>``: the mean over foreground classes of the per-class ones (the summary's ``foreground``), the
+    per-case ones as they are.
     """
     rows = _case_rows(path)
+    written = set(next(iter(rows.values()))[0]) if rows else set()
+    declared = [f for f in table() if f.per != "split" and f.key in written]  # an older file: the columns it has
     out = {}
     for case, case_rows in rows.items():
-        out[case] = {
-            "dice": nanmean([_number(r["dice"]) for r in case_rows]),
-            "hd95_mm": nanmean([_number(r["hd95_mm"]) for r in case_rows]),
-            "ece": _number(case_rows[0]["ece"]),
-            "classwise_ece": _number(case_rows[0]["classwise_ece"]),
-        }
+        out[case] = {f.key: nanmean([_number(r[f.key]) for r in case_rows]) if f.per == "class"
+                     else _number(case_rows[0][f.key]) for f in declared}
     raters = path.parent / "per_case_raters.csv"
     for case, case_rows in (_case_rows(raters) if raters.is_file() else {}).items():
         found = out.setdefault(case, {})

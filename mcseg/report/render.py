@@ -52,15 +52,24 @@ def cell_text(cell: MetricCell | None, name: str, latex: bool = False) -> str:
         return "–"
     d = digits(name)
     pm = r" $\pm$ " if latex else " ± "
-    text = f"{_num(cell.mean, d)}{pm}{_num(cell.std, d)} [{_num(cell.ci95[0], d)}, {_num(cell.ci95[1], d)}]"
+    text = f"{_num(cell.mean, d)}{pm}{_num(cell.std, d)}"
+    if cell.tested:  # the figure's declaration asks for an interval (and a paired test) over cases
+        text += f" [{_num(cell.ci95[0], d)}, {_num(cell.ci95[1], d)}]"
     if cell.p_vs_baseline is not None:
         text += f" ({_p(cell.p_vs_baseline)})" if not latex else f" ({_p(cell.p_vs_baseline).replace('<', '$<$')})"
     return text
 
 
 def metric_columns(rows: list[ConfigRow]) -> list[str]:
-    """The table's metric columns: ``METRICS``, then ``RATER_METRICS`` when some row scored several raters."""
-    return [m[0] for m in metrics()] + ([m[0] for m in RATER_METRICS] if any(r.raters for r in rows) else [])
+    """The table's metric columns: ``metrics()`` that some evaluation scored (a figure of another kind of task,
+    e.g. the binary-task nDSC on a multi-class dataset, has neither a value nor a case in any row and is left out),
+    then ``RATER_METRICS`` when some row scored several raters."""
+    def scored(name: str) -> bool:
+        cells = [row.cells.get(name) for row in rows]
+        return not cells or any(c is None or c.n_cases or not math.isnan(c.mean) for c in cells)
+
+    return [m[0] for m in metrics() if scored(m[0])] + ([m[0] for m in RATER_METRICS] if any(r.raters for r in rows)
+                                                        else [])
 
 
 def row_cell(row: ConfigRow, name: str) -> MetricCell | None:
@@ -127,7 +136,8 @@ def posthoc_table(rows: list[ConfigRow]) -> list[str]:
     selected = [r for r in rows if r.selected and r.posthoc]
     if not selected:
         return []
-    names = [m[0] for m in posthoc_metrics()]
+    scored = set(metric_columns(rows))
+    names = [m[0] for m in posthoc_metrics() if m[0] in scored]
     several = several_datasets(rows)
     out = ["## Post-hoc scalers of the selected configurations (fitted on the validation split)", "",
            ("| dataset " if several else "") + "| loss | hyperparameters | scaler (voxels, objective) | "

@@ -33,13 +33,14 @@ from mcseg.metrics.statistics import bootstrap_ci, describe
 from mcseg.report.collect import RunRecord
 
 
-def metrics() -> tuple[tuple[str, str, str, str, int], ...]:
+def metrics() -> tuple[tuple[str, str, str, str, int, bool], ...]:
     """The comparison table's columns, from the table of figures ("report"): (column, summary key, per-case key,
-    scaler: "" raw outputs, "temperature" post-T, better: +1 higher / -1 lower / 0 nearer zero); calibration
+    scaler: "" raw outputs, "temperature" post-T, better: +1 higher / -1 lower / 0 nearer zero, tested: a
+    bootstrap interval over cases and a paired test against the baseline, as the figure declares); calibration
     figures also after the temperature."""
     reported = shown_in("report")
-    return (*((f.key, f.summary_key, f.key, "", f.better) for f in reported),
-            *((f"{f.key}_post_T", f.summary_key, f.key, "temperature", f.better) for f in reported
+    return (*((f.key, f.summary_key, f.key, "", f.better, f.tested) for f in reported),
+            *((f"{f.key}_post_T", f.summary_key, f.key, "temperature", f.better, f.tested) for f in reported
               if f.kind == "calibration"))
 
 # Against several raters, beside the single-label columns: (column, summary "raters" group, figure); the summary
@@ -59,9 +60,9 @@ def predictor_columns() -> dict[str, tuple[str, ...]]:
     no per-case values to resample)."""
     return {f.key: f.summary_path for f in shown_in("predictor")}
 
-# The columns of a post-hoc scaler's post_T row: (column, summary key, per-case key)
-def posthoc_metrics() -> tuple[tuple[str, str, str], ...]:
-    return tuple((name, key, case_key) for name, key, case_key, scaler, _ in metrics() if scaler == "")
+# The columns of a post-hoc scaler's post_T row: (column, summary key, per-case key, tested)
+def posthoc_metrics() -> tuple[tuple[str, str, str, bool], ...]:
+    return tuple((name, key, case_key, tested) for name, key, case_key, scaler, _, tested in metrics() if scaler == "")
 
 
 @dataclass
@@ -71,6 +72,7 @@ class MetricCell:
     ci95: tuple[float, float]
     n_cases: int
     p_vs_baseline: float | None = None
+    tested: bool = True  # False: the figure declares no interval nor test (ci95 NaN, no p-value)
 
 
 @dataclass
@@ -113,14 +115,17 @@ def case_means(runs: list[RunRecord], scaler: str, key: str) -> dict[str, float]
 
 
 def _cell(runs: list[RunRecord], summary_key: str | tuple[str, ...], case_key: str, scaler: str, n_boot: int,
-          seed: int) -> MetricCell | None:
-    """The cell of a summary value (a key, or a path into nested keys) and its per-case values."""
+          seed: int, tested: bool = True) -> MetricCell | None:
+    """The cell of a summary value (a key, or a path into nested keys) and, where ``tested``, the bootstrap
+    interval of its per-case values."""
     with_values = [r for r in runs if scaler in r.summaries]
     if not with_values:
         return None
     path = summary_key if isinstance(summary_key, tuple) else (summary_key,)
     mean, std = _mean_std([_value(r.summaries[scaler], path) for r in with_values])
     per_case = np.asarray([v for v in case_means(with_values, scaler, case_key).values() if not math.isnan(v)])
+    if not tested:
+        return MetricCell(mean, std, (math.nan, math.nan), int(per_case.size), tested=False)
     return MetricCell(mean, std, bootstrap_ci(per_case, n_boot, seed), int(per_case.size))
 
 
@@ -206,8 +211,8 @@ def build_rows(runs: list[RunRecord], select: str = "score", select_mode: str = 
         row = ConfigRow(dataset, members[0].loss_name, configuration,
                         _hyperparameters(configuration, members[0].loss_name, common),
                         members, [r.seed for r in members], None if math.isnan(selection) else selection)
-        row.cells = {name: _cell(members, key, case_key, scaler, n_boot, seed)
-                     for name, key, case_key, scaler, _ in metrics()}
+        row.cells = {name: _cell(members, key, case_key, scaler, n_boot, seed, tested)
+                     for name, key, case_key, scaler, _, tested in metrics()}
         row.raters = rater_cells(members, n_boot, seed)
         params = [r.summaries[""].get("posthoc", {}).get("temperature", {}).get("params", {}) for r in members]
         temps = [p.get("temperature") if isinstance(p, dict) else None for p in params]  # a list: pooled after
@@ -220,8 +225,8 @@ def build_rows(runs: list[RunRecord], select: str = "score", select_mode: str = 
                 if label not in labels.setdefault(scaler, []):
                     labels[scaler].append(label)
         row.posthoc_labels = {scaler: " / ".join(ls) for scaler, ls in labels.items()}  # " / ": seeds differ
-        row.posthoc = {scaler: {name: _cell(members, key, case_key, scaler, n_boot, seed)
-                                for name, key, case_key in posthoc_metrics()} for scaler in row.posthoc_labels}
+        row.posthoc = {scaler: {name: _cell(members, key, case_key, scaler, n_boot, seed, tested)
+                                for name, key, case_key, tested in posthoc_metrics()} for scaler in row.posthoc_labels}
         row.posthoc_segmentation = {
             scaler: segmentation_cell([(r.summaries[""].get("posthoc") or {}).get(scaler, {}).get("segmentation")
                                        for r in members]) for scaler in row.posthoc_labels}
@@ -385,9 +390,9 @@ def _test_against_baseline(rows: list[ConfigRow], baseline: str | None) -> None:
         for row in rows:
             if row is reference:
                 continue
-            for name, _, case_key, scaler, _ in metrics():
+            for name, _, case_key, scaler, _, tested in metrics():
                 cell = row.cells.get(name)
-                if cell is not None and reference.cells.get(name) is not None:
+                if tested and cell is not None and reference.cells.get(name) is not None:
                     cell.p_vs_baseline = paired_wilcoxon(case_means(row.runs, scaler, case_key),
                                                          case_means(reference.runs, scaler, case_key))
             for name, _, figure in RATER_METRICS:

@@ -15,6 +15,11 @@ v = prod(spacing) / 1000 mL with the file's spacing in mm):
   ``max_directed`` definition, :func:`mcseg.metrics.surface.surface_distances`) between {p_k >= 0.75} and
   {p_k >= 0.25}; 0 when both are empty, the image diagonal when one is (the evaluator's worst case).
 
+Where the prediction has members (an ensemble's networks, TTA views, MC-dropout samples, each saved as its own
+prediction folder), also ``volume_members_sd_ml`` (:func:`members_volume_sd`): the sample standard deviation
+(ddof = 1) over the M >= 2 members of each member's mask volume |P_k^(m)| v, the members' spread as the scale of
+the normalised volume score (Lambert et al., MICCAI 2024, use an ensemble's spread the same way).
+
 Given the label G_k (:func:`case_truth`): ``volume_true_ml`` = |G_k| v (0 for an absent structure: kept, it is
 part of the population), ``dice_true`` = 2|P ∩ G| / (|P| + |G|) (1 when both are empty), ``hd95_true_mm`` (the
 evaluator's HD95; 0 when both are empty, the image diagonal when one is).
@@ -29,9 +34,11 @@ import torch
 
 from mcseg.metrics.surface import surface_distances
 
-__all__ = ["BAND", "FEATURES", "TRUTH", "case_features", "case_row", "case_truth", "voxel_ml"]
+__all__ = ["BAND", "FEATURES", "MEMBERS", "TRUTH", "case_features", "case_row", "case_truth", "members_volume_sd",
+           "voxel_ml"]
 
 FEATURES = ("volume_mask_ml", "volume_expected_ml", "volume_sd_ml", "soft_dice", "band_mm")
+MEMBERS = "volume_members_sd_ml"  # only where the prediction has members
 TRUTH = ("volume_true_ml", "dice_true", "hd95_true_mm")
 BAND = (0.25, 0.75)  # the probability band whose width is band_mm
 
@@ -63,6 +70,16 @@ def case_features(probs: torch.Tensor, pred: np.ndarray, spacing: Sequence[float
     return {"volume_mask_ml": size * v, "volume_expected_ml": mass * v,
             "volume_sd_ml": np.sqrt((p * (1 - p)).sum(1)) * v, "soft_dice": soft_dice,
             "band_mm": _hd95(high, low, spacing)}
+
+
+def members_volume_sd(member_masks: Sequence[np.ndarray], spacing: Sequence[float],
+                      classes: Sequence[int]) -> np.ndarray:
+    """Per structure of ``classes``: the standard deviation (ddof = 1) over the members of their mask volumes in
+    mL, from each member's ``C x *S`` boolean predicted masks (module docstring); at least two members."""
+    if len(member_masks) < 2:
+        raise ValueError(f"{len(member_masks)} member(s): the members' spread needs at least two")
+    volumes = np.stack([np.asarray(m, bool)[list(classes)].reshape(len(classes), -1).sum(1) for m in member_masks])
+    return volumes.astype(np.float64).std(0, ddof=1) * voxel_ml(spacing)
 
 
 def case_truth(truth: np.ndarray, pred: np.ndarray, spacing: Sequence[float],

@@ -7,6 +7,9 @@ by split conformal prediction per structure (Mondrian: each structure its own sc
 * Volume, normalised score (Lambert et al., "Robust conformal volume estimation in 3D medical images", MICCAI 2024;
   Lei et al. 2018): s_i = |V_i - V^_i| / sigma_i with sigma the Poisson-binomial standard deviation
   ``volume_sd_ml``, floored at one voxel's volume so that it is > 0; interval V^ +- q sigma.
+* Volume, members' scale (``volume_members``; only where the prediction has members, ``volume_members_sd_ml`` in
+  the tables): the same normalised score with sigma the standard deviation of the members' mask volumes (an
+  ensemble's, TTA's or MC dropout's), floored at one voxel's volume.
 * Dice, one-sided: s_i = D^_i - D_i with D^ the soft self-Dice; bound D >= D^ - q (clipped at 0).
 * HD95, one-sided: s_i = H_i - H^_i with H^ the probability band's width ``band_mm``; bound H <= H^ + q.
 
@@ -25,10 +28,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from mcseg.registry import unique
+from mcseg.statements.features import MEMBERS
 from mcseg.statements.quantiles import conformal_quantile, weighted_quantile
 from mcseg.statements.table import CaseTable
 
-__all__ = ["STATEMENTS", "Statement", "bounds", "covered", "quantiles", "scores", "statement"]
+__all__ = ["STATEMENTS", "Statement", "available", "bounds", "covered", "quantiles", "scores", "statement"]
 
 
 @dataclass(frozen=True)
@@ -43,11 +47,14 @@ class Statement:
     text: str
     score: Callable[[dict], np.ndarray]
     bounds: Callable[[dict, np.ndarray], tuple[np.ndarray, np.ndarray]]
+    needs: tuple[str, ...] = ()  # label-free figures only some tables have (the members' spread)
+    scale: str = ""  # the normalised score's sigma, in words (recorded in statements.json)
 
 
-def _scale(f: dict) -> np.ndarray:
-    """sigma of the normalised volume score: the Poisson-binomial standard deviation, at least one voxel."""
-    return np.maximum(f["volume_sd_ml"], f["voxel_ml"])
+def _scale(f: dict, column: str = "volume_sd_ml") -> np.ndarray:
+    """sigma of a normalised volume score: ``column`` (the Poisson-binomial standard deviation, or the members'),
+    at least one voxel."""
+    return np.maximum(f[column], f["voxel_ml"])
 
 
 def _around_volume(f: dict, width: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -64,7 +71,14 @@ STATEMENTS: dict[str, Statement] = unique((
               "true volume in V +- q sigma mL, sigma = sqrt(sum p(1-p)) x voxel volume (at least one voxel), "
               "s = |V_true - V| / sigma",
               lambda f: np.abs(f["volume_true_ml"] - f["volume_mask_ml"]) / _scale(f),
-              lambda f, q: _around_volume(f, q * _scale(f))),
+              lambda f, q: _around_volume(f, q * _scale(f)),
+              scale="Poisson-binomial sd: sqrt(sum p(1-p)) x voxel volume, at least one voxel"),
+    Statement("volume_members", "volume_true_ml", "two-sided",
+              "true volume in V +- q sigma mL, sigma = the standard deviation of the members' mask volumes (at "
+              "least one voxel), s = |V_true - V| / sigma",
+              lambda f: np.abs(f["volume_true_ml"] - f["volume_mask_ml"]) / _scale(f, MEMBERS),
+              lambda f, q: _around_volume(f, q * _scale(f, MEMBERS)), needs=(MEMBERS,),
+              scale="members' sd: standard deviation (ddof 1) of the members' mask volumes, at least one voxel"),
     Statement("dice", "dice_true", "lower", "Dice >= D - q, D the soft self-Dice, s = D - Dice",
               lambda f: f["soft_dice"] - f["dice_true"],
               lambda f, q: (np.clip(f["soft_dice"] - q, 0.0, 1.0), np.ones_like(q))),
@@ -75,17 +89,28 @@ STATEMENTS: dict[str, Statement] = unique((
 ), lambda s: s.name, "statement")
 
 
-def statement(name: str) -> Statement:
+def statement(name: str, figures: dict | None = None) -> Statement:
+    """Statement ``name``; given a table's ``figures``, refused when they lack what it needs (no members)."""
     if name not in STATEMENTS:
         raise ValueError(f"statement {name!r}: expected one of {', '.join(STATEMENTS)}")
+    missing = [n for n in STATEMENTS[name].needs if figures is not None and n not in figures]
+    if missing:
+        raise ValueError(f"statement {name!r} needs {', '.join(missing)}, which the cases' table lacks: the "
+                         f"members' spread needs the members' predictions (mcseg-new-cases --fit-members and "
+                         f"--apply-members)")
     return STATEMENTS[name]
+
+
+def available(*tables: CaseTable) -> list[str]:
+    """The statements every one of ``tables`` has the figures for (``volume_members`` only with members)."""
+    return [name for name, s in STATEMENTS.items() if all(n in t.figures for t in tables for n in s.needs)]
 
 
 def scores(table: CaseTable, name: str) -> np.ndarray:
     """``n x K`` conformal scores of statement ``name`` on a labelled table."""
     if not table.labelled:
         raise ValueError(f"scores of {name!r} need labelled cases")
-    return statement(name).score(table.figures)
+    return statement(name, table.figures).score(table.figures)
 
 
 def quantiles(calibration: CaseTable, name: str, alpha: float, weights: np.ndarray | None = None,
@@ -104,7 +129,7 @@ def bounds(new: CaseTable, name: str, q: np.ndarray) -> tuple[np.ndarray, np.nda
     (``K`` or ``m x K``)."""
     q = np.broadcast_to(np.asarray(q, np.float64), new.figures["volume_mask_ml"].shape)
     with np.errstate(invalid="ignore"):
-        return statement(name).bounds(new.figures, q)
+        return statement(name, new.figures).bounds(new.figures, q)
 
 
 def covered(table: CaseTable, name: str, lower: np.ndarray, upper: np.ndarray) -> np.ndarray:

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from mcseg.files import write_csv, write_json
-from mcseg.statements.intervals import STATEMENTS, bounds, covered, quantiles
+from mcseg.statements.intervals import STATEMENTS, available, bounds, covered, quantiles
 from mcseg.statements.quantiles import effective_sample_size, minimum_cases
 from mcseg.statements.review import PROCEDURES, failures, fit_review, risk_scores
 from mcseg.statements.table import CaseTable
@@ -33,6 +33,7 @@ WEIGHTED_ASSUMPTION = ("covariate shift: the new cases differ from the calibrati
 # what each statement's lower and upper end are called in statements.csv
 COLUMNS = {"volume": ("volume_lower_ml", "volume_upper_ml"),
            "volume_normalised": ("volume_normalised_lower_ml", "volume_normalised_upper_ml"),
+           "volume_members": ("volume_members_lower_ml", "volume_members_upper_ml"),
            "dice": ("dice_lower", None), "hd95": (None, "hd95_upper_mm")}
 
 
@@ -71,8 +72,9 @@ def make_statements(calibration: CaseTable, new: CaseTable, settings: StatementS
         raise ValueError(f"{len(shared)} new case(s) are calibration cases ({', '.join(shared[:10])}): no guarantee "
                          f"covers a case that calibrated it")
     label_free = new.unlabelled()
+    names = available(calibration, label_free)  # volume_members: where both tables have the members' spread
     ends, q_record = {}, {}
-    for name in STATEMENTS:
+    for name in names:
         q = (quantiles(calibration, name, settings.alpha) if weights is None else
              quantiles(calibration, name, settings.alpha, *weights))
         ends[name] = bounds(label_free, name, q)
@@ -88,11 +90,12 @@ def make_statements(calibration: CaseTable, new: CaseTable, settings: StatementS
         for k, structure in enumerate(new.structures):
             row = {"case": case, "structure": structure,
                    **{n: float(label_free.figures[n][i, k]) for n in
-                      ("volume_mask_ml", "volume_expected_ml", "volume_sd_ml")},
+                      ("volume_mask_ml", "volume_expected_ml", "volume_sd_ml", "volume_members_sd_ml")
+                      if n in label_free.figures},
                    "dice_estimate": float(label_free.figures["soft_dice"][i, k]),
                    "hd95_estimate_mm": float(label_free.figures["band_mm"][i, k])}
-            for name, (low, high) in COLUMNS.items():
-                lower, upper = ends[name]
+            for name in names:
+                (low, high), (lower, upper) = COLUMNS[name], ends[name]
                 if low:
                     row[low] = float(lower[i, k])
                 if high:
@@ -103,12 +106,12 @@ def make_statements(calibration: CaseTable, new: CaseTable, settings: StatementS
             rows.append(row)
     if new.labelled:  # measured only, after every fit above
         fails = failures(new.figures["dice_true"], settings.floor)
-        hits = {name: covered(new, name, *ends[name]) for name in STATEMENTS}
+        hits = {name: covered(new, name, *ends[name]) for name in names}
         for i in range(len(new)):
             for k in range(len(new.structures)):
                 row = rows[i * len(new.structures) + k]
                 row.update({t: float(new.figures[t][i, k]) for t in ("volume_true_ml", "dice_true", "hd95_true_mm")})
-                row.update({f"{name}_covered": bool(hits[name][i, k]) for name in STATEMENTS})
+                row.update({f"{name}_covered": bool(hits[name][i, k]) for name in names})
                 row["failure"] = bool(fails[i])
     record = {
         "level": 1 - settings.alpha, "alpha": settings.alpha,
@@ -116,7 +119,8 @@ def make_statements(calibration: CaseTable, new: CaseTable, settings: StatementS
                    "split conformal") + ", per structure (Mondrian), cases as the units",
         "n_calibration_cases": len(calibration), "minimum_cases_for_finite_bounds": minimum_cases(settings.alpha),
         "assumption": WEIGHTED_ASSUMPTION if weights is not None else ASSUMPTION,
-        "statements": {name: s.text for name, s in STATEMENTS.items()},
+        "statements": {name: STATEMENTS[name].text for name in names},
+        "normalised_volume_scales": {name: STATEMENTS[name].scale for name in names if STATEMENTS[name].scale},
         "quantiles": q_record if weights is None else "one per new case (weighted): see statements.csv's bounds",
         "review": {**rule.record(), "score": "u = 1 - min over structures of the soft self-Dice",
                    "failure": f"a structure's Dice < {settings.floor}",

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import numpy as np
 
-from mcseg.statements.features import FEATURES, TRUTH
+from mcseg.statements.features import FEATURES, MEMBERS, TRUTH
 
 __all__ = ["CaseTable", "read_table"]
 
-COLUMNS = ("voxel_ml", *FEATURES)
+COLUMNS = ("voxel_ml", *FEATURES, MEMBERS)  # MEMBERS only where the prediction has members
 
 
 @dataclass

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 from scipy.stats import spearmanr
 
-from mcseg.statements.intervals import STATEMENTS, bounds, covered, quantiles
+from mcseg.statements.intervals import STATEMENTS, available, bounds, covered, quantiles
 from mcseg.statements.review import failures, fit_review, risk_scores
 from mcseg.statements.table import CaseTable
 
@@ -42,7 +42,7 @@ def split_rows(table: CaseTable, n_calibration: int, alphas: Sequence[float], re
     for repeat in range(repeats):
         calibration, test = _split(table, rng, n_calibration)
         for alpha in alphas:
-            for name in STATEMENTS:
+            for name in available(table):
                 lower, upper = bounds(test.unlabelled(), name, quantiles(calibration, name, alpha))
                 hit = covered(test, name, lower, upper)
                 width = upper - lower

@@ -34,6 +34,7 @@ from mcseg.training.distributed import DistContext, init_distributed
 from mcseg.training.loader import build_train_loader, load_cases
 from mcseg.trackers import Trackers, build_trackers, check_libraries, config_params, flatten, logger_settings
 from mcseg.training.relaunch import check_launch
+from mcseg.training.settings import TrainerSettings, TrainingParts
 from mcseg.training.trainer import Trainer
 
 log = logging.getLogger("mcseg.train")
@@ -84,6 +85,15 @@ def _check_config(cfg: DictConfig, posthoc: PosthocConfig) -> None:
     unknown = sorted(set(cfg.get("score") or {}) - set(headline))
     if unknown:
         raise ConfigError(f"config key 'score.{unknown[0]}': not a validation metric (expected {', '.join(headline)})")
+
+
+def trainer_settings(tcfg: TrainerConfig, run_dir: Path, dataset: SegmentationDataset, protocol: EvalProtocol,
+                     container: dict, images: int) -> TrainerSettings:
+    """The trainer's settings from the typed config nodes (``trainer``, ``evaluation``, ``logger.images``), the
+    run directory, the dataset's classes and the resolved configuration ``container``."""
+    return TrainerSettings(trainer=tcfg, run_dir=run_dir, num_classes=dataset.num_classes,
+                           class_names=tuple(dataset.class_names), protocol=protocol, config_container=container,
+                           images=images)
 
 
 def build_run(cfg: DictConfig) -> Run:
@@ -142,12 +152,10 @@ def build_run(cfg: DictConfig) -> Run:
                 "dataset_content": trained_on.get("content_sha256")}
     trackers = open_trackers(container, run_dir, dataset.name, resume_from is not None, identity,
                              environment_record(device, tcfg.deterministic)) if dist.is_main else Trackers([])
-    trainer = Trainer(
-        cfg=tcfg, run_dir=run_dir, model=model, loss_fn=loss_fn, optimizer=optimizer, scheduler=scheduler,
-        loader=loader, sampler=sampler, predictor=predictor, val_cases=val_cases, restore=dataset.restore,
-        num_classes=dataset.num_classes, class_names=dataset.class_names, protocol=protocol, trackers=trackers,
-        config_container=container, images=lcfg.images, dist=dist,
-    )
+    settings = trainer_settings(tcfg, run_dir, dataset, protocol, container, lcfg.images)
+    trainer = Trainer(settings, TrainingParts(
+        model=model, loss_fn=loss_fn, optimizer=optimizer, scheduler=scheduler, loader=loader, sampler=sampler,
+        predictor=predictor, val_cases=val_cases, restore=dataset.restore, trackers=trackers, dist=dist))
     unseen = classes_unseen_in_training(loader.dataset.fg_points, dataset.class_names, dataset.multilabel)
     inputs = split_fingerprints(dataset, {name: splits[name] for name in SPLITS}, inputs=True)  # images alone
     trainer.provenance = {"split": split_ids, "dataset": trained_on, "content": content, "inputs": inputs,

@@ -41,17 +41,16 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from mcseg.config import EvalProtocol, TrainerConfig, resume_mismatch
+from mcseg.config import resume_mismatch
 from mcseg.training.checkpoint import restore_rng_states, rng_states, save_checkpoint
 from mcseg.inference.build import load_checkpoint, load_model_weights
 from mcseg.training.loader import stop_workers, to_device
-from mcseg.training.distributed import DistContext, StopVote, wrap_model
+from mcseg.training.distributed import StopVote, wrap_model
+from mcseg.training.settings import TrainerSettings, TrainingParts
 from mcseg.evaluation.evaluator import Evaluator, reliability_figure
 from mcseg.evaluation.figure_table import summary_keys
 from mcseg.inference.volume import autocast_context
 from mcseg.evaluation.cases import evaluate_cases
-from mcseg.inference.predict import SegmentationPredictor
-from mcseg.trackers import Trackers
 from mcseg.training.window import FINITE, WHAT, BadStep, TrainingWindow, nonfinite_code
 from mcseg.errors import NonFiniteLossError, TrainingInterrupted
 from mcseg.trials import TrialPruned, TrialReporter
@@ -75,30 +74,26 @@ def call_hook(obj, name: str, *args) -> None:
 class Trainer:
     """Runs epochs; owns model, loss, optimiser, scheduler and the run's checkpoints."""
 
-    def __init__(  # keyword-only: eighteen arguments are read by name (mcseg.training.build builds it)
-        self, *, cfg: TrainerConfig, run_dir: Path, model, loss_fn, optimizer, scheduler, loader, sampler,
-        predictor: SegmentationPredictor, val_cases: list, restore, num_classes: int, class_names: list[str],
-        protocol: EvalProtocol, trackers: Trackers, config_container: dict, images: int = 2,
-        dist: DistContext | None = None,
-    ) -> None:
-        if cfg.monitor_mode not in ("min", "max"):
-            raise ValueError(f"trainer.monitor_mode={cfg.monitor_mode!r}: expected 'min' or 'max'")
-        if cfg.nonfinite not in ("stop", "skip"):
-            raise ValueError(f"trainer.nonfinite={cfg.nonfinite!r}: expected 'stop' or 'skip'")
-        if cfg.max_epochs < 1 or cfg.val_every < 1 or cfg.log_every_n_steps < 1:
-            raise ValueError("trainer.max_epochs, trainer.val_every and trainer.log_every_n_steps must be >= 1")
-        self.cfg, self.run_dir = cfg, run_dir
-        self.model, self.loss_fn, self.optimizer, self.scheduler = model, loss_fn, optimizer, scheduler
-        self.loader, self.sampler, self.predictor, self.restore = loader, sampler, predictor, restore
-        self.val_cases = val_cases  # all of them, or capped at trainer.val_max_cases when loaded (no full_val_every)
-        self.num_classes, self.class_names, self.protocol = num_classes, class_names, protocol
-        self.trackers, self.config_container, self.images = trackers, config_container, images
+    def __init__(self, settings: TrainerSettings, parts: TrainingParts) -> None:
+        """``settings``: what the config says (:class:`~mcseg.training.settings.TrainerSettings`, checked when
+        made); ``parts``: the objects built from it (:class:`~mcseg.training.settings.TrainingParts`)."""
+        self.settings = settings
+        self.cfg, self.run_dir = settings.trainer, settings.run_dir
+        self.num_classes, self.class_names = settings.num_classes, list(settings.class_names)
+        self.protocol, self.config_container = settings.protocol, settings.config_container
+        self.images = settings.images
+        model, predictor = parts.model, parts.predictor
+        self.model, self.loss_fn, self.optimizer = model, parts.loss_fn, parts.optimizer
+        self.scheduler, self.loader, self.sampler = parts.scheduler, parts.loader, parts.sampler
+        self.predictor, self.restore = predictor, parts.restore
+        self.val_cases = parts.val_cases  # every one, or trainer.val_max_cases when loaded (no full_val_every)
+        self.trackers = parts.trackers
         self.device = predictor.device
-        self.dist = dist or DistContext()
-        self.channels_last = use_channels_last(cfg.channels_last, self.device, predictor.model_dims, model)
+        self.dist = parts.dist
+        self.channels_last = use_channels_last(self.cfg.channels_last, self.device, predictor.model_dims, model)
         self.train_module = self._training_module(model)
         self._targets_checked = False  # the loss checks label values on a run's first step only
-        self.ckpt_dir = run_dir / "checkpoints"
+        self.ckpt_dir = self.run_dir / "checkpoints"
         self.epoch = 0  # epochs completed
         self.step_in_epoch = 0  # batches completed in the current epoch (mid-epoch checkpoints)
         self.epoch_loss_sum = 0.0

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import importlib
+import inspect
+import pathlib
+import pkgutil
 from dataclasses import dataclass, field
 from typing import Any
 
+import hydra
 import torch
+from omegaconf import DictConfig, OmegaConf
 
 from mcseg import losses as L
+from mcseg.losses.base import SegmentationLoss
+from mcseg.losses.lagrangian import AugmentedLagrangianLoss
+from mcseg.losses.multilabel import MultiLabelLoss
 
 NUM_CLASSES = 3
 
@@ -70,39 +79,35 @@ MULTILABEL_CASES: dict[str, Case] = {
     "spa": Case(L.SPALoss),
 }
 
-# configs/loss/<name>.yaml -> class
-CONFIG_CLASSES = {
-    "ce": L.CELoss,
-    "ce_dice": L.CEDiceLoss,
-    "focal": L.FocalLoss,
-    "flsd": L.FLSDLoss,
-    "dual_focal": L.DualFocalLoss,
-    "ecp": L.ECPLoss,
-    "ls": L.LabelSmoothingLoss,
-    "svls": L.SVLSLoss,
-    "margin": L.MarginLoss,
-    "margin_dice": L.MarginDiceLoss,
-    "nacl": L.NACLLoss,
-    "cals": L.CALSLoss,
-    "crac": L.CRaCLoss,
-    "fcl": L.FCLLoss,
-    "brier": L.BrierLoss,
-    "hardl1ace_ce": L.L1ACELoss,
-    "hardl1ace_dice": L.L1ACELoss,
-    "hardl1ace_dice_ce": L.L1ACELoss,
-    "softl1ace_ce": L.L1ACELoss,
-    "softl1ace_dice": L.L1ACELoss,
-    "softl1ace_dice_ce": L.L1ACELoss,
-    "mdca": L.MDCALoss,
-    "dca": L.DCALoss,
-    "acls": L.ACLSLoss,
-    "adafocal": L.AdaFocalLoss,
-    "dml": L.DiceSemimetricLoss,
-    "ce_dml": L.DiceSemimetricLoss,
-    "sdc": L.SDCLoss,
-    "bce": L.SigmoidBCELoss,
-    "spa": L.SPALoss,
-}
+LOSS_CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs" / "loss"
+#: what a loss derives from, not a loss of its own (no config)
+BASES = (SegmentationLoss, MultiLabelLoss, AugmentedLagrangianLoss)
+
+
+def load_loss_config(name: str) -> DictConfig:
+    """configs/loss/<name>.yaml with its defaults list (sibling loss configs, then ``_self_``) merged, as Hydra does."""
+    cfg = OmegaConf.load(LOSS_CONFIGS / f"{name}.yaml")
+    if "defaults" not in cfg:
+        return cfg
+    own = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "defaults"])
+    parts = [own if entry == "_self_" else load_loss_config(entry) for entry in cfg.defaults]
+    return OmegaConf.merge(*parts)
+
+
+def loss_classes() -> set[type]:
+    """Every loss class defined in a module of mcseg/losses (found by walking the package, bases left out)."""
+    found = set()
+    for info in pkgutil.iter_modules(L.__path__):
+        module = importlib.import_module(f"{L.__name__}.{info.name}")
+        found |= {obj for obj in vars(module).values() if inspect.isclass(obj) and obj.__module__ == module.__name__
+                  and issubclass(obj, (SegmentationLoss, MultiLabelLoss)) and obj not in BASES}
+    return found
+
+
+# configs/loss/<name>.yaml -> the class of its ``_target_``: every file of the folder (a new loss is its module and
+# its YAML; nothing here lists them)
+CONFIG_CLASSES = {path.stem: hydra.utils.get_class(load_loss_config(path.stem)._target_)
+                  for path in sorted(LOSS_CONFIGS.glob("*.yaml"))}
 
 # presets: configs that extend another (a Hydra defaults list) and differ from the class defaults by these
 # values (the mL1-ACE authors' combinations; hardl1ace_ce is at the class defaults)

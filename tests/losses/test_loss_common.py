@@ -10,7 +10,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from .loss_zoo import CONFIG_CLASSES, MULTILABEL_CASES, NUM_CLASSES, PRESETS, SOFTMAX_CASES, random_inputs
+from .loss_zoo import (BASES, CONFIG_CLASSES, MULTILABEL_CASES, NUM_CLASSES, PRESETS, SOFTMAX_CASES, load_loss_config,
+                       loss_classes, random_inputs)
 from mcseg import losses as L
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -219,27 +220,12 @@ def test_state_dict_round_trip(name):
     assert torch.equal(loss(logits, target), clone(logits, target))
 
 
-def test_every_exported_loss_has_a_config():
-    exported = {
-        obj
-        for obj in vars(L).values()
-        if inspect.isclass(obj)
-        and issubclass(obj, torch.nn.Module)
-        and obj not in (L.SegmentationLoss, L.MultiLabelLoss, L.SoftDice)
-    }
-    assert exported == set(CONFIG_CLASSES.values())
-    files = {p.stem for p in (ROOT / "configs" / "loss").glob("*.yaml")}
-    assert files == set(CONFIG_CLASSES)
-
-
-def load_loss_config(name):
-    """configs/loss/<name>.yaml with its defaults list (sibling loss configs, then ``_self_``) merged, as Hydra does."""
-    cfg = OmegaConf.load(ROOT / "configs" / "loss" / f"{name}.yaml")
-    if "defaults" not in cfg:
-        return cfg
-    own = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "defaults"])
-    parts = [own if entry == "_self_" else load_loss_config(entry) for entry in cfg.defaults]
-    return OmegaConf.merge(*parts)
+def test_every_loss_class_has_a_config_and_every_config_a_loss():
+    """Both sides discovered: the loss classes of mcseg/losses' modules, the _target_ of every configs/loss YAML."""
+    classes = loss_classes()
+    assert classes == set(CONFIG_CLASSES.values())
+    exported = {obj for obj in vars(L).values() if inspect.isclass(obj) and issubclass(obj, torch.nn.Module)}
+    assert exported - {L.SoftDice, *BASES} <= classes  # what the package exports is a loss with a config
 
 
 @pytest.mark.parametrize("name", CONFIG_CLASSES)

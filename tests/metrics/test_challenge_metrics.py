@@ -214,8 +214,49 @@ def test_curvas_thresholded_dice_equals_its_authors_formula(shape):
     prob = np.clip(0.7 * gt + 0.3 * rng.random(shape), 0, 1)
     empty = np.zeros_like(raters)
     for p, r in ((prob, raters), (np.zeros(shape), raters), (prob, empty), (np.zeros(shape), empty)):
-        assert curvas_thresholded_dice(p, r) == pytest.approx(curvas_tdice(p, list(r)), abs=1e-6)
+        assert curvas_thresholded_dice(p, r) == pytest.approx(curvas_tdice(p, list(r)), rel=1e-12, abs=0)
     assert curvas_thresholded_dice(np.zeros(shape), empty) == 1.0  # both empty at every threshold
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_curvas_thresholded_dice_is_a_figure_of_an_evaluation_against_raters(shape, tmp_path):
+    """One entry of the table of figures (CurvasRatersScorer): per_case.csv and summary.json hold, per
+    foreground class c, the authors' value of p_c against the masks [y_r = c]; class 2 is absent from every
+    rater and never predicted (1), the second case predicts nothing of class 1 (an empty prediction), and an
+    evaluator of cases with one label has no such column."""
+    import csv
+    import json
+
+    from mcseg.config import EvalProtocol
+    from mcseg.evaluation.evaluator import Evaluator
+
+    rng = np.random.default_rng(3)
+    evaluator = Evaluator(3, ["background", "a", "b"], EvalProtocol(bootstrap_samples=0, figures=False), raters=True)
+    expected = {}
+    for index in range(2):
+        gt, _, _ = _case(shape, index)
+        raters = np.stack([gt if r < 2 else (gt.astype(bool) ^ (rng.random(shape) < 0.1)) for r in range(5)])
+        fg = np.clip(0.8 * gt + 0.3 * rng.random(shape), 0, 0.95) * (index == 0)  # case 1: an empty prediction
+        probs = np.stack([1 - fg - 0.01, fg, np.full(shape, 0.01)]).astype(np.float32)  # b below every threshold
+        expected[f"c{index}"] = [curvas_tdice(probs[c], list(raters == c)) for c in (1, 2)]
+        evaluator.add_case(f"c{index}", torch.from_numpy(probs), torch.from_numpy(raters[0]).long(),
+                           (1.0,) * len(shape), raters=torch.from_numpy(raters).long())
+    assert [row[1] for row in expected.values()] == [1.0, 1.0] and expected["c1"][0] < 1  # absent; predicted empty
+    summary = evaluator.write(tmp_path)
+    with open(tmp_path / "per_case.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    # the re-derivation was given the same float32 probabilities as the evaluator
+    got = {(r["case"], r["class_name"]): float(r["curvas_thresholded_dice"]) for r in rows}
+    for case, values in expected.items():
+        assert [got[case, "a"], got[case, "b"]] == pytest.approx(values, rel=1e-12, abs=0)
+    mean = np.mean([np.mean(v) for v in expected.values()])
+    assert summary["mean_foreground_curvas_thresholded_dice"] == pytest.approx(mean, rel=1e-12)
+    assert json.loads((tmp_path / "summary.json").read_text())["per_class"]["a"]["curvas_thresholded_dice"]["n"] == 2
+    single = Evaluator(3, ["background", "a", "b"], EvalProtocol(bootstrap_samples=0, figures=False))
+    assert "curvas_thresholded_dice" not in single.columns
+    with pytest.raises(ValueError, match="raters' maps given to an evaluator built without them"):
+        single.add_case("c", torch.from_numpy(probs).float(), torch.from_numpy(raters[0]).long(),
+                        (1.0,) * len(shape), raters=torch.from_numpy(raters).long())
 
 
 def test_curvas_thresholded_dice_by_hand():

@@ -30,7 +30,7 @@ def _case(seed: int):
 
 def test_every_rater_figure_reaches_the_summary_and_the_csvs(tmp_path):
     protocol = EvalProtocol(bootstrap_samples=0, figures=False, rater_thresholds="curvas2025")
-    evaluator = Evaluator(3, ["background", "a", "b"], protocol)
+    evaluator = Evaluator(3, ["background", "a", "b"], protocol, raters=True)
     spacing = (1.0, 2.0, 2.5)
     for i in range(2):
         probs, raters, samples = _case(i)
@@ -85,7 +85,7 @@ def test_reliability_against_the_rater_mean_and_each_rater_by_hand(tmp_path):
     first), and each rater's panel equals the single-label reliability.csv with that rater's map as the label."""
     n_bins = 5
     evaluator = Evaluator(3, ["background", "a", "b"], EvalProtocol(bootstrap_samples=0, figures=False,
-                                                                    n_bins=n_bins, region="all"))
+                                                                    n_bins=n_bins, region="all"), raters=True)
     cases = [(probs, raters if i == 0 else raters[:2]) for i, (probs, raters, _) in enumerate(map(_case, (0, 1)))]
     for i, (probs, raters) in enumerate(cases):  # the label is rater r1's map
         evaluator.add_case(f"c{i}", probs, raters[0], (1.0, 1.0, 1.0), raters=raters,
@@ -131,7 +131,8 @@ def test_curvas2024_crop_takes_the_ct(tmp_path):
     probs, raters, _ = _case(3)
     ct = torch.full(raters.shape[1:], -1000.0)
     ct[1:6, 2:6, :] = 50.0
-    evaluator = Evaluator(3, ["background", "a", "b"], EvalProtocol(bootstrap_samples=0, rater_crop="curvas2024"))
+    evaluator = Evaluator(3, ["background", "a", "b"], EvalProtocol(bootstrap_samples=0, rater_crop="curvas2024"),
+                          raters=True)
     with pytest.raises(ValueError, match="rater_crop=curvas2024 needs the case's CT"):
         evaluator.add_case("c", probs, raters[0], (1.0, 1.0, 1.0), raters=raters)
     row = evaluator.add_case("c", probs, raters[0], (1.0, 1.0, 1.0), raters=raters, image=ct)
@@ -153,7 +154,7 @@ def test_curvas2025_crop_is_the_raters_box_widened_by_20_voxels():
     raters[:, 39:42, 1, 1] = 1
     raters[1, 40, 1, 1] = 0
     probs = torch.softmax(torch.randn(2, 60, 3, 3, generator=g) * 2, 0)
-    evaluator = Evaluator(2, ["background", "a"], EvalProtocol(bootstrap_samples=0, rater_crop="curvas2025"))
+    evaluator = Evaluator(2, ["background", "a"], EvalProtocol(bootstrap_samples=0, rater_crop="curvas2025"), raters=True)
     row = evaluator.add_case("c", probs, raters[0], (1.0, 1.0, 1.0), raters=raters)
     box = (slice(19, 61), slice(-19, 21), slice(-19, 21))
     assert probs[(slice(None), *box)].shape == (2, 41, 3, 3)
@@ -166,7 +167,8 @@ def test_curvas2025_crop_is_the_raters_box_widened_by_20_voxels():
 
 def test_bad_thresholds_and_multilabel_are_refused():
     probs, raters, _ = _case(0)
-    evaluator = Evaluator(3, ["background", "a", "b"], EvalProtocol(bootstrap_samples=0, rater_thresholds=[0.0]))
+    evaluator = Evaluator(3, ["background", "a", "b"], EvalProtocol(bootstrap_samples=0, rater_thresholds=[0.0]),
+                          raters=True)
     with pytest.raises(ValueError, match=r"evaluation.rater_thresholds=\[0.0\]"):
         evaluator.add_case("c", probs, raters[0], (1.0, 1.0, 1.0), raters=raters)
     assert evaluator.n_cases == 0
