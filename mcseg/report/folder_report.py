@@ -242,14 +242,14 @@ def write_folder_report(folder: Path, out: Path | None = None, reference=None, i
         elif target is not None:
             lines += ["Region-based (sigmoid) probabilities: no top-label ECE before and after is computed here.", ""]
     elif tool == CONFORMAL_TOOL:
-        from mcseg.report.conformal import ConformalFit, conformal_section
+        from mcseg.report.conformal import conformal_section, folder_fit
 
-        lines += conformal_section([ConformalFit(folder.name, "saved files", folder, record)], out)
+        lines += conformal_section([folder_fit(folder, record)], out)
     else:
-        from mcseg.report.statements import StatementSet, qc_lines
+        from mcseg.report.statements import qc_lines, statement_folder
 
-        lines += ["## Statements for the new cases (flagged cases first)", "",
-                  *qc_lines(StatementSet(folder.name, "saved files", folder, record))]
+        lines += ["## Statements for new cases", "", "Flagged cases first.", "",
+                  *qc_lines(statement_folder(folder, record))]
         extra = _statements_figure(folder, record)
     drawn, how = (_cases(tool, folder, record, reference, target, images, cases, max_size, max_slices)
                   if target is not None and cases > 0 else ([], ""))

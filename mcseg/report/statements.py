@@ -36,8 +36,12 @@ def statement_folders(roots: list[Path]) -> list[StatementSet]:
     """The completed ``mcseg-new-cases`` outputs under ``roots`` (or ``roots`` themselves)."""
     from mcseg.evaluation.folder_outputs import NEW_CASES_TOOL
 
-    return [StatementSet("/".join(folder.parts[-2:]), "saved files", folder, record)
-            for folder, record in tool_records(roots, FILE, NEW_CASES_TOOL)]
+    return [statement_folder(folder, record) for folder, record in tool_records(roots, FILE, NEW_CASES_TOOL)]
+
+
+def statement_folder(folder: Path, record: dict) -> StatementSet:
+    """An ``mcseg-new-cases`` output as the report shows it, labelled by the folder's last two path parts."""
+    return StatementSet("/".join(Path(folder).parts[-2:]), "saved files", Path(folder), record)
 
 
 def collect_statements(runs: list[RunRecord], roots: list[Path], split: str) -> list[StatementSet]:
