@@ -11,7 +11,9 @@ several raters ``reliability_raters.png`` (against the rater mean beside against
 ``margin_heatmap.png`` and, where runs or ensembles were evaluated under shift (``evaluate.py shift=...``),
 ``shift.csv`` and ``shift_severity.png`` (:mod:`mcseg.report.shift`), and ``report.html``, all of it on one
 self-contained page with a per-case view (:mod:`mcseg.report.html`), into ``--out`` (default:
-``<first DIR>/report``).
+``<first DIR>/report``). One output folder of ``mcseg-calibrate-folder``, ``mcseg-conformal-folder`` or
+``mcseg-new-cases`` given alone gets its own page instead (:mod:`mcseg.report.folder_report`), into ``--out`` or
+the folder.
 """
 from __future__ import annotations
 
@@ -114,7 +116,8 @@ def failure_lines(runs: list[RunRecord]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mcseg-report", description=__doc__.split("\n")[0])
     parser.add_argument("dirs", nargs="+", type=Path, help="run or sweep directories")
-    parser.add_argument("--out", type=Path, default=None, help="output directory (default: <first DIR>/report)")
+    parser.add_argument("--out", type=Path, default=None, help="output directory (default: <first DIR>/report; for "
+                        "one folder command's output given alone, its own page goes into that folder)")
     parser.add_argument("--split", default="test", help="evaluated split to report (default: test)")
     parser.add_argument("--select", default="score",
                         help="result.json value that selects each loss's hyperparameters (default: score)")
