@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from mcseg.calibration import PosthocConfig
 from mcseg.calibration.posthoc import OBJECTIVES, VOXEL_SAMPLES
@@ -21,12 +22,15 @@ from mcseg.calibration.scaler_registry import softmax_only_message
 from mcseg.calibration.scaler_registry import SCALER_TYPES
 from mcseg.data.io import VolumeError
 from mcseg.config import EvalProtocol
+from mcseg.evaluation.dicom import dicom_modules
 from mcseg.evaluation.folder_options import add_fit_apply_options, add_input_options
 from mcseg.evaluation.folder_outputs import CALIBRATE_TOOL, EXIT_INTERRUPTED, FolderInterrupted, claim_output, writing
 from mcseg.evaluation.folder_posthoc import NO_IMAGE, calibrate_folder, fit_folders, record_applied, take_over
 from mcseg.data.reference import FolderError, fold_cases, read_reference
 from mcseg.evaluation.formats import PredictionFormat, declared_classes, open_folder, prediction_files
 from mcseg.metrics.regions import REGIONS
+from mcseg.folder_dicom import calibrated_to_dicom
+from mcseg.report.folder_report import add_html_options, command_report
 from mcseg.rundir import RunDirBusy
 
 __all__ = ["main"]
@@ -66,12 +70,23 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=posthoc.seed)
     p.add_argument("--region", choices=REGIONS, default=defaults.region, help="the calibration region (--voxels region)")
     p.add_argument("--n-bins", type=int, default=defaults.n_bins, help="ECE bins of --objective ece")
+    p.add_argument("--dicom", action="store_true", help="also OUT_DIR/dicom/<case>/: the calibrated probabilities "
+                   "as a DICOM FRACTIONAL / PROBABILITY Segmentation and the arg-max as a BINARY one, referencing the "
+                   "case's image series (mcseg/folder_dicom.py; docs/report_html.md)")
+    p.add_argument("--images", type=Path, help="with --dicom: the cases' images (a DICOM series <case>/, or "
+                   "<case>_0000.nii.gz / <case>.nii.gz; default: the reference's imagesTr / imagesTs); needed for "
+                   "cases without a label")
+    add_html_options(p)
     add_input_options(p, fold_use="fit on")
     return p
 
 
 def calibrate(args: argparse.Namespace) -> tuple[dict, list[str]]:
     out = args.output_dir.resolve()
+    if args.dicom:
+        if args.apply is None:
+            raise FolderError("--dicom writes the calibrated --apply cases as DICOM: pass --apply")
+        dicom_modules()  # highdicom and pydicom there, before anything is written
     inputs = [d.resolve() for d in [*args.fit, *([args.apply] if args.apply else [])]]
     if out in inputs:
         raise FolderError(f"-o {args.output_dir}: write the calibrated files to a new folder, not an input folder")
@@ -107,6 +122,10 @@ def calibrate(args: argparse.Namespace) -> tuple[dict, list[str]]:
         files, changes = (calibrate_folder(target, scalers[args.scaler], out, reference.task.multilabel) if target
                           else ([], None))
         stored = record_applied(out, record, args.scaler, target, files, record["val_cases"], replaced, changes)
+        if args.dicom:
+            calibrated = open_folder(out, reference.task, args.fmt, args.monai_postfix)
+            record["dicom"] = calibrated_to_dicom(out, calibrated, reference, args.images)
+        record["report"] = command_report(args, out, reference, args.images)
     record["applied"] = stored.get("applied")
     if overlap:
         record.setdefault("warnings", []).append(
@@ -203,6 +222,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"warning: {warning}")
     if written:
         print(f"{len(written)} calibrated case(s) written to {args.output_dir}")
+    if record.get("report"):
+        print(f"report: {record['report']}")
+    if record.get("dicom"):
+        print(f"{len(record['dicom'])} DICOM object(s) written to {args.output_dir / 'dicom'} (viewers: "
+              f"docs/report_html.md)")
     return 0
 
 

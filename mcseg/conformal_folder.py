@@ -36,15 +36,18 @@ from mcseg.conformal.record import (CONFORMAL_FILE, class_records, fit_lines, se
                                    versions, write_masks)
 from mcseg.conformal.risks import class_masks
 from mcseg.conformal.validity import ALPHAS, COVERAGE_FIGURE, REPEATS, VALIDITY_FILE, levels, pooled_splits
-from mcseg.data.io import Volume, read_volume
+from mcseg.data.io import read_volume
 from mcseg.data.reference import FolderError, Reference, fold_cases, read_reference
+from mcseg.evaluation.dicom import dicom_modules
 from mcseg.evaluation.folder_outputs import CONFORMAL_TOOL, claim_output, run_command, writing
 from mcseg.evaluation.folder_options import add_fit_apply_options, add_input_options
 from mcseg.evaluation.folder_posthoc import _fit_owners
-from mcseg.evaluation.folders import read_case
+from mcseg.evaluation.folders import image_path, read_case, read_unlabelled
 from mcseg.evaluation.formats import PredictionFormat, declared_classes, open_folder, prediction_files
 from mcseg.evaluation.provenance import file_sha256
 from mcseg.files import write_csv, write_json
+from mcseg.folder_dicom import conformal_to_dicom
+from mcseg.report.folder_report import add_html_options, command_report
 
 __all__ = ["conformal", "main"]
 
@@ -94,6 +97,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--images", type=Path, help="the --apply cases' images (<case>_0000.nii.gz or <case>.nii.gz, e.g. "
                    "an nnU-Net imagesTs): the grid of a case without a label, and what --figures draws beneath "
                    "(default: the class's probability)")
+    p.add_argument("--dicom", action="store_true", help="also OUT_DIR/dicom/<case>/: the --apply cases' sure and "
+                   "possible masks as DICOM BINARY Segmentations referencing the case's image series (--images, else "
+                   "the reference's imagesTr / imagesTs; mcseg/folder_dicom.py; docs/report_html.md)")
+    add_html_options(p)
     add_input_options(p)
     return p
 
@@ -127,15 +134,6 @@ def summarise_fit(owners: dict[str, PredictionFormat], reference: Reference, set
     return CaseSummary.stack(summaries), read
 
 
-def image_path(images: Path, case: str) -> Path:
-    """A case's image in ``images``: ``<case>_0000`` (nnU-Net's first channel) or ``<case>``, NIfTI."""
-    path = next((images / f"{case}{tag}{suffix}" for tag in ("_0000", "") for suffix in (".nii.gz", ".nii")
-                 if (images / f"{case}{tag}{suffix}").is_file()), None)
-    if path is None:
-        raise FolderError(f"--images {images}: no {case}_0000.nii.gz or {case}.nii.gz")
-    return path
-
-
 def _image(images: Path, case: str, shape: tuple[int, ...]) -> np.ndarray:
     """A case's image (first channel) from ``images``, checked against the prediction's grid."""
     path = image_path(images, case)
@@ -144,19 +142,6 @@ def _image(images: Path, case: str, shape: tuple[int, ...]) -> np.ndarray:
     if array.shape != tuple(shape):
         raise FolderError(f"--images {path.name} has shape {array.shape}, the prediction {tuple(shape)}")
     return array
-
-
-def read_unlabelled(target: PredictionFormat, case: str, images: Path):
-    """A test case without a label: its prediction read and checked against its image's grid (the image of
-    ``images`` in place of the label); ``(grid volume, its file, probabilities, tool's label map, files)``."""
-    path = image_path(images, case)
-    grid = read_volume(path)
-    array = np.asarray(grid.array)
-    if array.ndim == len(grid.spacing) + 1:  # channels last: the first
-        grid = Volume(array[..., 0], grid.spacing, grid.affine)
-    pred = target.read(case, grid, path)
-    probs = torch.from_numpy(pred.probs) if pred.probs is not None else None
-    return grid, path, probs, pred.prediction, [path, *pred.files]
 
 
 def case_figure(case: str, probs, sets: dict, pred: np.ndarray, truth: np.ndarray | None, names: list[str],
@@ -231,6 +216,10 @@ def conformal(args: argparse.Namespace) -> dict:
         controllable(args.loss, args.method)
     except NotMonotone as exc:
         raise FolderError(f"--loss {args.loss} with --method {args.method}: {exc}") from None
+    if args.dicom:
+        if not args.apply:
+            raise FolderError("--dicom writes the --apply cases' masks as DICOM: pass --apply")
+        dicom_modules()  # highdicom and pydicom there, before anything is written
     if args.images is not None and not args.apply:
         raise FolderError("--images gives the --apply cases' grid (and the background of --figures): pass --apply")
     inputs = [d.resolve() for d in [*args.fit, *([args.apply] if args.apply else [])]]
@@ -280,7 +269,11 @@ def conformal(args: argparse.Namespace) -> dict:
                 stored["validity"], _ = pooled_splits(summaries, CaseSummary.stack(tested), settings,
                                                       reference.task.class_names, levels(args.alphas, args.alpha),
                                                       args.repeats, out)
+            if args.dicom:
+                stored["dicom"] = [str(p.relative_to(out)) for p in conformal_to_dicom(out, stored, reference,
+                                                                                       args.images)]
         write_json(out / CONFORMAL_FILE, stored)
+        stored["report"] = command_report(args, out, reference, args.images)
     return stored
 
 
@@ -305,6 +298,11 @@ def main(argv: list[str] | None = None) -> int:
         return code
     print("\n".join(fit_lines(stored)))
     print(f"recorded in {args.output_dir / CONFORMAL_FILE}")
+    if stored.get("report"):
+        print(f"report: {stored['report']}")
+    if stored.get("dicom"):
+        print(f"{len(stored['dicom'])} DICOM object(s) written to {args.output_dir / 'dicom'} (viewers: "
+              f"docs/report_html.md)")
     return 0
 
 

@@ -23,6 +23,23 @@ _UMASK = os.umask(0)
 os.umask(_UMASK)
 
 
+def check_writable(out: Path, option: str = "--out") -> None:
+    """Check that the output folder ``out`` (or, where it does not exist yet, its nearest existing parent) is a
+    folder a file can be written in (a probe file, removed), before anything is computed or written: an OSError
+    naming it and ``option`` otherwise. Nothing is created."""
+    existing = Path(out).absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        if not existing.is_dir():
+            raise NotADirectoryError(20, f"{existing} is not a folder")
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".mcseg-write-test-"):
+            pass
+    except OSError as exc:
+        raise OSError(f"{option} {out}: the output folder cannot be written ({exc.strerror or exc}); pass "
+                      f"{option} a writable folder") from None
+
+
 def atomic_write(path: Path, write_fn) -> None:
     """Call ``write_fn(tmp_path)`` then rename onto ``path`` so readers never see a partial file.
 

@@ -29,15 +29,15 @@ import torch
 from mcseg.conformal import predicted_masks
 from mcseg.conformal.fit import class_indices
 from mcseg.conformal.risks import class_masks
-from mcseg.conformal_folder import image_path, read_unlabelled
 from mcseg.data.io import read_volume
 from mcseg.data.reference import FolderError, Reference, fold_cases, read_reference
 from mcseg.evaluation.folder_options import add_fit_apply_options, add_input_options
 from mcseg.evaluation.folder_outputs import NEW_CASES_TOOL, claim_output, run_command, writing
 from mcseg.evaluation.folder_posthoc import _fit_owners
-from mcseg.evaluation.folders import read_case
+from mcseg.evaluation.folders import image_path, read_case, read_unlabelled
 from mcseg.evaluation.formats import PredictionFormat, declared_classes, open_folder, prediction_files
 from mcseg.evaluation.provenance import file_sha256
+from mcseg.report.folder_report import add_html_options, command_report
 from mcseg.statements.features import MEMBERS, case_row, members_volume_sd
 from mcseg.statements.review import PROCEDURES
 from mcseg.statements.shift import case_vector, density_ratio_weights, image_statistics
@@ -81,6 +81,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--classes", nargs="+", help="structures (class names; default every class but the background)")
     p.add_argument("--figure", action="store_true", help="also statements.png: per structure the cases' volume "
                    "intervals, flagged cases in red, true volumes where the new cases' labels were given")
+    add_html_options(p)
     add_input_options(p)
     return p
 
@@ -241,7 +242,8 @@ def new_cases(args: argparse.Namespace) -> dict:
               "rows": rows}
     with writing(out, NEW_CASES_TOOL, status, (*OUTPUTS, "statements.png") if earlier is not None else ()):
         write_statements(out, calibration, new, rows, record, figure=args.figure)
-    return record
+        page = command_report(args, out, reference, args.images)
+    return {**record, "report": page}
 
 
 def _number(value: float, digits: int = 2) -> str:
@@ -278,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     if code:
         return code
     print("\n".join(summary_lines(record)))
-    print(f"written: {args.output_dir / 'statements.csv'}, {args.output_dir / 'statements.json'}")
+    print(f"written: {args.output_dir / 'statements.csv'}, {args.output_dir / 'statements.json'}"
+          + (f", {record['report']}" if record.get("report") else ""))
     return 0
 
 

@@ -139,3 +139,30 @@ def test_a_reliability_bin_shows_its_voxel_count_on_hover(browser, report):
     assert f"{bins.nth(full).get_attribute('data-count')} voxels" in tooltip.text_content()
     assert errors == []
     page.close()
+
+
+@pytest.mark.slow
+def test_a_folder_commands_page_loads_and_its_conformal_overlay_toggles(browser, tmp_path):
+    """report.html of mcseg-conformal-folder's output (mcseg/report/folder_report.py): no console error, nothing
+    requested but the file, the worst-Dice case listed first, and its "sure" overlay hidden by its checkbox."""
+    from mcseg.conformal_folder import main as conformal
+    from tests.test_folder_report import NAMES, make_folders
+
+    found = make_folders(tmp_path)
+    out = tmp_path / "conformal"
+    assert conformal(["--fit", str(found["fit"]), "--reference", str(found["labels"]), "--apply", str(found["new"]),
+                      "-o", str(out), *NAMES, "--alpha", "0.3", "--repeats", "0", "--images", str(found["images"]),
+                      "--html-cases", "2"]) == 0
+    report = out / "report.html"
+    page, errors, requests = load(browser, report)
+    assert errors == [] and requests == [report.as_uri()]
+    options = page.locator("#case-select option").all_text_contents()
+    dice = [float(t.split("Dice ")[1].split()[0]) for t in options]
+    assert len(options) == 2 and dice == sorted(dice)
+    layer, stack = page.locator("#layer-sure"), page.locator("#stack")
+    assert layer.is_visible()
+    shown = stack.screenshot()
+    page.locator("#show-sure").uncheck()
+    assert not layer.is_visible() and stack.screenshot() != shown
+    assert errors == []
+    page.close()

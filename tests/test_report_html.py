@@ -124,3 +124,31 @@ def test_a_case_on_another_grid_is_drawn_without_the_mismatched_layer(report, tm
     case = render_case(files, 32, 4)
     assert case["background"] == "probability"
     assert any("other.nii.gz" in n and "differs" in n for n in case["notes"])
+
+
+def test_cases_flagged_for_review_are_listed_first_where_a_run_has_statements(report, tmp_path):
+    """A run whose evaluation has new-case statements (conformal.statements=true): its flagged cases come first
+    in the case view, whatever their Dice, and the page says the order."""
+    import shutil
+
+    rows = _rows(report.parent / "runs")
+    row = next(r for r in rows if r.selected and r.runs)
+    run = row.runs[0]
+    by_dice = sorted(run.per_case[""], key=lambda c: run.per_case[""][c]["dice"])
+    best = by_dice[-1]  # the best case by Dice, flagged: drawn first
+    folder = run.path / "eval" / "test" / "conformal" / "test-flags" / "statements"
+    folder.mkdir(parents=True)
+    try:
+        rows_json = [{"case": c, "structure": "a", "review": c == best, "risk_score": 0.1 * i}
+                     for i, c in enumerate(by_dice)]
+        (folder / "statements.json").write_text(json.dumps({"rows": rows_json}))
+        for r in rows:
+            for other in r.runs:
+                other.summaries[""]["conformal"] = {"test-flags": {}, **(other.summaries[""].get("conformal") or {})}
+        page = write_html(tmp_path, "# t", "t", [row], "test", [], cases=3).read_text()
+    finally:
+        shutil.rmtree(folder.parent)
+    cases = _cases(page)
+    assert cases[0]["id"] == best and cases[0]["source"].endswith("FLAGGED for review")
+    assert [c["id"] for c in cases[1:]] == [c for c in by_dice if c != best][:2]  # then worst Dice first
+    assert "Cases (flagged for review first, then worst first by Dice)" in page

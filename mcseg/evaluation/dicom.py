@@ -36,7 +36,7 @@ class DicomError(ValueError):
     """A grid DICOM cannot hold, or outputs on another grid than the source series; the message names the file."""
 
 
-def _modules():
+def dicom_modules():
     try:
         import highdicom
         import pydicom
@@ -62,7 +62,7 @@ def geometry(affine: np.ndarray, where: str = "image") -> dict:
 def write_series(image: np.ndarray, affine: np.ndarray, folder: Path, case: str, where: str = "image") -> list:
     """The image (``X x Y x Z``, NIfTI voxel order) as a DICOM MR series in ``folder`` (module docstring);
     returns its datasets, slice k first."""
-    highdicom, pydicom = _modules()
+    highdicom, pydicom = dicom_modules()
     from pydicom.dataset import Dataset, FileMetaDataset
     from pydicom.uid import ExplicitVRLittleEndian, MRImageStorage, generate_uid
 
@@ -115,7 +115,7 @@ def frames(volume: np.ndarray) -> np.ndarray:
 
 
 def _segments(names: list[str]) -> list:
-    highdicom, _ = _modules()
+    highdicom, _ = dicom_modules()
     from pydicom.sr.codedict import codes
 
     algorithm = highdicom.AlgorithmIdentificationSequence(name="mcseg", version="0.1",
@@ -140,7 +140,7 @@ def write_case(folder: Path, case: str, series: list, shape: tuple[int, ...], cl
     ``probabilities`` ``X x Y x Z x K`` (channel 0 the background, left out), ``prediction`` a label map,
     ``uncertainty`` a float map, ``masks`` {"sure"/"possible": one mask per foreground class}; ``names``: which
     file each came from, for the messages. Returns the paths written."""
-    highdicom, pydicom = _modules()
+    highdicom, pydicom = dicom_modules()
     from pydicom.uid import generate_uid
 
     names = names or {}
@@ -193,7 +193,7 @@ def write_case(folder: Path, case: str, series: list, shape: tuple[int, ...], cl
 def read_frames(path: Path, series: list) -> np.ndarray:
     """A Segmentation (``X x Y x Z x segments``, fractional ones rescaled to [0, 1]) or a Parametric Map
     (``X x Y x Z``) of ``path`` back on the NIfTI grid of ``series``, frames matched to slices by position."""
-    highdicom, pydicom = _modules()
+    highdicom, pydicom = dicom_modules()
     dataset = pydicom.dcmread(str(path))
     positions = [np.asarray(s.ImagePositionPatient, float) for s in series]
     if dataset.SOPClassUID == SEGMENTATION_STORAGE:

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from mcseg.files import write_json
+from mcseg.files import check_writable, write_json
 from mcseg.rundir import LOCK_FILE, RUN_MARKERS, STATUS_FILE, held, state_of
 
 __all__ = ["run_command", "CALIBRATE_TOOL", "CONFORMAL_TOOL", "EVALUATE_TOOL", "EXIT_INTERRUPTED", "FolderInterrupted", "Held",
@@ -121,7 +121,11 @@ def claim_output(out: Path, tool: str, overwrite: bool,
                  predictions: Callable[[Path], str | None] | None = None) -> Held | None:
     """Refuse (one :class:`OutputRefused` line) an output folder that holds another tool's files, or a complete
     result of ``tool`` without ``overwrite``; return what it holds (None: nothing). ``predictions``: as
-    :func:`held_by`'s."""
+    :func:`held_by`'s. An output folder that cannot be written is refused first, naming it."""
+    try:
+        check_writable(out, "-o")
+    except OSError as exc:
+        raise OutputRefused(str(exc)) from None
     found = held_by(out, predictions)
     if found is None:
         return None

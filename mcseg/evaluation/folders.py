@@ -8,9 +8,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from mcseg.files import write_csv, write_json
+from mcseg.data.io import Volume, read_volume
 from mcseg.data.reference import FolderError, Reference
 from mcseg.evaluation.cases import detect_failure, failure_detection, write_uncertainty
 from mcseg.config import EvalProtocol
@@ -76,6 +78,28 @@ def read_case(folders: Sequence[PredictionFormat], reference: Reference, case: s
         probs = members.mean() if members is not None else torch.from_numpy(preds[0].probs)
     prediction = preds[0].prediction if len(preds) == 1 else None
     return label_vol, label, probs, prediction, files
+
+
+def image_path(images: Path, case: str) -> Path:
+    """A case's image in ``images``: ``<case>_0000`` (nnU-Net's first channel) or ``<case>``, NIfTI."""
+    path = next((images / f"{case}{tag}{suffix}" for tag in ("_0000", "") for suffix in (".nii.gz", ".nii")
+                 if (images / f"{case}{tag}{suffix}").is_file()), None)
+    if path is None:
+        raise FolderError(f"--images {images}: no {case}_0000.nii.gz or {case}.nii.gz")
+    return path
+
+
+def read_unlabelled(target: PredictionFormat, case: str, images: Path):
+    """A test case without a label: its prediction read and checked against its image's grid (the image of
+    ``images`` in place of the label); ``(grid volume, its file, probabilities, tool's label map, files)``."""
+    path = image_path(images, case)
+    grid = read_volume(path)
+    array = np.asarray(grid.array)
+    if array.ndim == len(grid.spacing) + 1:  # channels last: the first
+        grid = Volume(array[..., 0], grid.spacing, grid.affine)
+    pred = target.read(case, grid, path)
+    probs = torch.from_numpy(pred.probs) if pred.probs is not None else None
+    return grid, path, probs, pred.prediction, [path, *pred.files]
 
 
 def distinct_members(folders: Sequence[PredictionFormat], cases: Sequence[str]) -> None:

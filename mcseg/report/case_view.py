@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import io
 import math
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -104,35 +105,75 @@ class _Grid:
         return sampled[:, :, index].T[::-1]
 
 
+@dataclass
+class CaseVolumes:
+    """One case's volumes as the view draws them (None: not found): ``probabilities`` ``X x Y x Z x K`` (channel
+    last), ``prediction`` a label map (or channel-last region masks), ``label``, ``image``, ``uncertainty`` (the
+    predictive entropy in nats), the conformal ``sure`` / ``possible`` masks (one per class); ``names``: the file
+    each came from, for the notes; ``notes``: what the caller says of the case (e.g. its review flag)."""
+
+    case: str
+    source: str
+    dice: float
+    spacing: tuple[float, ...]
+    probabilities: np.ndarray | None = None
+    prediction: np.ndarray | None = None
+    label: np.ndarray | None = None
+    image: np.ndarray | None = None
+    uncertainty: np.ndarray | None = None
+    sure: list[np.ndarray] = field(default_factory=list)
+    possible: list[np.ndarray] = field(default_factory=list)
+    names: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def read_case_volumes(files: CaseFiles) -> CaseVolumes:
+    """The volumes of the files of a case (:mod:`mcseg.evaluation.case_files`)."""
+    def read(path):
+        return None if path is None else _read(path)[0]
+
+    spacing = _read(files.prediction if files.prediction is not None else files.probabilities)[1]
+    image = read(files.image)
+    return CaseVolumes(files.case, files.source, files.dice, spacing, read(files.probabilities), read(files.prediction),
+                       read(files.label), image[..., 0] if image is not None and image.ndim == 4 else image,
+                       read(files.uncertainty), [read(p) for p in files.sure], [read(p) for p in files.possible],
+                       {k: getattr(files, k).name for k in ("label", "image", "uncertainty")
+                        if getattr(files, k) is not None})
+
+
 def render_case(files: CaseFiles, max_size: int = 160, max_slices: int = 32) -> dict:
+    """The case of ``files`` as the page draws it (:func:`render_volumes`)."""
+    return render_volumes(read_case_volumes(files), max_size, max_slices)
+
+
+def render_volumes(case: CaseVolumes, max_size: int = 160, max_slices: int = 32) -> dict:
     """The case as the page draws it (module docstring): its slices' data URIs per layer, the notes on what is
     drawn instead or left out, and its title."""
-    notes = []
-    probs = _read(files.probabilities)[0] if files.probabilities is not None else None
-    raw, spacing = _read(files.prediction) if files.prediction is not None else (None, _read(files.probabilities)[1])
+    notes = list(case.notes)
+    probs, raw = case.probabilities, case.prediction
     if probs is not None:
         spatial = probs.shape[:-1]
     else:
         spatial = raw.shape if raw.ndim <= 3 else raw.shape[:-1]  # 4D: channel-last region masks
     shape = _three(np.empty(spatial, dtype=bool)).shape
-    grid = _Grid(shape, spacing, max_size, max_slices)
+    grid = _Grid(shape, case.spacing, max_size, max_slices)
     take = grid.take
     if probs is not None:
         probs = take(probs.reshape(*shape, probs.shape[-1])).astype(np.float32)
     pred = _labels(raw, spatial, take) if raw is not None else np.argmax(probs, -1)
     layers: dict[str, np.ndarray] = {"prediction": pred}
-    if files.label is None:
+    if case.label is None:
         notes.append("no label found: layer not drawn")
     else:
         try:
-            layers["label"] = _labels(_read(files.label)[0], spatial, take)
+            layers["label"] = _labels(case.label, spatial, take)
         except ValueError as exc:
-            notes.append(f"label {files.label.name}: {exc}: not drawn")
-    uncertainty = _uncertainty(files, probs, shape, take, notes)
+            notes.append(f"label {case.names.get('label', '')}: {exc}: not drawn")
+    uncertainty = _uncertainty(case, probs, shape, take, notes)
     if uncertainty is not None:
         layers["uncertainty"] = uncertainty
     for kind in ("sure", "possible"):
-        masks = [_three(_read(p)[0]) for p in getattr(files, kind)]
+        masks = [_three(m) for m in getattr(case, kind)]
         if not masks:
             notes.append(f"no conformal {kind} mask: layer not drawn")
         elif any(m.shape != shape for m in masks):
@@ -142,11 +183,11 @@ def render_case(files: CaseFiles, max_size: int = 160, max_slices: int = 32) -> 
             for k, mask in enumerate(masks, start=1):
                 classes[(take(mask) > 0) & (classes == 0)] = k
             layers[kind] = classes
-    background, kind = _background(files, probs, pred, shape, take, notes)
+    background, kind = _background(case, probs, pred, shape, take, notes)
     weight = (pred > 0).sum((0, 1)) + ((layers["label"] > 0).sum((0, 1)) if "label" in layers else 0)
     count = len(grid.slices)
-    return {"id": files.case, "source": files.source,
-            "dice": None if math.isnan(files.dice) else round(files.dice, 4), "background": kind, "notes": notes,
+    return {"id": case.case, "source": case.source,
+            "dice": None if math.isnan(case.dice) else round(case.dice, 4), "background": kind, "notes": notes,
             "slices": [int(z) for z in grid.slices], "start": int(np.argmax(weight)), "size": grid.size,
             "display": grid.display,
             "layers": {"image": [_uri(grid.cut(background, i), "JPEG") for i in range(count)],
@@ -154,12 +195,13 @@ def render_case(files: CaseFiles, max_size: int = 160, max_slices: int = 32) -> 
                           for name in LAYERS if name in layers}}}
 
 
-def _uncertainty(files: CaseFiles, probs, shape, take, notes) -> np.ndarray | None:
+def _uncertainty(case: CaseVolumes, probs, shape, take, notes) -> np.ndarray | None:
     """The predictive entropy over log K (in [0, 1]): the saved map, else from the saved probabilities."""
-    if files.uncertainty is not None:
-        entropy = _three(_read(files.uncertainty)[0])
+    if case.uncertainty is not None:
+        entropy = _three(case.uncertainty)
         if entropy.shape != shape:
-            notes.append(f"uncertainty {files.uncertainty.name}: grid {entropy.shape} differs from {shape}: not drawn")
+            notes.append(f"uncertainty {case.names.get('uncertainty', '')}: grid {entropy.shape} differs from "
+                         f"{shape}: not drawn")
             return None
         entropy = take(entropy).astype(np.float32)
         k = probs.shape[-1] if probs is not None else 2
@@ -172,16 +214,15 @@ def _uncertainty(files: CaseFiles, probs, shape, take, notes) -> np.ndarray | No
     return np.clip(-(p * np.log(p)).sum(-1) / math.log(max(p.shape[-1], 2)), 0, 1)
 
 
-def _background(files: CaseFiles, probs, pred, shape, take, notes) -> tuple[np.ndarray, str]:
+def _background(case: CaseVolumes, probs, pred, shape, take, notes) -> tuple[np.ndarray, str]:
     """The image windowed to uint8, else the foreground probability, else the prediction (said in ``notes``)."""
-    if files.image is not None:
-        image = _read(files.image)[0]
-        image = _three(image[..., 0] if image.ndim == 4 else image)
+    if case.image is not None:
+        image = _three(case.image)
         if image.shape == shape:
             image = take(image).astype(np.float32)
             lo, hi = np.percentile(image, (1, 99))
             return (np.clip((image - lo) / max(hi - lo, 1e-6), 0, 1) * 255).astype(np.uint8), "image"
-        notes.append(f"image {files.image.name}: grid {image.shape} differs from the prediction's {shape}")
+        notes.append(f"image {case.names.get('image', '')}: grid {image.shape} differs from the prediction's {shape}")
     if probs is not None:
         notes.append("no image found (report --images): the foreground probability 1 - p_0 is drawn instead")
         return ((1 - probs[..., 0]) * 255).clip(0, 255).astype(np.uint8), "probability"

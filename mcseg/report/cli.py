@@ -11,7 +11,9 @@ several raters ``reliability_raters.png`` (against the rater mean beside against
 ``margin_heatmap.png`` and, where runs or ensembles were evaluated under shift (``evaluate.py shift=...``),
 ``shift.csv`` and ``shift_severity.png`` (:mod:`mcseg.report.shift`), and ``report.html``, all of it on one
 self-contained page with a per-case view (:mod:`mcseg.report.html`), into ``--out`` (default:
-``<first DIR>/report``).
+``<first DIR>/report``). One output folder of ``mcseg-calibrate-folder``, ``mcseg-conformal-folder`` or
+``mcseg-new-cases`` given alone gets its own page instead (:mod:`mcseg.report.folder_report`), into ``--out`` or
+the folder.
 """
 from __future__ import annotations
 
@@ -20,12 +22,13 @@ import logging
 import sys
 from pathlib import Path
 
-from mcseg.files import atomic_write
+from mcseg.files import atomic_write, check_writable
 from mcseg.report.conformal import collect_conformal, conformal_section, folder_fits
 from mcseg.report.statements import collect_statements, statement_folders, statements_section
 from mcseg.report.collect import RunRecord, collect_ensembles, collect_folder_evaluations, collect_runs, read_run
 from mcseg.report.figures import margin_heatmap, reliability_histograms, reliability_overlay, reliability_raters, \
     risk_coverage_overlay, shift_severity
+from mcseg.report.folder_report import folder_output, write_folder_report
 from mcseg.report.html import write_html
 from mcseg.report.render import ENVIRONMENT_MARK, RATER_FIGURE, SEEN_MARK, SHIFT_FIGURE, latex, markdown, \
     write_report_csv, write_shift_csv
@@ -113,7 +116,8 @@ def failure_lines(runs: list[RunRecord]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mcseg-report", description=__doc__.split("\n")[0])
     parser.add_argument("dirs", nargs="+", type=Path, help="run or sweep directories")
-    parser.add_argument("--out", type=Path, default=None, help="output directory (default: <first DIR>/report)")
+    parser.add_argument("--out", type=Path, default=None, help="output directory (default: <first DIR>/report; for "
+                        "one folder command's output given alone, its own page goes into that folder)")
     parser.add_argument("--split", default="test", help="evaluated split to report (default: test)")
     parser.add_argument("--select", default="score",
                         help="result.json value that selects each loss's hyperparameters (default: score)")
@@ -132,9 +136,29 @@ def main(argv: list[str] | None = None) -> int:
                       "<case>_0000.nii.gz; default: the dataset's folder recorded in the evaluations)")
     html.add_argument("--labels", type=Path, default=None, help="folder of the cases' labels (default: as --images)")
     html.add_argument("--no-html", action="store_true", help="write no report.html")
+    html.add_argument("--class-names", nargs="+", help="for a folder command's output (DIR): the K class names, "
+                      "background first, where no dataset.json beside its reference says them")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if len(args.dirs) == 1 and folder_output(args.dirs[0]) is not None:  # a folder command's output: its own page
+        out = args.out or args.dirs[0]
+        try:
+            check_writable(out)
+            page = write_folder_report(args.dirs[0], out, images=args.images, cases=args.html_cases,
+                                       max_size=args.html_size, max_slices=args.html_slices,
+                                       class_names=args.class_names)
+        except (OSError, ValueError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        print(f"written: {page} and {page.with_name('report.md')}")
+        return 0
 
+    out = args.out or args.dirs[0] / "report"
+    try:
+        check_writable(out)
+    except OSError as exc:  # said before any run is evaluated or anything written
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     try:
         # mcseg's runs, and evaluations of other tools' prediction folders (mcseg-evaluate-folder) beside them
         runs = collect_runs(args.dirs, args.split) + collect_folder_evaluations(args.dirs)
@@ -155,7 +179,6 @@ def main(argv: list[str] | None = None) -> int:
         log.warning("warning: %s (rows marked%s)", warning, ENVIRONMENT_MARK)
     for warning in seen:
         log.warning("warning: %s (rows marked%s)", warning, SEEN_MARK)
-    out = args.out or args.dirs[0] / "report"
     out.mkdir(parents=True, exist_ok=True)
     title = args.title or f"mcseg report: {len(rows)} configurations"
     notes = [f"**Warning{ENVIRONMENT_MARK}**: {w}; rows with a run unlike the most common are marked{ENVIRONMENT_MARK}."

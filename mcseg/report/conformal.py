@@ -21,7 +21,7 @@ from pathlib import Path
 from mcseg.conformal.record import CONFORMAL_FILE
 from mcseg.report.collect import EnsembleRecord, RunRecord
 
-__all__ = ["ConformalFit", "collect_conformal", "conformal_section", "folder_fits", "tool_records"]
+__all__ = ["ConformalFit", "collect_conformal", "conformal_section", "folder_fit", "folder_fits", "tool_records"]
 
 log = logging.getLogger(__name__)
 
@@ -76,14 +76,17 @@ def folder_fits(roots: list[Path]) -> list[ConformalFit]:
     folder's last two path parts; the source names the saved files' tool (and whether they were calibrated)."""
     from mcseg.evaluation.folder_outputs import CONFORMAL_TOOL
 
-    found = []
-    for folder, record in tool_records(roots, CONFORMAL_FILE, CONFORMAL_TOOL):
-        predictions = (record.get("provenance") or {}).get("predictions") or []
-        tools = "+".join(dict.fromkeys(str(p.get("tool")) for p in predictions)) or "?"
-        calibrated = any(p.get("calibration") for p in predictions)
-        found.append(ConformalFit("/".join(folder.parts[-2:]),
-                                  f"saved {tools}{' calibrated' if calibrated else ''}", folder, record))
-    return found
+    return [folder_fit(folder, record) for folder, record in tool_records(roots, CONFORMAL_FILE, CONFORMAL_TOOL)]
+
+
+def folder_fit(folder: Path, record: dict) -> ConformalFit:
+    """An ``mcseg-conformal-folder`` output as the report shows it: labelled by the folder's last two path parts,
+    its source the saved files' tool (and whether they were calibrated)."""
+    predictions = (record.get("provenance") or {}).get("predictions") or []
+    tools = "+".join(dict.fromkeys(str(p.get("tool")) for p in predictions)) or "?"
+    calibrated = any(p.get("calibration") for p in predictions)
+    return ConformalFit("/".join(Path(folder).parts[-2:]), f"saved {tools}{' calibrated' if calibrated else ''}",
+                        Path(folder), record)
 
 
 def collect_conformal(runs: list[RunRecord], ensembles: list[EnsembleRecord], roots: list[Path],

@@ -33,22 +33,30 @@ LAYER_LABELS = {"label": ("label (outline)", "#ffff00"), "prediction": ("predict
 
 def worst_cases(rows: list[ConfigRow], split: str, n: int, images: Path | None = None,
                 labels: Path | None = None) -> list[CaseFiles]:
-    """At most ``n`` cases of the selected rows (each row's first run), the lowest mean foreground Dice first
-    (cases without a Dice last), with a prediction or probabilities on disk."""
+    """At most ``n`` cases of the selected rows (each row's first run) with a prediction or probabilities on disk:
+    where a run has new-case statements (:func:`mcseg.report.statements.run_flags`), its cases flagged for review
+    first (the riskiest first); then the lowest mean foreground Dice first (cases without a Dice last), the flag
+    said in the case's name."""
+    from mcseg.report.statements import run_flags
+
     ranked = []
     for row in rows:
         if not row.selected or not row.runs:
             continue
         run = row.runs[0]
+        flags = run_flags(run, split)
         for case, values in (run.per_case.get("") or {}).items():
             dice = values.get("dice", math.nan)
-            ranked.append((math.isnan(dice), dice if not math.isnan(dice) else 0.0, row, run, case))
-    ranked.sort(key=lambda t: (t[0], t[1]))
+            flag, risk = flags.get(case, (False, 0.0))
+            ranked.append((not flag, -risk if flag else 0.0, math.isnan(dice), dice if not math.isnan(dice) else 0.0, row, run,
+                           case, flag if case in flags else None))
+    ranked.sort(key=lambda t: t[:4])
     out = []
-    for _, _, row, run, case in ranked:
+    for _, _, _, _, row, run, case, flag in ranked:
         if len(out) >= n:
             break
         source = row.loss_name if row.hyperparameters == "defaults" else f"{row.loss_name} {row.hyperparameters}"
+        source += "" if flag is None else (" — FLAGGED for review" if flag else " — not flagged")
         files = case_files(evaluation_folder(run, split), run.summaries.get("", {}), case, source,
                            run.per_case[""][case].get("dice", math.nan), images, labels)
         if files.prediction is not None or files.probabilities is not None:
@@ -172,8 +180,8 @@ def reliability_section(rows: list[ConfigRow], split: str) -> str:
             + "".join(figures))
 
 
-def case_section(cases: list[dict], options: str) -> str:
-    """The per-case view: a case list (worst first), the slice slider, one checkbox per overlay."""
+def case_section(cases: list[dict], options: str, order: str = "worst first by Dice") -> str:
+    """The per-case view: a case list (in ``order``: worst first), the slice slider, one checkbox per overlay."""
     if not cases:
         return ("<h2>Cases</h2><p class=\"note\">No case drawn: no selected configuration has predictions or "
                 "probabilities on disk (inference.save_predictions / save_probabilities).</p>")
@@ -186,7 +194,7 @@ def case_section(cases: list[dict], options: str) -> str:
                     for name, (text, colour) in LAYER_LABELS.items())
     images = "".join(f'<img id="layer-{name}" alt="{name}">' for name in ("image", *LAYERS))
     data = json.dumps(cases, separators=(",", ":")).replace("</", "<\\/")
-    return (f"<h2>Cases (worst first by Dice)</h2><p>{html.escape(options)}</p>"
+    return (f"<h2>Cases ({html.escape(order)})</h2><p>{html.escape(options)}</p>"
             f'<div id="viewer"><div id="stack">{images}</div><div id="controls">'
             f'<p><select id="case-select">{choices}</select></p>'
             f'<p><input type="range" id="slice" min="0" max="0" value="0"> <span id="slice-text"></span></p>'
@@ -224,7 +232,9 @@ def write_html(out: Path, text: str, title: str, rows: list[ConfigRow], split: s
         body += "<h2>Figures</h2>" + "".join(
             f'<figure><img alt="{html.escape(n)}" src="{_data_uri(out / n)}"><figcaption>{html.escape(n)}'
             f"</figcaption></figure>" for n in shown)
-    body += reliability_section(rows, split) + case_section(drawn, options)
+    flagged = any(f.source.endswith(("FLAGGED for review", "not flagged")) for f in found)
+    body += reliability_section(rows, split) + case_section(
+        drawn, options, "flagged for review first, then worst first by Dice" if flagged else "worst first by Dice")
     path = out / HTML_FILE
     document = page(title, body)
     atomic_write(path, lambda tmp: tmp.write_text(document, encoding="utf-8"))

@@ -17,7 +17,7 @@ from pathlib import Path
 from mcseg.report.collect import RunRecord
 from mcseg.report.conformal import tool_records
 
-__all__ = ["StatementSet", "collect_statements", "statement_folders", "statements_section"]
+__all__ = ["StatementSet", "case_order", "collect_statements", "run_flags", "statement_folders", "statements_section"]
 
 log = logging.getLogger(__name__)
 FILE = "statements.json"
@@ -36,8 +36,12 @@ def statement_folders(roots: list[Path]) -> list[StatementSet]:
     """The completed ``mcseg-new-cases`` outputs under ``roots`` (or ``roots`` themselves)."""
     from mcseg.evaluation.folder_outputs import NEW_CASES_TOOL
 
-    return [StatementSet("/".join(folder.parts[-2:]), "saved files", folder, record)
-            for folder, record in tool_records(roots, FILE, NEW_CASES_TOOL)]
+    return [statement_folder(folder, record) for folder, record in tool_records(roots, FILE, NEW_CASES_TOOL)]
+
+
+def statement_folder(folder: Path, record: dict) -> StatementSet:
+    """An ``mcseg-new-cases`` output as the report shows it, labelled by the folder's last two path parts."""
+    return StatementSet("/".join(Path(folder).parts[-2:]), "saved files", Path(folder), record)
 
 
 def collect_statements(runs: list[RunRecord], roots: list[Path], split: str) -> list[StatementSet]:
@@ -56,6 +60,29 @@ def _n(value, digits: int = 2) -> str:
     return "inf" if math.isinf(float(value)) else f"{float(value):.{digits}f}"
 
 
+def case_order(record: dict) -> list[tuple[str, bool, float]]:
+    """``(case, review flag, risk score)`` of a set of statements, the flagged cases first, then the riskiest."""
+    first: dict[str, dict] = {}
+    for row in record["rows"]:
+        first.setdefault(row["case"], row)
+    return sorted(((c, bool(r["review"]), float(r["risk_score"])) for c, r in first.items()),
+                  key=lambda t: (not t[1], -t[2], t[0]))
+
+
+def run_flags(run: RunRecord, split: str) -> dict[str, tuple[bool, float]]:
+    """``{case: (review flag, risk score)}`` of a run's first set of statements on ``split`` (its evaluation's
+    ``conformal/<source>/statements/statements.json``, the sources in order); empty without one."""
+    for source in (run.summaries.get("", {}).get("conformal") or {}):
+        path = Path(run.path) / "eval" / split / "conformal" / source / "statements" / FILE
+        if path.is_file():
+            try:
+                record = json.loads(path.read_text())
+                return {case: (flag, risk) for case, flag, risk in case_order(record)}
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                log.warning("%s: unreadable statements (%s); cases ordered by Dice", path, exc)
+    return {}
+
+
 def qc_lines(found: StatementSet) -> list[str]:
     record = found.record
     review = record["review"]
@@ -72,9 +99,7 @@ def qc_lines(found: StatementSet) -> list[str]:
     by_case: dict[str, dict[str, dict]] = {}
     for row in record["rows"]:
         by_case.setdefault(row["case"], {})[row["structure"]] = row
-    order = sorted(by_case, key=lambda c: (not next(iter(by_case[c].values()))["review"],
-                                           -next(iter(by_case[c].values()))["risk_score"], c))
-    for case in order:
+    for case, _, _ in case_order(record):
         first = next(iter(by_case[case].values()))
         cells = [f"{_n(r['volume_mask_ml'])} [{_n(r['volume_lower_ml'])}, {_n(r['volume_upper_ml'])}] | "
                  f"{_n(r['dice_lower'], 3)} | {_n(r['hd95_upper_mm'], 1)}"
