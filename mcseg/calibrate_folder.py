@@ -29,7 +29,7 @@ from mcseg.evaluation.folder_posthoc import NO_IMAGE, calibrate_folder, fit_fold
 from mcseg.data.reference import FolderError, fold_cases, read_reference
 from mcseg.evaluation.formats import PredictionFormat, declared_classes, open_folder, prediction_files
 from mcseg.metrics.regions import REGIONS
-from mcseg.folder_dicom import calibrated_to_dicom
+from mcseg.evaluation.folder_dicom import calibrated_to_dicom
 from mcseg.report.folder_report import add_html_options, command_report
 from mcseg.rundir import RunDirBusy
 
@@ -72,7 +72,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--n-bins", type=int, default=defaults.n_bins, help="ECE bins of --objective ece")
     p.add_argument("--dicom", action="store_true", help="also OUT_DIR/dicom/<case>/: the calibrated probabilities "
                    "as a DICOM FRACTIONAL / PROBABILITY Segmentation and the arg-max as a BINARY one, referencing the "
-                   "case's image series (mcseg/folder_dicom.py; docs/report_html.md)")
+                   "case's image series (mcseg/evaluation/folder_dicom.py; docs/report_html.md)")
     p.add_argument("--images", type=Path, help="with --dicom: the cases' images (a DICOM series <case>/, or "
                    "<case>_0000.nii.gz / <case>.nii.gz; default: the reference's imagesTr / imagesTs); needed for "
                    "cases without a label")

@@ -46,7 +46,7 @@ from mcseg.evaluation.folders import image_path, read_case, read_unlabelled
 from mcseg.evaluation.formats import PredictionFormat, declared_classes, open_folder, prediction_files
 from mcseg.evaluation.provenance import file_sha256
 from mcseg.files import write_csv, write_json
-from mcseg.folder_dicom import conformal_to_dicom
+from mcseg.evaluation.folder_dicom import conformal_to_dicom
 from mcseg.report.folder_report import add_html_options, command_report
 
 __all__ = ["conformal", "main"]
@@ -99,7 +99,7 @@ def _parser() -> argparse.ArgumentParser:
                    "(default: the class's probability)")
     p.add_argument("--dicom", action="store_true", help="also OUT_DIR/dicom/<case>/: the --apply cases' sure and "
                    "possible masks as DICOM BINARY Segmentations referencing the case's image series (--images, else "
-                   "the reference's imagesTr / imagesTs; mcseg/folder_dicom.py; docs/report_html.md)")
+                   "the reference's imagesTr / imagesTs; mcseg/evaluation/folder_dicom.py; docs/report_html.md)")
     add_html_options(p)
     add_input_options(p)
     return p

@@ -1,4 +1,4 @@
-"""``--dicom`` of mcseg-calibrate-folder and mcseg-conformal-folder (mcseg/folder_dicom.py) on tiny MONAI SaveImage
+"""``--dicom`` of mcseg-calibrate-folder and mcseg-conformal-folder (mcseg/evaluation/folder_dicom.py) on tiny MONAI SaveImage
 folders: the calibrated probabilities as a FRACTIONAL Segmentation within 1/255 of the calibrated files, the
 conformal sure / possible masks as BINARY Segmentations equal to the written NIfTI masks, each on its image's
 geometry; --dicom without --apply refused before anything is written."""
