@@ -34,6 +34,10 @@ ENTRY_POINTS = {
     "sweep callbacks (mcseg.sweep)": "mcseg.sweep",
     "evaluate() itself (mcseg.evaluate)": "mcseg.evaluate",
     "train() itself (mcseg.train)": "mcseg.train",
+    # not an entry point: what any command that predicts a volume or builds a MONAI network pays on top of torch,
+    # since importing any MONAI module runs monai/__init__.py, which imports every submodule (MONAI 1.6 has no
+    # setting to skip that)
+    "import monai.inferers (any MONAI module)": "monai.inferers",
 }
 REFUSAL = "train.py optim.lr=abc (refused)"
 
