@@ -61,10 +61,12 @@ def main() -> int:
                         "round, the command and the code commit here (the raw output beside docs/benchmarks.md)")
     args = parser.parse_args()
     root = args.root.resolve()
-    commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
     env.pop("MCSEG_TRACEBACK", None)
-    record = {"command": " ".join(sys.argv), "root": str(root), "commit": commit, "cpus": os.cpu_count(), "python": sys.version.split()[0],
+    record = {"command": " ".join(sys.argv), "root": str(root), "commit": commit, "cpus": os.cpu_count(),
+              "python": sys.version.split()[0],
               "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "loads": [], "seconds": {}}
     entry_points = {name: module for name, module in ENTRY_POINTS.items()
                     if args.only is None or name in args.only or module in args.only}

@@ -141,7 +141,8 @@ def _target_nodes() -> list:
     for path in sorted(Path(CONFIG_DIR).rglob("*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):
             walk(doc)
-    return [pytest.param(t, found[t], marks=[pytest.mark.slow] if t.startswith("monai.") else [], id=t)  # MONAI: seconds
+    # MONAI's targets: its import takes seconds (docs/benchmarks.md, "Start-up")
+    return [pytest.param(t, found[t], marks=[pytest.mark.slow] if t.startswith("monai.") else [], id=t)
             for t in sorted(found) if t.startswith(("mcseg.", "torch.", "monai."))]
 
 
