@@ -8,7 +8,8 @@ evaluator, a split, a checkpoint, an ensemble, a suite under shift, provenance) 
 ``calibration/``, ``data/``, ``metrics/``, ``models/``, ``losses/``, ``rundir.py`` (run
 directories: ownership, finding them) and ``trials.py`` (a job's Optuna trial: reports, pruning) -> config, runtime and shared services (``config.py``,
 ``errors.py``, ``targets.py``, ``runtime.py``, ``environment.py``, ``text.py``, ``files.py``: writing files,
-``identity.py``: what a run is). Two entry points that need the same construction share a builder below them
+``identity.py``: what a run is, ``signatures.py``: a target's parameters read from its source). Two entry points
+that need the same construction share a builder below them
 (``inference/build.py``, ``evaluation/checkpoint.py``; ``training/build.py`` builds what ``train()`` fits, which
 ``scripts/benchmark.py`` times) instead of importing each other. ``tests/test_layers.py`` checks both rules.
 """

@@ -16,12 +16,27 @@ from mcseg.identity import job_name
 OmegaConf.register_new_resolver("mcseg_job", job_name, replace=True)
 
 
+def train_checked(cfg: DictConfig) -> dict:
+    """``train(cfg)`` after the checks that need neither torch nor MONAI nor the data (types, choices, ranges,
+    unknown keys, a split file that cannot be read), so that a typo is refused within a second of Hydra composing,
+    not after the imports of the training (docs/benchmarks.md, "Start-up")."""
+    from mcseg.config import validate_train_config
+    from mcseg.data.split import read_split_file
+
+    validate_train_config(cfg, imports=False)
+    split_file = (cfg.dataset.get("split") or {}).get("file")
+    if split_file and not (Path(cfg.paths.output_dir) / "split.json").is_file():  # a resume reads its own
+        read_split_file(split_file)
+    from mcseg.train import train
+
+    return train(cfg)
+
+
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")
 def train_main(cfg: DictConfig):
     from mcseg.sweep import run_job
-    from mcseg.train import train
 
-    result = run_job(train, cfg, checks_itself=True)  # train begins its directory after its checks
+    result = run_job(train_checked, cfg, checks_itself=True)  # train begins its directory after its checks
     # Sweepers (Optuna) optimise the value named by `optimized_metric` (hparams_search presets);
     # a failed job returns None, which the Optuna sweeper records as a failed trial.
     metric = cfg.get("optimized_metric")

@@ -25,6 +25,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from mcseg.errors import ConfigError
+from mcseg.signatures import static_parameters
 
 CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")  # the Hydra configs every entry point composes
 
@@ -271,13 +272,21 @@ def _config_value(node: DictConfig, k: str):
     return OmegaConf.to_container(value, resolve=True) if isinstance(value, (DictConfig, ListConfig)) else value
 
 
-def check_target_keys(node: DictConfig, key: str, ignore: tuple[str, ...] = ()) -> None:
+def check_target_keys(node: DictConfig, key: str, ignore: tuple[str, ...] = (), imports: bool = True) -> None:
     """Every key of a ``_target_`` node must be a parameter of its target (walking ``**kwargs``), and its value
-    of the parameter's annotated type where it has one (:func:`fits`)."""
+    of the parameter's annotated type where it has one (:func:`fits`). ``imports=False``: the target's parameters
+    read from its source (:func:`mcseg.signatures.static_parameters`, no torch imported), the node left unchecked
+    where the source does not say for certain."""
     target = node.get("_target_")
     if target is None:
         raise ConfigError(f"config key '{key}._target_' is missing")
-    params, open_ended = _accepted_parameters(str(target), key)
+    if imports:
+        params, open_ended = _accepted_parameters(str(target), key)
+    else:
+        found = static_parameters(str(target))
+        if found is None:
+            return
+        params, open_ended = found
     for k in node.keys():
         if str(k).startswith("_") or k in ignore:
             continue
@@ -295,7 +304,7 @@ def check_target_keys(node: DictConfig, key: str, ignore: tuple[str, ...] = ()) 
                               f"(parameter {k} of {target})")
 
 
-def check_logger(node: DictConfig | None) -> LoggerConfig:
+def check_logger(node: DictConfig | None, imports: bool = True) -> LoggerConfig:
     """The ``logger`` node: ``images``, and each tracker a ``_target_`` node (mcseg.trackers) whose keys are checked
     against its class's constructor (:func:`check_target_keys`: ``logger.wandb.mode=sometimes`` is named at
     start); null turns a tracker off."""
@@ -306,7 +315,7 @@ def check_logger(node: DictConfig | None) -> LoggerConfig:
         if not isinstance(node[k], DictConfig) or "_target_" not in node[k]:
             raise ConfigError(f"config key 'logger.{k}': expected a tracker node with a _target_ (configs/logger/) "
                               f"or null; besides its trackers the logger group has only 'images'")
-        check_target_keys(node[k], f"logger.{k}")
+        check_target_keys(node[k], f"logger.{k}", imports=imports)
     return typed({"images": node.get("images", LoggerConfig.images)}, LoggerConfig, "logger")
 
 
@@ -320,8 +329,10 @@ TOP_LEVEL = {
 }
 
 
-def validate_train_config(cfg: DictConfig) -> None:
-    """Check the whole training config; raise :class:`ConfigError` naming the first bad key."""
+def validate_train_config(cfg: DictConfig, imports: bool = True) -> None:
+    """Check the whole training config; raise :class:`ConfigError` naming the first bad key. ``imports=False``:
+    the ``_target_`` nodes checked from their targets' source (:func:`check_target_keys`), so that ``train.py``
+    refuses a typo right after Hydra composes, before torch is imported; the training checks again with them."""
     unknown = sorted(set(cfg.keys()) - TOP_LEVEL)
     if unknown:
         raise ConfigError(f"config key '{unknown[0]}' is unknown (top-level keys: {', '.join(sorted(TOP_LEVEL))})")
@@ -332,12 +343,12 @@ def validate_train_config(cfg: DictConfig) -> None:
     typed(cfg.dataset.get("split"), SplitConfig, "dataset.split")
     typed(cfg.dataset.get("sampling"), SamplingConfig, "dataset.sampling")
     typed(cfg.trainer, TrainerConfig, "trainer")
-    check_logger(cfg.logger)
+    check_logger(cfg.logger, imports)
     typed(cfg.inference, InferenceConfig, "inference")
     typed(cfg.evaluation, EvalProtocol, "evaluation")
     for key in ("model", "loss", "optim", "scheduler"):
-        check_target_keys(cfg[key], key)
-    check_target_keys(cfg.dataset, "dataset", ignore=("split", "sampling"))
+        check_target_keys(cfg[key], key, imports=imports)
+    check_target_keys(cfg.dataset, "dataset", ignore=("split", "sampling"), imports=imports)
 
 
 # What of a config decides a checkpoint's model: compared when a run resumes (mcseg.training.relaunch) and when

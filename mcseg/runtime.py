@@ -14,6 +14,10 @@ import numpy as np
 import torch
 
 log = logging.getLogger(__name__)
+# cuBLAS's deterministic workspace, which torch.use_deterministic_algorithms needs on CUDA (else it only warns):
+# MONAI's import sets this default (monai/utils/misc.py); mcseg imports MONAI only where it is used (#58), so it
+# sets the same default itself, before any cuBLAS call, for the runs and commands that no longer import MONAI early
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 
 def cuda_expected() -> str | None:

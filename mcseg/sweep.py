@@ -97,13 +97,16 @@ def run_job(fn: Callable[[DictConfig], Any], cfg: DictConfig, checks_itself: boo
     """
     from mcseg import rundir
     from mcseg.trackers.base import failures, reset_failures
-    from mcseg.training.distributed import env_context
-    from mcseg.training.relaunch import RunFinished
     from mcseg.errors import TrainingInterrupted
     from mcseg.trials import TrialPruned
 
     multirun, overrides, num = hydra_job()
-    if not env_context().is_main:  # torchrun or a submitit task > 0: rank 0 owns the run directory's files
+    # torchrun or a submitit task > 0: rank 0 owns the run directory's files. A single process is rank 0 without
+    # importing torch (mcseg.training.distributed): train.py refuses a typo before that import (mcseg.cli)
+    alone = int(os.environ.get("WORLD_SIZE", 1)) <= 1 and not os.environ.get("SUBMITIT_EXECUTOR")
+    if not alone and not _is_main():
+        from mcseg.training.relaunch import RunFinished
+
         try:
             return fn(cfg)
         except TrainingInterrupted as exc:  # rank 0 reports it; the exit status says why this rank ended
@@ -172,7 +175,7 @@ def run_job(fn: Callable[[DictConfig], Any], cfg: DictConfig, checks_itself: boo
         _note_stop(f"job {num} was interrupted by Ctrl-C")
         sys.exit(EXIT_INTERRUPTED + signal.SIGINT)
     except Exception as raised:
-        if multirun and isinstance(raised, RunFinished):  # nothing was written: the directory stays as it was
+        if multirun and _run_finished(raised):  # nothing was written: the directory stays as it was
             log.info("job %s (%s) already completed: skipped (its results: %s)", num, out_dir.name, raised.result)
             return json.loads(raised.result.read_text())
         # a full disk anywhere (torch's writers raise a RuntimeError from it): one line, the file and the space left
@@ -195,6 +198,19 @@ def run_job(fn: Callable[[DictConfig], Any], cfg: DictConfig, checks_itself: boo
             signal.signal(signal.SIGTERM, previous)
         if ignored_sigint:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _is_main() -> bool:
+    from mcseg.training.distributed import env_context
+
+    return env_context().is_main
+
+
+def _run_finished(exc: Exception) -> bool:
+    """``exc`` is :class:`~mcseg.training.relaunch.RunFinished` (imported only then: training raised it)."""
+    from mcseg.training.relaunch import RunFinished
+
+    return isinstance(exc, RunFinished)
 
 
 # Why this process's sweep is ending before its last job (read by SweepSummary at exit).

@@ -28,7 +28,7 @@ LAYERS = {
     "mcseg.calibration": 1, "mcseg.data": 1, "mcseg.metrics": 1, "mcseg.models": 1, "mcseg.losses": 1,
     "mcseg.rundir": 1, "mcseg.trials": 1, "mcseg.conformal": 1, "mcseg.statements": 1, "mcseg.slots": 1, "mcseg.submitted": 1,
     "mcseg.config": 0, "mcseg.runtime": 0, "mcseg.errors": 0, "mcseg.targets": 0, "mcseg.environment": 0,
-    "mcseg.text": 0, "mcseg.files": 0, "mcseg.identity": 0, "mcseg.registry": 0,
+    "mcseg.text": 0, "mcseg.files": 0, "mcseg.identity": 0, "mcseg.registry": 0, "mcseg.signatures": 0,
 }
 # Within the middle layer: data and metrics never import post-hoc calibration, which builds on both; the trackers
 # (used by training, evaluate.py and sweeps) never import training.

@@ -10,11 +10,12 @@ pyplot state, ready for ``SummaryWriter.add_figure`` as the reliability diagrams
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-from matplotlib.lines import Line2D
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = ["case_overlay", "coverage_figure", "largest_slice", "overlay_figure"]
 
@@ -40,6 +41,9 @@ def overlay_figure(background: np.ndarray | Sequence[np.ndarray], masks: dict[st
     ``truth``: ``{class: *S boolean}`` drawn dashed where given."""
     names = list(masks)
     width = 3.2 * len(names)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
     fig = Figure(figsize=(width, 3.8))
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, len(names), squeeze=False)[0]
@@ -75,6 +79,8 @@ def overlay_figure(background: np.ndarray | Sequence[np.ndarray], masks: dict[st
 def coverage_figure(rows: Sequence[dict], title: str = "") -> Figure:
     """From validity rows (:func:`mcseg.conformal.validity.validity_rows`, several alphas): per class the mean
     test risk against alpha, and the mean coverage of the grown and shrunk masks against 1 - alpha."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
     fig = Figure(figsize=(8.0, 3.8))
     FigureCanvasAgg(fig)
     risk_ax, cover_ax = fig.subplots(1, 2)

@@ -33,13 +33,18 @@ def make_split(case_ids: list[str], val_fraction: float, test_fraction: float, s
     }
 
 
+def read_split_file(path: Path) -> dict:
+    """The JSON of a split file; a missing or unreadable one refused naming ``dataset.split.file``."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"dataset.split.file={path}: cannot read split ({exc})") from exc
+
+
 def load_split(path: str | Path, case_ids: list[str]) -> dict[str, list[str]]:
     """Read a ``split.json`` and check that every case it names exists in the dataset."""
     path = Path(path)
-    try:
-        split = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"dataset.split.file={path}: cannot read split ({exc})") from exc
+    split = read_split_file(path)
     known = set(case_ids)
     for name in SPLITS:
         if name not in split:

@@ -14,12 +14,15 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from mcseg.metrics.uncertainty import entropy
-from matplotlib.figure import Figure
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 from mcseg.config import EvalProtocol
 from mcseg.evaluation.raters import (

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.colors import PowerNorm
-from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator, NullFormatter
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 from mcseg.metrics.binning import BinSums, bin_index
 
@@ -70,6 +70,8 @@ def reliability_figure(sums: BinSums, names: Sequence[str] | None = None, title:
     ncols = min(n_panels, max_columns)
     nrows = math.ceil(n_panels / ncols)
     width, height = 3.4 * ncols, 4.4 * nrows
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
     fig = Figure(figsize=(width, height))
     FigureCanvasAgg(fig)
     # Margins fixed in inches: matplotlib's constrained layout measured every tick label of every
@@ -157,6 +159,10 @@ def histogram_figure(hist: np.ndarray, names: Sequence[str], title: str = "", vo
     ncols = max(1, min(n_panels, max_columns))
     nrows = max(1, math.ceil(n_panels / ncols))
     width, height = 3.6 * ncols, (4.4 if voxels is not None else 3.4) * nrows
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.colors import PowerNorm
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator, NullFormatter
     fig = Figure(figsize=(width, height))
     FigureCanvasAgg(fig)
     grid = fig.add_gridspec(nrows, ncols, left=0.75 / width, right=1 - 0.45 / width, bottom=0.6 / height,

@@ -34,7 +34,6 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
-from scipy.signal import fftconvolve
 
 __all__ = ["N_CELLS", "SmoothSums", "smooth_sums", "smooth_ece_sigma", "smooth_ece"]
 
@@ -116,6 +115,8 @@ def _node_arrays(cells: dict[str, np.ndarray], n_nodes: int) -> tuple[np.ndarray
 def _reflected_smoothing(values: np.ndarray, sigma: float) -> np.ndarray:
     """relplot's ``ReflectedGaussianKernel.convolve``: reflect once about each end, convolve with the Gaussian
     density sampled at linspace(0, 1, E) around 1/2, keep the E central values."""
+    from scipy.signal import fftconvolve  # scipy.signal takes seconds to import: only when a smooth ECE is computed
+
     n = values.size
     t = np.linspace(0.0, 1.0, n)
     kernel = np.exp(-(t - 0.5) ** 2 / (2 * sigma**2)) / (math.sqrt(2 * math.pi) * sigma)

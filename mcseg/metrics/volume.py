@@ -21,7 +21,6 @@ import math
 
 import numpy as np
 import torch
-from scipy.stats import norm
 
 __all__ = ["rater_volumes", "crps_normal", "crps_curvas_code", "volume_crps"]
 
@@ -36,6 +35,7 @@ def rater_volumes(raters: torch.Tensor, num_classes: int, voxel_volume: float = 
 
 def crps_normal(mu: float, sigma: float, value: float) -> float:
     """CRPS of Normal(mu, sigma) for the outcome ``value`` (closed form; sigma 0: |value - mu|)."""
+    from scipy.stats import norm  # scipy.stats: seconds to import, only for raters
     if sigma <= 0:
         return abs(value - mu)
     z = (value - mu) / sigma
@@ -44,6 +44,7 @@ def crps_normal(mu: float, sigma: float, value: float) -> float:
 
 def crps_curvas_code(mu: float, sigma: float, value: float) -> float:
     """CRPS as CURVAS's code integrates it (module docstring): interpolated CDF, truncated to mu +- 3 sigma."""
+    from scipy.stats import norm  # scipy.stats: seconds to import, only for raters
     lo, hi = mu - 3 * sigma, mu + 3 * sigma
     if not hi > lo:
         return 0.0

@@ -6,9 +6,12 @@ from __future__ import annotations
 import csv
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-from matplotlib.figure import Figure
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 from mcseg.report.table import ConfigRow
 
@@ -44,6 +47,7 @@ def pooled_reliability(run_dirs: list[Path], split: str, panel: str = "top-label
 
 def reliability_overlay(rows: list[ConfigRow], split: str) -> Figure:
     """Top-label reliability curves (accuracy against confidence) of the selected configurations."""
+    from matplotlib.figure import Figure
     fig = Figure(figsize=(5.5, 5))
     ax = fig.subplots()
     ax.plot([0, 1], [0, 1], color="0.6", linestyle="--", linewidth=1, label="perfect calibration")
@@ -91,6 +95,7 @@ def reliability_raters(rows: list[ConfigRow], split: str) -> Figure | None:
             shown.append((row, paths, rater))
     if not shown:
         return None
+    from matplotlib.figure import Figure
     fig = Figure(figsize=(9, 4.2 * len(shown)))
     axes = np.asarray(fig.subplots(len(shown), 2, squeeze=False))
     for (row, paths, rater), pair in zip(shown, axes):
@@ -124,6 +129,7 @@ def margin_heatmap(rows: list[ConfigRow], loss_name: str = "margin") -> Figure |
         return None
     margins = sorted({m for m, _ in cells})
     alphas = sorted({a for _, a in cells})
+    from matplotlib.figure import Figure
     fig = Figure(figsize=(4 + 1.2 * len(margins), 2.2 + 0.6 * len(alphas)), layout="constrained")
     axes = fig.subplots(1, 2)
     for ax, metric, title, cmap in ((axes[0], "dice", "test Dice", "viridis"), (axes[1], "ece", "test ECE", "magma_r")):
@@ -152,6 +158,7 @@ def risk_coverage_overlay(rows: list[ConfigRow], split: str, key: str = "image_u
     :func:`mcseg.metrics.risk_coverage.risk_coverage`); None when no evaluation wrote one."""
     from mcseg.metrics.risk_coverage import aurc, risk_coverage
 
+    from matplotlib.figure import Figure
     fig = Figure(figsize=(5.5, 4.5))
     ax = fig.subplots()
     drawn, risks = False, set()
@@ -259,6 +266,7 @@ def shift_severity(rows: list[ConfigRow], suite: str, metrics=(("dice", "Dice"),
         return None
     levels = sorted({s for r in shown for s in r.shift[suite]["single"].levels})
     width = 0.8 / len(shown)
+    from matplotlib.figure import Figure
     fig = Figure(figsize=(4.5 * len(panels), 3.2 * len(metrics)), layout="constrained")
     axes = np.asarray(fig.subplots(len(metrics), len(panels), squeeze=False, sharey="row"))  # raw and T comparable
     for i, (metric, label) in enumerate(metrics):

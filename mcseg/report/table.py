@@ -25,7 +25,6 @@ import re
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.stats import wilcoxon
 
 from mcseg.environment import environment_differences
 from mcseg.evaluation.figure_table import shown_in
@@ -143,6 +142,7 @@ def rater_cells(runs: list[RunRecord], n_boot: int, seed: int) -> dict[str, Metr
 
 def paired_wilcoxon(a: dict[str, float], b: dict[str, float]) -> float | None:
     """Two-sided Wilcoxon signed-rank p-value over the cases defined in both; None under 2 pairs."""
+    from scipy.stats import wilcoxon  # scipy.stats: seconds to import
     cases = sorted(c for c in a.keys() & b.keys() if not (math.isnan(a[c]) or math.isnan(b[c])))
     x = np.asarray([a[c] for c in cases])
     y = np.asarray([b[c] for c in cases])

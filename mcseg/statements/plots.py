@@ -4,15 +4,20 @@ case's volume interval in mL as a bar around its mask volume (flagged cases in r
 dot where the cases' labels were given to measure; the title names the level, n and the share covered."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = ["statements_figure"]
 
 
 def statements_figure(rows: list[dict], level: float, n_calibration: int) -> Figure:
     structures = list(dict.fromkeys(r["structure"] for r in rows))
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
     fig = Figure(figsize=(4.5 * len(structures), 3.6), constrained_layout=True)
     FigureCanvasAgg(fig)
     for i, structure in enumerate(structures):

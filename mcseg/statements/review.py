@@ -20,7 +20,6 @@ import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
-from scipy.stats import binom
 
 __all__ = ["PROCEDURES", "ReviewRule", "default_grid", "failures", "fit_review", "minimum_accepted", "risk_scores"]
 
@@ -75,6 +74,7 @@ class ReviewRule:
 
 def p_values(u: np.ndarray, failed: np.ndarray, grid: np.ndarray, alpha: float) -> tuple[np.ndarray, ...]:
     """Per grid value: accepted count n_s, failures f_s and p_s = P(Bin(n_s, alpha) <= f_s)."""
+    from scipy.stats import binom  # scipy.stats: seconds to import
     accepted = np.asarray(u)[None, :] <= np.asarray(grid)[:, None]
     n = accepted.sum(1)
     f = (accepted & np.asarray(failed, bool)[None, :]).sum(1)

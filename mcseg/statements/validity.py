@@ -16,7 +16,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from scipy.stats import spearmanr
 
 from mcseg.statements.intervals import STATEMENTS, available, bounds, covered, quantiles
 from mcseg.statements.review import failures, fit_review, risk_scores
@@ -94,6 +93,8 @@ def summarise_rows(rows: list[dict]) -> list[dict]:
 def rank_correlations(table: CaseTable) -> list[dict]:
     """Per structure, Spearman's rank correlation of the true Dice with each label-free figure (signed so that
     higher = a better case expected): the soft self-Dice against the plain aggregates."""
+    from scipy.stats import spearmanr  # scipy.stats: seconds to import
+
     f = table.figures
     candidates = {"soft_dice": f["soft_dice"], "minus_band_mm": -f["band_mm"],
                   "minus_relative_sd": -f["volume_sd_ml"] / (f["volume_expected_ml"] + f["voxel_ml"]),
