@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import require
+from tests.tool_outputs import STUDY_AFFINE
 
 pydicom = require("pydicom", "it reads the DICOM objects back")
 require("highdicom", "it writes the DICOM objects under test")
@@ -20,26 +21,13 @@ from mcseg.conformal_folder import main as conformal  # noqa: E402
 from mcseg.evaluation import dicom  # noqa: E402
 
 NAMES = ["--class-names", "background", "left", "right"]
-AFFINE = np.diag([1.2, 0.9, 2.0, 1.0])
 
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    from tests.tool_outputs import blob_label, make_monai
+    from tests.tool_outputs import make_monai_study
 
-    root = tmp_path_factory.mktemp("folder_dicom")
-    rng = np.random.default_rng(0)
-    for i in range(8):
-        label = blob_label((10, 9, 5), seed=i)
-        for part in ("labels", "fit_labels" if i < 6 else "new_labels"):
-            (root / part).mkdir(exist_ok=True)
-            nib.save(nib.Nifti1Image(label, AFFINE), str(root / part / f"case_{i}.nii.gz"))
-        (root / "images").mkdir(exist_ok=True)
-        image = (label * 40 + rng.normal(0, 5, label.shape)).astype(np.float32)
-        nib.save(nib.Nifti1Image(image, AFFINE), str(root / "images" / f"case_{i}_0000.nii.gz"))
-    return {"root": root, "labels": root / "labels", "images": root / "images",
-            "fit": make_monai(root / "fit", root / "fit_labels", noise=1.2, seed=1),
-            "new": make_monai(root / "new", root / "new_labels", noise=1.2, seed=2)}
+    return make_monai_study(tmp_path_factory.mktemp("folder_dicom"), n_cases=8, n_fit=6, noise=1.2, name="case_{i}")
 
 
 def _args(folders, out, *extra):
@@ -73,7 +61,7 @@ def test_calibrated_probabilities_as_a_fractional_segmentation_on_the_images_geo
     probs = read_case([open_folder(out, reference.task)], reference, "case_6")[2].numpy()
     case = out / "dicom" / "case_6"
     series = _series(case / "series")
-    assert np.allclose(dicom.series_affine(series), AFFINE, atol=1e-4)
+    assert np.allclose(dicom.series_affine(series), STUDY_AFFINE, atol=1e-4)
     back = dicom.read_frames(case / "case_6_probabilities.dcm", series)
     assert np.abs(back - np.moveaxis(probs, 0, -1)[..., 1:]).max() <= 1 / 255
     assert (dicom.read_frames(case / "case_6_prediction.dcm", series)

@@ -16,7 +16,6 @@ import pytest
 from mcseg.report.cli import main as report_main
 
 NAMES = ["--class-names", "background", "left", "right"]
-AFFINE = np.diag([1.2, 0.9, 2.0, 1.0])
 
 
 def cases_of(page: str) -> list[dict]:
@@ -30,22 +29,11 @@ def _self_contained(page: str) -> None:
 
 
 def make_folders(root):
-    """Twelve 10 x 9 x 5 cases under ``root``: labels, images, and MONAI SaveImage probabilities of 8 fit cases
-    (``fit``) and 4 new ones (``new``)."""
-    from tests.tool_outputs import blob_label, make_monai
+    """Twelve cases under ``root``: labels, images, and MONAI SaveImage probabilities of 8 fit cases (``fit``) and 4
+    new ones (``new``)."""
+    from tests.tool_outputs import make_monai_study
 
-    rng = np.random.default_rng(0)
-    for i in range(12):
-        label = blob_label((10, 9, 5), seed=i)
-        for part in ("labels", "fit_labels" if i < 8 else "new_labels"):
-            (root / part).mkdir(exist_ok=True)
-            nib.save(nib.Nifti1Image(label, AFFINE), str(root / part / f"case_{i:02d}.nii.gz"))
-        (root / "images").mkdir(exist_ok=True)
-        image = (label * 40 + rng.normal(0, 5, label.shape)).astype(np.float32)
-        nib.save(nib.Nifti1Image(image, AFFINE), str(root / "images" / f"case_{i:02d}_0000.nii.gz"))
-    return {"root": root, "labels": root / "labels", "images": root / "images",
-            "fit": make_monai(root / "fit", root / "fit_labels", noise=1.6, seed=1),
-            "new": make_monai(root / "new", root / "new_labels", noise=1.6, seed=2)}
+    return make_monai_study(root, n_cases=12, n_fit=8, noise=1.6)
 
 
 @pytest.fixture(scope="module")

@@ -172,3 +172,25 @@ def make_monai(root: Path, label_dir: Path, noise: float = 1.5, seed: int = 0, c
                 "filename_or_obj": str(path), "spatial_shape": label.shape}
         saver(MetaTensor(probs, affine=torch.as_tensor(img.affine), meta=meta))
     return root
+
+
+STUDY_AFFINE = np.diag([1.2, 0.9, 2.0, 1.0])
+
+
+def make_monai_study(root: Path, n_cases: int, n_fit: int, noise: float, name: str = "case_{i:02d}") -> dict:
+    """``n_cases`` 10 x 9 x 5 blob cases under ``root`` on :data:`STUDY_AFFINE`: their labels (``labels``), images
+    (``images``, ``<case>_0000.nii.gz``: label x 40 plus noise) and MONAI SaveImage probabilities of the first
+    ``n_fit`` (``fit``) and of the others (``new``), each made with ``noise``; case ``i`` is named ``name.format(i=i)``."""
+    rng = np.random.default_rng(0)
+    for i in range(n_cases):
+        case = name.format(i=i)
+        label = blob_label((10, 9, 5), seed=i)
+        for part in ("labels", "fit_labels" if i < n_fit else "new_labels"):
+            (root / part).mkdir(exist_ok=True)
+            nib.save(nib.Nifti1Image(label, STUDY_AFFINE), str(root / part / f"{case}.nii.gz"))
+        (root / "images").mkdir(exist_ok=True)
+        image = (label * 40 + rng.normal(0, 5, label.shape)).astype(np.float32)
+        nib.save(nib.Nifti1Image(image, STUDY_AFFINE), str(root / "images" / f"{case}_0000.nii.gz"))
+    return {"root": root, "labels": root / "labels", "images": root / "images",
+            "fit": make_monai(root / "fit", root / "fit_labels", noise=noise, seed=1),
+            "new": make_monai(root / "new", root / "new_labels", noise=noise, seed=2)}
