@@ -199,6 +199,23 @@ class Evaluator:
                 flat.update({f"raters/{key}/{self.class_names[k]}": rater_case[key][k] for key in CLASS_FIGURES})
         return flat
 
+    def merge(self, other: Evaluator) -> None:
+        """Add the cases of ``other``, an evaluator of the same task and protocol (a worker's, holding one case:
+        :mod:`mcseg.evaluation.case_pool`), after those added here. Merged one case at a time in case order, the
+        per-case rows, pooled sums and figures are those of :meth:`add_case` on each case, to the last bit."""
+        if (other.num_classes, other.class_names, other.multilabel, other.protocol) != (
+                self.num_classes, self.class_names, self.multilabel, self.protocol):
+            raise ValueError("merge: the evaluators differ in task or protocol")
+        twice = sorted(self._ids & other._ids)
+        if twice:
+            raise ValueError(f"merge: case(s) {', '.join(twice[:10])} were already added to this evaluator")
+        if other._raters is not None and other._raters.cases:
+            raise ValueError("merge: figures against several raters are scored in one evaluator")
+        for mine, theirs in zip(self.scorers, other.scorers):
+            mine.merge(theirs)
+        self._cases += other._cases
+        self._ids |= other._ids
+
     def _check(self, case_id, probs, label, spacing, spatial) -> None:
         if len(spacing) != len(spatial) or not all(math.isfinite(s) and s > 0 for s in spacing):
             raise ValueError(f"case {case_id}: spacing {spacing} does not fit the spatial shape {spatial}")

@@ -76,6 +76,10 @@ class Scorer:
     def commit(self) -> None:
         """The case last scored was evaluated by every scorer: keep what pools over cases."""
 
+    def merge(self, other: Scorer) -> None:
+        """Add what ``other`` (the same scorer of another evaluator, e.g. a worker's) pooled over its committed
+        cases, as if they were committed here after the others (nothing for a scorer that pools nothing)."""
+
     def pooled(self) -> dict:
         """Values of the ``pooled`` figures over every voxel of the committed cases."""
         return {}
@@ -154,6 +158,12 @@ class CalibrationScorer(Scorer):
         self.stats = [s if p is None else p + s for p, s in zip(self.stats, stats)] + self.stats[len(stats):]
         self.empty_regions += bool(stats) and any(s.n_voxels == 0 for s in stats)
         self._pending = []
+
+    def merge(self, other: CalibrationScorer) -> None:
+        """The pooled statistics and histogram of ``other``'s cases added (of one case: :meth:`commit`'s sums)."""
+        self.histogram = self.histogram + other.histogram
+        self.stats = [p if s is None else s if p is None else p + s for p, s in zip(self.stats, other.stats)]
+        self.empty_regions += other.empty_regions
 
     def _case(self, case: CaseView) -> tuple[dict, list[CalibrationStats]]:
         k, region, n_bins = self.num_classes, self.protocol.region, self.protocol.n_bins
