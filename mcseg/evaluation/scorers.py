@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -49,6 +49,15 @@ class CaseView:
     prediction: torch.Tensor
     spacing: tuple[float, ...]
     top: tuple[torch.Tensor, torch.Tensor] | None
+    regions: dict = field(default_factory=dict, compare=False)  # (region, width in mm) -> its mask, once computed
+
+    def region(self, region: str, width_mm: float) -> torch.Tensor | None:
+        """The voxel region of this case (:func:`~mcseg.metrics.regions.region_mask`, softmax maps), computed once:
+        the boundary band takes a distance transform, and failure detection asks for it again."""
+        key = (region, float(width_mm))
+        if key not in self.regions:
+            self.regions[key] = region_mask(region, self.label, self.prediction, self.spacing, width_mm)
+        return self.regions[key]
 
 
 class Scorer:
@@ -170,7 +179,7 @@ class CalibrationScorer(Scorer):
         if case.probs is None:
             return {**{key: math.nan for key in self.keys}, "class_ece": [math.nan] * k, "n_region_voxels": 0}, []
         if not self.multilabel:
-            mask = region_mask(region, case.label, case.prediction, case.spacing, self.protocol.boundary_width_mm)
+            mask = case.region(region, self.protocol.boundary_width_mm)
             cal = case_calibration(case.probs, case.label, n_bins, mask, case.top)
             v = cal.values
             return {**{key: v[key] for key in self.keys}, "class_ece": v["class_ece"],
