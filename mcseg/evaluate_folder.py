@@ -42,11 +42,13 @@ def evaluate_folder(pred_dir: Path, label_dir: Path, probs_dir: Path | None = No
                     class_names: list[str] | None = None, protocol: EvalProtocol | None = None,
                     output_dir: Path | None = None, allow_missing: bool = False, fmt: str = "auto",
                     ensemble: list[Path] | None = None, splits: Path | None = None, fold: str | None = None,
-                    monai_postfix: str = "trans", dataset_json: Path | None = None, overwrite: bool = False) -> dict:
+                    monai_postfix: str = "trans", dataset_json: Path | None = None, overwrite: bool = False,
+                    workers: int = 1) -> dict:
     """Evaluate the predictions of ``pred_dir`` (pooled with those of ``ensemble``) against the reference
     ``label_dir``; write the outputs to ``output_dir`` (default ``pred_dir/eval``, ``pred_dir/eval-ensemble<M>``
     for an ensemble of M folders) and return the summary. An earlier evaluation there is replaced only with
-    ``overwrite``; a folder of predictions is never written into (:mod:`mcseg.evaluation.folder_outputs`)."""
+    ``overwrite``; a folder of predictions is never written into (:mod:`mcseg.evaluation.folder_outputs`).
+    ``workers`` processes read and score the cases (the same outputs as one: :mod:`mcseg.evaluation.case_pool`)."""
     protocol = protocol or EvalProtocol()
     pred_dir = Path(pred_dir)
     reference = read_reference(label_dir, class_names, num_classes, dataset_json,
@@ -65,7 +67,8 @@ def evaluate_folder(pred_dir: Path, label_dir: Path, probs_dir: Path | None = No
     # mcseg's maps go beside its predictions; never into another tool's folder (its tools would read them as cases)
     uncertainty = (pred_dir if folders[0].format == "mcseg" and len(folders) == 1 else out / "uncertainty") \
         if protocol.save_uncertainty else None
-    return evaluate_folders(folders, reference, protocol, out, cases, allow_missing, uncertainty, selection, overwrite)
+    return evaluate_folders(folders, reference, protocol, out, cases, allow_missing, uncertainty, selection, overwrite,
+                            workers)
 
 
 def output_folder(pred_dir: Path, n_folders: int, output_dir: Path | None = None) -> Path:
@@ -109,6 +112,8 @@ def _parser() -> argparse.ArgumentParser:
                    "(mcseg-dicom; docs/report_html.md)")
     p.add_argument("--images", type=Path, help="with --dicom: folder of the images (<case>.nii.gz or "
                    "<case>_0000.nii.gz; default: imagesTr beside the reference)")
+    p.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="processes that read and score the cases (default 1); the outputs are the same as with one")
     p.add_argument("--allow-missing", action="store_true", help="evaluate even if some labels have no prediction")
     p.add_argument("--region", choices=REGIONS, default=defaults.region, help="voxels used for calibration")
     p.add_argument("--n-bins", type=int, default=defaults.n_bins)
@@ -136,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         protocol = EvalProtocol(**{f.name: getattr(args, f.name) for f in fields(EvalProtocol) if hasattr(args, f.name)})
         summary = evaluate_folder(args.pred_dir, args.label_dir, args.probs_dir, args.num_classes, args.class_names,
                                   protocol, args.output_dir, args.allow_missing, args.fmt, args.ensemble, args.splits,
-                                  args.fold, args.monai_postfix, args.dataset_json, args.overwrite)
+                                  args.fold, args.monai_postfix, args.dataset_json, args.overwrite, args.workers)
     except (FolderError, VolumeError, ValueError, RunDirBusy) as exc:
         print(f"mcseg-evaluate-folder: error: {exc}", file=sys.stderr)
         return 2

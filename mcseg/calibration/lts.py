@@ -30,6 +30,7 @@ import hashlib
 import logging
 import math
 import pickle
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -38,6 +39,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from tqdm import tqdm
 
 from mcseg.data.cases import CaseData
 from mcseg.files import atomic_write, torch_save
@@ -174,17 +176,22 @@ class LTSNet(nn.Module):
 
 @dataclass
 class LTSConfig:
-    """Fitting settings (the config node ``posthoc.lts``). Adam at 1e-2 (the paper: 1e-4); the rest is ours."""
+    """Fitting settings (the config node ``posthoc.lts``). Adam at 1e-2 (the paper: 1e-4); the rest is ours.
+
+    ``patch_size``, ``steps_per_epoch`` and ``max_epochs`` left ``None`` are chosen from the fit cases' size and
+    the device (:func:`resolve_config`): patches of :data:`PATCH` voxels a side cut to the largest case, an epoch of
+    about one pass over the training voxels (at most 50 steps), and on a CPU as many epochs (at most 200) as
+    :data:`CPU_VOXEL_BUDGET` voxel passes allow; on a GPU 200."""
 
     dims: int = 3
-    patch_size: list[int] = field(default_factory=lambda: [64, 64, 64])
+    patch_size: list[int] | None = None
     batch_size: int = 2
     foreground_ratio: float = 0.33
     slice_axis: int = -1
     use_image: bool = False
     lr: float = 1e-2  # the paper (and its code) use 1e-4, which barely moves T on a small validation set
-    steps_per_epoch: int = 50
-    max_epochs: int = 200
+    steps_per_epoch: int | None = None
+    max_epochs: int | None = None
     patience: int = 10  # epochs without a better held-out NLL before stopping
     holdout: float = 0.2  # share of the validation cases held out for early stopping (at least one)
     floor: float = 0.05
@@ -192,13 +199,45 @@ class LTSConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.dims not in (2, 3) or len(self.patch_size) != self.dims:
-            raise ValueError(f"LTS: patch_size={list(self.patch_size)} does not match dims={self.dims}")
+        if self.dims not in (2, 3) or (self.patch_size is not None and len(self.patch_size) != self.dims):
+            raise ValueError(f"LTS: patch_size={self.patch_size} does not match dims={self.dims}")
         for key in ("batch_size", "steps_per_epoch", "max_epochs", "patience", "chunk"):
-            if getattr(self, key) < 1:
+            if getattr(self, key) is not None and getattr(self, key) < 1:
                 raise ValueError(f"LTS: {key}={getattr(self, key)}: expected >= 1")
         if not 0 < self.holdout < 1 or not self.lr > 0:
             raise ValueError(f"LTS: holdout={self.holdout} must lie in (0, 1) and lr={self.lr} be > 0")
+
+
+#: the patch side LTS takes where ``patch_size`` is unset (3D; 2D slices: 256), cut to the largest fit case
+PATCH = {3: 64, 2: 256}
+#: voxel passes (training voxels x epochs) of a fit on a CPU with ``max_epochs`` unset: about a minute of one
+#: thread at 1.5 us a voxel and step (docs/posthoc.md, "LTS on a folder")
+CPU_VOXEL_BUDGET = 1 << 25
+_MAX_STEPS, _MAX_EPOCHS = 50, 200
+
+
+def resolve_config(cfg: LTSConfig, shapes: Sequence[Sequence[int]], device: str | torch.device = "cpu"
+                   ) -> tuple[LTSConfig, dict]:
+    """``cfg`` with its unset (``None``) sizes chosen from the spatial ``shapes`` of the training cases and the
+    ``device`` (:class:`LTSConfig`), and what was chosen: ``{key: value}`` of the keys chosen here."""
+    chosen: dict = {}
+    patch = cfg.patch_size
+    if patch is None:
+        extents = np.max(np.asarray([tuple(s) for s in shapes]), axis=0).tolist()
+        if cfg.dims == 2 and len(extents) == 3:
+            extents.pop(cfg.slice_axis % 3)  # the slice's plane
+        patch = chosen["patch_size"] = [int(min(PATCH[cfg.dims], e)) for e in extents[-cfg.dims:]]
+    per_step = cfg.batch_size * int(np.prod(patch))
+    steps = cfg.steps_per_epoch
+    if steps is None:
+        voxels = sum(int(np.prod(s)) for s in shapes)
+        steps = chosen["steps_per_epoch"] = int(min(_MAX_STEPS, max(1, math.ceil(voxels / per_step))))
+    epochs = cfg.max_epochs
+    if epochs is None:
+        cpu = torch.device(device).type == "cpu"
+        budget = CPU_VOXEL_BUDGET // (steps * per_step) if cpu else _MAX_EPOCHS
+        epochs = chosen["max_epochs"] = int(min(_MAX_EPOCHS, max(1, budget)))
+    return LTSConfig(**{**asdict(cfg), "patch_size": list(patch), "steps_per_epoch": steps, "max_epochs": epochs}), chosen
 
 
 @dataclass
@@ -280,6 +319,7 @@ def fit_lts(cases: Sequence[CaseLogits], cfg: LTSConfig, link: Callable | None =
     if multilabel and link is None:
         raise ValueError("LTS on multi-label outputs needs the loss's link (sigmoid-type), got none")
     train_cases, held_cases = _split(list(cases), cfg.holdout, cfg.seed)
+    cfg, chosen = resolve_config(cfg, [_as_numpy(c.logits).shape[1:] for c in train_cases], "cpu")
     k = int(_as_numpy(train_cases[0].logits).shape[0])
     image_channels = int(_as_numpy(train_cases[0].image).shape[0]) if cfg.use_image else 0
     torch.manual_seed(cfg.seed)
@@ -293,6 +333,8 @@ def fit_lts(cases: Sequence[CaseLogits], cfg: LTSConfig, link: Callable | None =
     best = before = heldout_nll(None, held_cases, link, multilabel)
     best_state, best_epoch, stale, epoch = copy.deepcopy(net.state_dict()), -1, 0, 0
     n = cfg.steps_per_epoch * cfg.batch_size
+    bar = tqdm(total=cfg.max_epochs * cfg.steps_per_epoch, desc="LTS", unit="step", disable=None, leave=False,
+               dynamic_ncols=True, file=sys.stderr)  # the time left assumes every epoch runs (early stopping: less)
     for epoch in range(cfg.max_epochs):
         net.train()
         for step in range(cfg.steps_per_epoch):
@@ -307,6 +349,7 @@ def fit_lts(cases: Sequence[CaseLogits], cfg: LTSConfig, link: Callable | None =
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
+            bar.update()
         net.eval()
         score = heldout_nll(net, held_cases, link, multilabel, cfg.slice_axis, cfg.chunk)
         log.debug("LTS epoch %d: last batch NLL %.5f, held-out NLL %.5f", epoch, float(loss.detach()), score)
@@ -316,11 +359,13 @@ def fit_lts(cases: Sequence[CaseLogits], cfg: LTSConfig, link: Callable | None =
             stale += 1
             if stale >= cfg.patience:
                 break
+    bar.close()
     net.load_state_dict(best_state)
     net.eval()
     record = {"nll_before": before, "nll_after": best, "epochs": epoch + 1, "best_epoch": best_epoch,
               "train_cases": [c.case_id for c in train_cases], "heldout_cases": [c.case_id for c in held_cases],
-              "config": asdict(cfg), "net": net.config()}
+              "config": asdict(cfg), "chosen": chosen,
+              "net": net.config()}
     log.info("LTS: held-out NLL %.5f -> %.5f (best epoch %d of %d)", before, best, best_epoch, epoch + 1)
     return net, record
 

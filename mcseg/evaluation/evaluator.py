@@ -9,6 +9,7 @@ number of voxels evaluated, only with the number of cases (one row of numbers ea
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Sequence
@@ -109,6 +110,11 @@ class Evaluator:
                              f"pooled calibration come from it), found {len(found)}")
         self.calibration = found[0]
         self._raters: RaterFigures | None = None
+        self._last_case: CaseView | None = None
+
+    def __getstate__(self) -> dict:
+        """Pickled (a worker's evaluator) without the last case's maps: rows and sums only."""
+        return {**self.__dict__, "_last_case": None}
 
     def _keys(self, per: str) -> tuple[str, ...]:
         return tuple(f.key for s in self.scorers for f in s.figures if f.per == per)
@@ -181,6 +187,7 @@ class Evaluator:
             raters = torch.as_tensor(np.asarray(raters) if not isinstance(raters, torch.Tensor) else raters,
                                      device=device)
         view = CaseView(case_id, probs, label, prediction, spacing, top, raters)
+        self._last_case = None  # the last case's maps and regions (region_of), not its probabilities
         case = {"case": case_id}
         try:
             for scorer in self.scorers:
@@ -202,12 +209,30 @@ class Evaluator:
             scorer.commit()
         self._cases.append(case)
         self._ids.add(case_id)
+        self._last_case = dataclasses.replace(view, probs=None, top=None, regions=view.regions)
         flat = self._flat(case)
         if rater_case is not None:
             flat.update({f"raters/{key}": rater_case[key] for key in CASE_FIGURES})
             for k in self.foreground:
                 flat.update({f"raters/{key}/{self.class_names[k]}": rater_case[key][k] for key in CLASS_FIGURES})
         return flat
+
+    def merge(self, other: Evaluator) -> None:
+        """Add the cases of ``other``, an evaluator of the same task and protocol (a worker's, holding one case:
+        :mod:`mcseg.evaluation.case_pool`), after those added here. Merged one case at a time in case order, the
+        per-case rows, pooled sums and figures are those of :meth:`add_case` on each case, to the last bit."""
+        if (other.num_classes, other.class_names, other.multilabel, other.protocol) != (
+                self.num_classes, self.class_names, self.multilabel, self.protocol):
+            raise ValueError("merge: the evaluators differ in task or protocol")
+        twice = sorted(self._ids & other._ids)
+        if twice:
+            raise ValueError(f"merge: case(s) {', '.join(twice[:10])} were already added to this evaluator")
+        if other._raters is not None and other._raters.cases:
+            raise ValueError("merge: figures against several raters are scored in one evaluator")
+        for mine, theirs in zip(self.scorers, other.scorers):
+            mine.merge(theirs)
+        self._cases += other._cases
+        self._ids |= other._ids
 
     def _check(self, case_id, probs, label, spacing, spatial) -> None:
         if len(spacing) != len(spatial) or not all(math.isfinite(s) and s > 0 for s in spacing):
@@ -234,6 +259,9 @@ class Evaluator:
         def one(y, p):
             return region_mask(region or self.protocol.region, y, p, spacing, self.protocol.boundary_width_mm)
         if not self.multilabel:
+            last = self._last_case
+            if last is not None and _same_case(last, label, prediction, spacing):  # computed once (CaseView.region)
+                return last.region(region or self.protocol.region, self.protocol.boundary_width_mm)
             return one(label, prediction)
         masks = [one(label[r].long(), prediction[r].long()) for r in range(label.shape[0])]
         return None if any(m is None for m in masks) else torch.stack(masks).any(0)
@@ -376,6 +404,14 @@ class Evaluator:
                                      f"{plural(self.n_cases, 'case')}; region {self.protocol.region}")
         atomic_write(out_dir / "reliability_histogram.png", lambda tmp: fig.savefig(tmp, format="png", dpi=100))
         return summary
+
+
+def _same_case(view: CaseView, label: torch.Tensor, prediction: torch.Tensor, spacing) -> bool:
+    """Whether ``label``, ``prediction`` and ``spacing`` are those of ``view`` (the same tensors, or equal ones)."""
+    def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+        return a is b or (a.shape == b.shape and a.device == b.device and bool(torch.equal(a.to(b.dtype), b)))
+    return tuple(float(s) for s in spacing) == view.spacing and same(label, view.label) and same(prediction,
+                                                                                                  view.prediction)
 
 
 def _write_csv(path: Path, rows: list[dict], columns: Sequence[str]) -> None:

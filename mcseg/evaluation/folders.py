@@ -6,6 +6,8 @@ with the protocol's region, risk and bootstrap).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -16,15 +18,17 @@ from mcseg.data.io import Volume, read_volume
 from mcseg.data.reference import FolderError, Reference
 from mcseg.evaluation.cases import detect_failure, failure_detection, write_uncertainty
 from mcseg.config import EvalProtocol
+from mcseg.evaluation.case_pool import check_workers, map_cases
 from mcseg.evaluation.evaluator import Evaluator
 from mcseg.evaluation.folder_outputs import EVALUATE_TOOL, EVALUATION_FILES, claim_output, folder_status, writing
 from mcseg.evaluation.formats import PredictionFormat, prediction_files
 from mcseg.evaluation.provenance import file_sha256
 from mcseg.evaluation.split import FAILURE_FILE, PROVENANCE_FILE
+from mcseg.metrics.failure import FailureDetection
 from mcseg.metrics.uncertainty import MemberAccumulator
 from mcseg.rundir import STATUS_FILE
 
-__all__ = ["distinct_members", "evaluate_folders", "read_case", "select_cases"]
+__all__ = ["CaseScore", "distinct_members", "evaluate_folders", "read_case", "score_case", "select_cases"]
 
 
 def select_cases(folders: Sequence[PredictionFormat], reference: Reference, cases: Sequence[str] | None = None,
@@ -131,12 +135,14 @@ def distinct_members(folders: Sequence[PredictionFormat], cases: Sequence[str]) 
 def evaluate_folders(folders: Sequence[PredictionFormat], reference: Reference, protocol: EvalProtocol,
                      output_dir: Path, cases: Sequence[str] | None = None, allow_missing: bool = False,
                      uncertainty_dir: Path | None = None, selection: dict | None = None,
-                     overwrite: bool = False) -> dict:
+                     overwrite: bool = False, workers: int = 1) -> dict:
     """Evaluate one prediction folder, or the ensemble of several (probabilities averaged, the members' PE / EE /
     MI maps), against ``reference`` with ``protocol``: the evaluator's files plus ``provenance.json`` (tool,
     version where the files say it, the sha256 of every file read) and failure detection; returns the summary.
     ``output_dir`` follows :mod:`mcseg.evaluation.folder_outputs` (an earlier evaluation replaced only with
-    ``overwrite``; marked in status.json while written)."""
+    ``overwrite``; marked in status.json while written). ``workers``: processes that read and score the cases
+    (:mod:`mcseg.evaluation.case_pool`; the outputs are those of one)."""
+    check_workers(workers)
     for folder in folders:
         unfinished = folder_status(folder.path)
         if unfinished is not None and unfinished["status"] != "completed":
@@ -153,26 +159,34 @@ def evaluate_folders(folders: Sequence[PredictionFormat], reference: Reference, 
     earlier = claim_output(out, EVALUATE_TOOL, overwrite, lambda folder: prediction_files(folder, **options))
     record = {"predictions": [str(Path(f.path).resolve()) for f in folders], "reference": str(reference.root.resolve())}
     with writing(out, EVALUATE_TOOL, record, EVALUATION_FILES if earlier is not None else ()):
-        return _evaluate(folders, reference, protocol, out, chosen, uncertainty_dir, selection, with_probs)
+        return _evaluate(folders, reference, protocol, out, chosen, uncertainty_dir, selection, with_probs,
+                         workers)
 
 
-def _evaluate(folders: Sequence[PredictionFormat], reference: Reference, protocol: EvalProtocol, out: Path,
-              chosen: list[str], uncertainty_dir: Path | None, selection: dict | None, with_probs: bool) -> dict:
-    """:func:`evaluate_folders` once its output folder is owned: read, score and write."""
+@dataclass
+class CaseScore:
+    """One case's part of a folder evaluation, as a worker returns it: an evaluator and a failure detection that
+    hold this case alone (merged in case order, they add what one process adds), and the sha256 of its files."""
+
+    evaluator: Evaluator
+    failure: FailureDetection | None
+    hashes: list[tuple[str, str]]
+
+
+def score_case(folders: Sequence[PredictionFormat], reference: Reference, protocol: EvalProtocol,
+               uncertainty_dir: Path | None, with_probs: bool, case: str) -> CaseScore:
+    """Read and score one case (:func:`read_case`, the evaluator, failure detection), write its uncertainty maps;
+    no state is shared with other cases (:mod:`mcseg.evaluation.case_pool` runs it in a worker)."""
     task = reference.task
     evaluator = Evaluator(task.channels, task.class_names, protocol, task.multilabel)
     failure = failure_detection(protocol) if with_probs else None
-    inputs: list[Path] = [*reference.files, *(f for folder in folders for f in folder.config_files())]
-    for case in chosen:
-        members = MemberAccumulator(task.multilabel)
-        label_vol, label, probs, prediction, files = read_case(folders, reference, case, members)
-        inputs += files
-        try:
-            row = evaluator.add_case(case, probs, label, label_vol.spacing, prediction=prediction)
-        except ValueError as exc:
-            raise FolderError(str(exc)) from None
-        if probs is None:
-            continue
+    members = MemberAccumulator(task.multilabel)
+    label_vol, label, probs, prediction, files = read_case(folders, reference, case, members)
+    try:
+        row = evaluator.add_case(case, probs, label, label_vol.spacing, prediction=prediction)
+    except ValueError as exc:
+        raise FolderError(str(exc)) from None
+    if probs is not None:
         pred = prediction if prediction is not None else (
             (probs > 0.5).long() if task.multilabel else probs.argmax(0))
         maps = members.maps()
@@ -180,12 +194,32 @@ def _evaluate(folders: Sequence[PredictionFormat], reference: Reference, protoco
             detect_failure(failure, evaluator, case, row, maps, probs.shape[0], pred, label, label_vol.spacing)
         if uncertainty_dir is not None:
             write_uncertainty(uncertainty_dir, case, maps, len(folders) > 1, label_vol.affine, reference.labels[case])
+    return CaseScore(evaluator, failure, [(str(p.resolve()), file_sha256(p)) for p in dict.fromkeys(files)])
+
+
+def _evaluate(folders: Sequence[PredictionFormat], reference: Reference, protocol: EvalProtocol, out: Path,
+              chosen: list[str], uncertainty_dir: Path | None, selection: dict | None, with_probs: bool,
+              workers: int = 1) -> dict:
+    """:func:`evaluate_folders` once its output folder is owned: read and score the cases (in ``workers``
+    processes), merge them in case order, write."""
+    task = reference.task
+    evaluator = Evaluator(task.channels, task.class_names, protocol, task.multilabel)
+    failure = failure_detection(protocol) if with_probs else None
+    inputs = [*reference.files, *(f for folder in folders for f in folder.config_files())]
+    hashes = {str(p.resolve()): file_sha256(p) for p in dict.fromkeys(inputs)}
+    job = partial(score_case, folders, reference, protocol, uncertainty_dir, with_probs)
+    for part in map_cases(job, chosen, workers, desc="evaluating"):
+        evaluator.merge(part.evaluator)
+        if failure is not None:
+            failure.merge(part.failure)
+        for path, digest in part.hashes:
+            hashes.setdefault(path, digest)
     identities = [folder.identity() for folder in folders]
     provenance = {
         "predictions": identities,
         "reference": {"path": str(reference.root.resolve()), "kind": reference.kind},
         "cases": chosen, **({"selection": selection} if selection else {}),
-        "input_files_sha256": {str(p.resolve()): file_sha256(p) for p in dict.fromkeys(inputs)},
+        "input_files_sha256": hashes,
     }
     scored_fit = sorted({c for i in identities for c in (i.get("calibration") or {}).get("fit_cases_calibrated") or []
                          if c in chosen})

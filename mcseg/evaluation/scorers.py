@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -52,6 +52,15 @@ class CaseView:
     spacing: tuple[float, ...]
     top: tuple[torch.Tensor, torch.Tensor] | None
     raters: torch.Tensor | None = None
+    regions: dict = field(default_factory=dict, compare=False)  # (region, width in mm) -> its mask, once computed
+
+    def region(self, region: str, width_mm: float) -> torch.Tensor | None:
+        """The voxel region of this case (:func:`~mcseg.metrics.regions.region_mask`, softmax maps), computed once:
+        the boundary band takes a distance transform, and failure detection asks for it again."""
+        key = (region, float(width_mm))
+        if key not in self.regions:
+            self.regions[key] = region_mask(region, self.label, self.prediction, self.spacing, width_mm)
+        return self.regions[key]
 
 
 class Scorer:
@@ -79,6 +88,10 @@ class Scorer:
 
     def commit(self) -> None:
         """The case last scored was evaluated by every scorer: keep what pools over cases."""
+
+    def merge(self, other: Scorer) -> None:
+        """Add what ``other`` (the same scorer of another evaluator, e.g. a worker's) pooled over its committed
+        cases, as if they were committed here after the others (nothing for a scorer that pools nothing)."""
 
     def pooled(self) -> dict:
         """Values of the ``pooled`` figures over every voxel of the committed cases."""
@@ -192,12 +205,18 @@ class CalibrationScorer(Scorer):
         self.empty_regions += bool(stats) and any(s.n_voxels == 0 for s in stats)
         self._pending = []
 
+    def merge(self, other: CalibrationScorer) -> None:
+        """The pooled statistics and histogram of ``other``'s cases added (of one case: :meth:`commit`'s sums)."""
+        self.histogram = self.histogram + other.histogram
+        self.stats = [p if s is None else s if p is None else p + s for p, s in zip(self.stats, other.stats)]
+        self.empty_regions += other.empty_regions
+
     def _case(self, case: CaseView) -> tuple[dict, list[CalibrationStats]]:
         k, region, n_bins = self.num_classes, self.protocol.region, self.protocol.n_bins
         if case.probs is None:
             return {**{key: math.nan for key in self.keys}, "class_ece": [math.nan] * k, "n_region_voxels": 0}, []
         if not self.multilabel:
-            mask = region_mask(region, case.label, case.prediction, case.spacing, self.protocol.boundary_width_mm)
+            mask = case.region(region, self.protocol.boundary_width_mm)
             cal = case_calibration(case.probs, case.label, n_bins, mask, case.top)
             v = cal.values
             return {**{key: v[key] for key in self.keys}, "class_ece": v["class_ece"],

@@ -80,6 +80,27 @@ class PooledAUROC:
         self.errors += torch.bincount(index[e], minlength=self.bins).double()
         self.correct += torch.bincount(index[~e], minlength=self.bins).double()
 
+    def __getstate__(self) -> dict:
+        """Pickled sparse (a worker's one case fills few of the bins): the occupied bins and their counts."""
+        def sparse(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            index = t.nonzero()[:, 0]
+            return index, t[index]
+        return {"bins": self.bins, "errors": sparse(self.errors), "correct": sparse(self.correct)}
+
+    def __setstate__(self, state: dict) -> None:
+        self.bins = state["bins"]
+        self.reset()
+        for name in ("errors", "correct"):
+            index, values = state[name]
+            getattr(self, name)[index] = values
+
+    def merge(self, other: PooledAUROC) -> None:
+        """Add the histograms of ``other`` (voxels of other cases, the same bins)."""
+        if other.bins != self.bins:
+            raise ValueError(f"merge: {other.bins} bins into {self.bins}")
+        self.errors += other.errors
+        self.correct += other.correct
+
     def aggregate(self) -> float:
         n_pos, n_neg = self.errors.sum().item(), self.correct.sum().item()
         if n_pos == 0 or n_neg == 0:
@@ -228,6 +249,21 @@ class FailureDetection:
         self.case_ids.append(case_id)
         self.rows.append(row)
         return row
+
+    def merge(self, other: FailureDetection) -> None:
+        """Add the cases of ``other`` (the same maps and settings, e.g. a worker's holding one case) after those
+        added here: merged case by case in order, the summary is that of :meth:`add_case` on each."""
+        if (other.maps, other.patch, other.region, other.risk) != (self.maps, self.patch, self.region, self.risk):
+            raise ValueError("merge: the failure detections differ in maps, patch, region or risk")
+        for name in self.maps:
+            self.pooled[name].merge(other.pooled[name])
+            self.auroc[name] += other.auroc[name]
+            self.ue[name] += other.ue[name]
+            for method in self.AGGREGATIONS:
+                self.scores[name][method] += other.scores[name][method]
+        self.risks += other.risks
+        self.case_ids += other.case_ids
+        self.rows += other.rows
 
     def summary(self) -> dict:
         risks = np.asarray(self.risks, dtype=np.float64)

@@ -1,0 +1,68 @@
+"""Cases of a folder command run in N worker processes, their results returned in case order, with a progress bar.
+
+``map_cases(job, cases, workers)`` yields ``job(case)`` for every case, in the order of ``cases``, whatever the
+order in which the workers finish: a caller that merges each case's partial result as it comes (per-case rows,
+bin sums) adds the same numbers in the same order as one process does, so its outputs are the same to the last
+byte. Memory stays bounded: a worker holds one case at a time and returns only that case's part (rows and sums,
+no volume); results arrive as they are ready, the caller keeps what it merges.
+
+Workers are forked where the platform can (Linux: no second import of torch and mcseg, the job's folders and
+reference inherited as they are), spawned elsewhere (then ``job`` must pickle: a :func:`functools.partial` of a
+module-level function). Each worker uses one torch thread and ignores Ctrl-C: the interrupt reaches the main
+process, which stops the pool (every worker) as it leaves. The progress bar (tqdm, cases per second) goes to stderr
+on a terminal and stays quiet otherwise.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import signal
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from typing import TypeVar
+
+T = TypeVar("T")
+
+__all__ = ["map_cases", "check_workers"]
+
+_JOB: Callable | None = None  # a worker's job (set by _start)
+
+
+def check_workers(workers: int, option: str = "--workers") -> int:
+    """``workers`` as a number of processes: at least 1."""
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        raise ValueError(f"{option}={workers!r}: expected a number of worker processes >= 1")
+    return workers
+
+
+def map_cases(job: Callable[[str], T], cases: Sequence[str], workers: int = 1, desc: str = "cases") -> Iterator[T]:
+    """``job(case)`` for each of ``cases``, in order; in ``workers`` processes when more than one (module
+    docstring). An error of a case is raised here, as it would be by ``job`` itself."""
+    from tqdm import tqdm
+
+    workers = min(check_workers(workers), max(1, len(cases)))
+    with tqdm(total=len(cases), desc=desc, unit="case", disable=None, leave=False, dynamic_ncols=True,
+              file=sys.stderr) as bar:
+        if workers == 1:
+            for case in cases:
+                yield job(case)
+                bar.update()
+            return
+        methods = multiprocessing.get_all_start_methods()
+        context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+        with context.Pool(workers, initializer=_start, initargs=(job,)) as pool:  # leaving it terminates the workers
+            for result in pool.imap(_run, cases, chunksize=1):
+                yield result
+                bar.update()
+
+
+def _start(job: Callable) -> None:
+    global _JOB
+    _JOB = job
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
+    import torch
+
+    torch.set_num_threads(1)  # N workers on N cores; torch's own threads would oversubscribe them
+
+
+def _run(case: str):
+    return _JOB(case)

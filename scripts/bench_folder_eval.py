@@ -1,0 +1,171 @@
+"""The folder evaluation against nnU-Net's evaluator on the same cases, side by side in one run (#58 item 6).
+
+    python scripts/bench_folder_eval.py PRED_DIR REFERENCE_LABELS --nnunet-python /work/runs/nnunet/venv/bin/python \\
+        --workers 2 --repeats 3 -o docs/results/folder_eval_bench.json
+
+Each round times, as a user waits for it (the whole command, imports included, wall clock), in a rotating order:
+
+* ``mcseg-evaluate-folder PRED_DIR REFERENCE`` with every figure (Dice, HD95, ASSD, every calibration figure,
+  failure detection, both PNG figures), ``--workers 1`` and ``--workers N``;
+* the same evaluation in a process that imported mcseg before its clock starts (``inner_s``: what the workers
+  can speed up), ``workers`` 1 and N;
+* nnU-Net v2's ``compute_metrics_on_folder`` (Dice, IoU and counts from the label maps only; run with the python
+  of nnU-Net's own environment) with ``num_processes=1`` and ``N``, on a folder of links to the same label maps.
+
+The load average before and after each command goes into the JSON, with the machine's CPU count: on a shared
+machine a ratio measured side by side holds better than an absolute time.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# mcseg's evaluation after its imports: the per-case reading and scoring and the writing (figures included)
+INNER = r"""
+import json, sys, time
+from pathlib import Path
+from mcseg.evaluate_folder import evaluate_folder
+start = time.perf_counter()
+evaluate_folder(Path(sys.argv[1]), Path(sys.argv[2]), output_dir=Path(sys.argv[3]), allow_missing=True,
+                overwrite=True, workers=int(sys.argv[4]))
+print(json.dumps({"inner_s": round(time.perf_counter() - start, 2)}))
+"""
+
+# workers 1 and N alternately in one process that imported mcseg once: the scaling of the evaluation itself, each
+# timing beside the other under the same load; per timing also the CPU seconds of the process and its workers
+SCALING = r"""
+import json, os, sys, time
+from pathlib import Path
+from mcseg.evaluate_folder import evaluate_folder
+runs = []
+for r in range(int(sys.argv[5])):
+    for n in (1, int(sys.argv[4])) if r % 2 == 0 else (int(sys.argv[4]), 1):
+        start, cpu = time.perf_counter(), os.times()
+        evaluate_folder(Path(sys.argv[1]), Path(sys.argv[2]), output_dir=Path(sys.argv[3]) / f"w{n}" / "eval",
+                        allow_missing=True, overwrite=True, workers=n)
+        end = os.times()
+        runs.append({"workers": n, "inner_s": round(time.perf_counter() - start, 2), "load": os.getloadavg()[0],
+                     "cpu_s": round(sum(end[:4]) - sum(cpu[:4]), 2)})
+        print(runs[-1], file=sys.stderr, flush=True)
+print(json.dumps({"scaling": runs}))
+"""
+
+NNUNET = r"""
+import sys
+from nnunetv2.evaluation.evaluate_predictions import compute_metrics_on_folder
+from nnunetv2.imageio.simpleitk_reader_writer import SimpleITKIO
+ref, pred, out, labels, n = sys.argv[1], sys.argv[2], sys.argv[3], eval(sys.argv[4]), int(sys.argv[5])
+compute_metrics_on_folder(ref, pred, out, SimpleITKIO(), ".nii.gz", labels, num_processes=n)
+"""
+
+
+def _timed(cmd: list[str], env: dict) -> dict:
+    load = os.getloadavg()[0]
+    start = time.perf_counter()
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if done.returncode:
+        raise SystemExit(f"{' '.join(cmd[:4])} ...: exit {done.returncode}\n{done.stderr[-2000:]}")
+    out = {"wall_s": round(wall, 2), "load_before": load, "load_after": os.getloadavg()[0]}
+    last = done.stdout.strip().splitlines()[-1:] or [""]
+    return {**out, **json.loads(last[0])} if last[0].startswith('{"inner_s"') else out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("pred_dir", type=Path, help="mcseg's predictions (<case>.nii.gz label maps, <case>_probs.nii.gz)")
+    p.add_argument("labels", type=Path, help="the reference label folder (e.g. an MSD task's labelsTr)")
+    p.add_argument("--reference", type=Path, help="what mcseg-evaluate-folder takes as reference (default: labels)")
+    p.add_argument("--nnunet-python", required=True, help="the python of an environment with nnunetv2")
+    p.add_argument("--classes", type=int, default=3, help="K, background included (nnU-Net scores 1..K-1)")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--scaling-only", action="store_true", help="only workers 1 and N alternately in one process "
+                   "(--repeats rounds), after the imports")
+    p.add_argument("-o", "--output", type=Path, required=True)
+    args = p.parse_args(argv)
+    if args.scaling_only:
+        return _scaling(args)
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}
+    scratch = Path(tempfile.mkdtemp(prefix="bench_folder_eval_"))
+    maps = scratch / "label_maps"
+    maps.mkdir()
+    cases = sorted(f.name for f in args.pred_dir.glob("*.nii.gz") if not f.name.endswith("_probs.nii.gz"))
+    for name in cases:
+        (maps / name).symlink_to(args.pred_dir.resolve() / name)
+    labels = str([k for k in range(1, args.classes)])
+    commands = {}
+    for n in sorted({1, args.workers}):
+        commands[f"mcseg_workers{n}"] = [sys.executable, "-m", "mcseg.evaluate_folder", str(args.pred_dir),
+                                         str(args.reference or args.labels), "--allow-missing", "--overwrite",
+                                         "--workers", str(n), "-o", str(scratch / f"mcseg{n}" / "eval")]
+        commands[f"mcseg_after_imports_workers{n}"] = [sys.executable, "-c", INNER, str(args.pred_dir),
+                                                       str(args.reference or args.labels),
+                                                       str(scratch / f"inner{n}" / "eval"), str(n)]
+        commands[f"nnunet_processes{n}"] = [args.nnunet_python, "-c", NNUNET, str(args.labels), str(maps),
+                                            str(scratch / f"nnunet{n}.json"), labels, str(n)]
+    runs: dict[str, list[dict]] = {name: [] for name in commands}
+    names = list(commands)
+    try:
+        for r in range(args.repeats):
+            for name in names[r % len(names):] + names[:r % len(names)]:  # a rotating order
+                runs[name].append(_timed(commands[name], env))
+                print(name, runs[name][-1], file=sys.stderr)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    def key(name: str) -> str:  # after the imports: mcseg's own timing of the evaluation
+        return "inner_s" if name.startswith("mcseg_after_imports") else "wall_s"
+
+    best = {name: min(t[key(name)] for t in ts) for name, ts in runs.items()}
+    median = {name: sorted(t[key(name)] for t in ts)[len(ts) // 2] for name, ts in runs.items()}
+    n = args.workers
+    result = {"cases": len(cases), "cpus": os.cpu_count(), "workers": n, "repeats": args.repeats,
+              "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "runs": runs, "best_s": best,
+              "median_s": median,
+              "ratios_of_medians": {
+                  "mcseg_1_over_nnunet_1": median["mcseg_workers1"] / median["nnunet_processes1"],
+                  f"mcseg_{n}_over_nnunet_{n}": median[f"mcseg_workers{n}"] / median[f"nnunet_processes{n}"],
+                  f"mcseg_speedup_{n}_workers": median["mcseg_workers1"] / median[f"mcseg_workers{n}"],
+                  f"mcseg_speedup_{n}_workers_after_imports": (median["mcseg_after_imports_workers1"]
+                                                               / median[f"mcseg_after_imports_workers{n}"]),
+                  f"nnunet_speedup_{n}_processes": median["nnunet_processes1"] / median[f"nnunet_processes{n}"]},
+              "commands": {k: " ".join(v[:3] + ["..."] if "-c" in v else v) for k, v in commands.items()}}
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps({k: result[k] for k in ("median_s", "ratios_of_medians")}, indent=1))
+    return 0
+
+
+def _scaling(args) -> int:
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}
+    scratch = Path(tempfile.mkdtemp(prefix="bench_folder_scaling_"))
+    try:
+        done = subprocess.run([sys.executable, "-c", SCALING, str(args.pred_dir), str(args.reference or args.labels),
+                               str(scratch), str(args.workers), str(args.repeats)], env=env, capture_output=True,
+                              text=True, check=True)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    runs = json.loads(done.stdout.strip().splitlines()[-1])["scaling"]
+    ones = [r["inner_s"] for r in runs if r["workers"] == 1]
+    many = [r["inner_s"] for r in runs if r["workers"] == args.workers]
+    pairs = [a / b for a, b in zip(ones, many)]  # each round's two timings, side by side
+    result = {"cpus": os.cpu_count(), "workers": args.workers, "rounds": args.repeats,
+              "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "runs": runs,
+              "speedup_per_round": [round(x, 3) for x in pairs], "speedup_of_best": min(ones) / min(many)}
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps({k: result[k] for k in ("speedup_per_round", "speedup_of_best")}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

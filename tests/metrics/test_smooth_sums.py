@@ -1,0 +1,36 @@
+"""The sparse smooth-ECE sums of a case (its occupied cells only) equal the dense accumulation over the 2^20
+cells to the last bit, alone and added in any form: per-case and pooled smECE do not change with the form."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mcseg.metrics.smooth_ece import N_CELLS, SmoothSums, smooth_ece, smooth_sums
+
+
+def _dense(f: torch.Tensor, y: torch.Tensor) -> SmoothSums:
+    """The dense accumulation (every cell, voxel order): the reference."""
+    sums, f, y = SmoothSums.zeros(), f.double().clamp(0, 1), y.double()
+    cell = (f * N_CELLS).long().clamp_(max=N_CELLS - 1)
+    for name, v in zip(SmoothSums.SUMS, (torch.ones_like(f), y, f, f * y, f * f)):
+        getattr(sums, name).index_add_(0, cell, v)
+    return sums
+
+
+def _equal(a: SmoothSums, b: SmoothSums) -> bool:
+    return all(torch.equal(getattr(a.dense(), k), getattr(b.dense(), k)) for k in SmoothSums.SUMS)
+
+
+@pytest.mark.parametrize("n", [1, 1000, 300_000])  # 300_000: more than one chunk, beyond the sparse limit pooled
+def test_sparse_sums_equal_the_dense_ones_bit_for_bit(n):
+    g = torch.Generator().manual_seed(n)
+    f1 = torch.rand(n, generator=g).float()
+    y1 = torch.rand(n, generator=g) < f1
+    f2, y2 = torch.rand(n, generator=g) ** 3, torch.rand(n, generator=g) < 0.5
+    s1, s2 = smooth_sums(f1, y1), smooth_sums(f2, y2)
+    assert s1.cells is not None and s1.cells.numel() <= n
+    assert _equal(s1, _dense(f1, y1))
+    pooled = _dense(f1, y1) + _dense(f2, y2)
+    for total in (s1 + s2, _dense(f1, y1) + s2, s2 + _dense(f1, y1), smooth_sums(f2, y2, into=s1)):
+        assert _equal(total, pooled)
+        assert smooth_ece(total) == smooth_ece(pooled)
