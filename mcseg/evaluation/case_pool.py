@@ -47,6 +47,11 @@ def map_cases(job: Callable[[str], T], cases: Sequence[str], workers: int = 1, d
                 yield job(case)
                 bar.update()
             return
+        # the first case in this process: what a case imports lazily (scipy.spatial, ...) and its first touch of
+        # memory are then paid once, and the forked workers inherit them, instead of once in every worker
+        yield job(cases[0])
+        bar.update()
+        cases = cases[1:]
         methods = multiprocessing.get_all_start_methods()
         context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
         with context.Pool(workers, initializer=_start, initargs=(job,)) as pool:  # leaving it terminates the workers

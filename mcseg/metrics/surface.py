@@ -23,7 +23,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from scipy.spatial import cKDTree
 
 from mcseg.config import HD_DEFINITIONS
 from mcseg.metrics.base import CaseMetric
@@ -77,6 +76,8 @@ def directed_distances(source: np.ndarray, target: np.ndarray) -> np.ndarray:
     beats a dense ``scipy.ndimage.distance_transform_edt(~surface, sampling=spacing)`` over the
     (cropped) volume, and both give the same exact Euclidean distances (checked in the tests).
     """
+    from scipy.spatial import cKDTree  # here: scipy.spatial costs a command's start-up 0.3 s (docs/benchmarks.md)
+
     workers = -1 if len(source) > 20_000 else 1  # threads cost more than they save on small surfaces
     return cKDTree(target, leafsize=32).query(source, k=1, workers=workers)[0]
 
