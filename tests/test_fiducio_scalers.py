@@ -17,7 +17,7 @@ import torch
 
 from mcseg.calibration.fiducio_adapters import FIDUCIO_SCALERS, GUARANTEES
 from mcseg.calibration.scaler_registry import SCALER_TYPES, FitData, build_scaler, load_scaler
-from tests.test_folder_posthoc import nn  # noqa: F401  (its nnU-Net folders, made by nnU-Net's export)
+from tests.calibrate_folder.conftest import nn  # noqa: F401  (its nnU-Net folders, made by nnU-Net's export)
 
 NAMES = [o.name for o in FIDUCIO_SCALERS]
 KEEPING = [o.name for o in FIDUCIO_SCALERS if o.guarantee != "none"]
