@@ -77,12 +77,19 @@ def release_memory(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
+def sliding_window_inference(*args, **kwargs):
+    """MONAI's ``monai.inferers.sliding_window_inference``, imported at the first call: importing any MONAI module
+    loads all of MONAI (docs/benchmarks.md, "Start-up"), which only a prediction needs. One name in this module, so
+    that tests can stand in for it (tests/test_gpu_cluster.py)."""
+    from monai.inferers import sliding_window_inference as monai_sliding_window
+
+    return monai_sliding_window(*args, **kwargs)
+
+
 def stitch_on_host(image: torch.Tensor, window: dict) -> torch.Tensor:
     """Sliding-window logits with the windows on ``image``'s device and the volume in host memory:
     MONAI's buffered path blends one slab of windows (along the longest axis) on the device and
     adds it to the host volume, one transfer per slab instead of one per window."""
-    from monai.inferers import sliding_window_inference  # MONAI (its import loads all of it): only to predict
-
     longest = max(range(image.ndim - 1), key=lambda axis: image.shape[axis + 1])
     return sliding_window_inference(image[None], sw_device=image.device, device="cpu", buffer_steps=1,
                                     buffer_dim=longest, **window)[0].float()
@@ -126,8 +133,6 @@ def predict_logits(
     a 2D sliding window (padded where smaller). Only the final output of a network with
     deep-supervision outputs is used (:func:`~mcseg.models.final_output`).
     """
-    from monai.inferers import sliding_window_inference  # MONAI (its import loads all of it): only to predict
-
     device = image.device
     spatial_dims = image.ndim - 1
     flips = mirror_combinations(cfg.mirror_axes)

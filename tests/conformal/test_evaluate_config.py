@@ -83,7 +83,7 @@ def test_a_loss_its_method_cannot_control_is_refused_before_the_training(tmp_pat
     """``conformal.loss=fdr`` with the default CRC: refused by train() before anything is built (not by the test
     evaluation's conformal pass after the training), and by an evaluation's check before anything is written."""
     import mcseg.train
-    from mcseg.evaluation.predictor import conformal_check
+    from mcseg.evaluation.conformal import check_conformal, conformal_config
     from tests.conftest import TINY_2D
 
     def built(cfg):
@@ -96,11 +96,13 @@ def test_a_loss_its_method_cannot_control_is_refused_before_the_training(tmp_pat
     cfg = compose_config("evaluate", ["ckpt=x", "split=test", "conformal.enabled=true", "conformal.loss=fdr"],
                          tmp_path)
     with pytest.raises(ConfigError, match=r"conformal.loss'=fdr"):
-        conformal_check(cfg, {"train": ["a"], "val": ["b"], "test": ["c"]})
+        check_conformal(conformal_config(cfg), "test", {"train": ["a"], "val": ["b"], "test": ["c"]})
     from mcseg.evaluate import evaluate
 
     with pytest.raises(ConfigError, match=r"conformal.loss'=fdr"):  # before the checkpoint (here none) is read
         evaluate(cfg)
     cfg = compose_config("evaluate", ["ckpt=x", "split=test", "conformal.enabled=true", "conformal.loss=fdr",
                                       "conformal.method=ltt", "conformal.delta=0.1"], tmp_path)
-    assert conformal_check(cfg, {"train": ["a"], "val": ["b"], "test": ["c"]}).loss == "fdr"  # LTT controls it
+    config = conformal_config(cfg)
+    check_conformal(config, "test", {"train": ["a"], "val": ["b"], "test": ["c"]})  # LTT controls it: no refusal
+    assert config.loss == "fdr"
