@@ -65,7 +65,7 @@ def _assert_same_run(a: Path, b: Path) -> None:
         # torch thread, which must take the run's own count back (the count orders float reductions: issue #21)
         pytest.param({"MCSEG_KILL_AT_STEP": "6"}, {"OMP_NUM_THREADS": "1"}, marks=pytest.mark.slow),
         pytest.param({"MCSEG_KILL_AT_STEP": "9"}, {}, marks=pytest.mark.slow),  # first step of epoch 3
-        ({"MCSEG_KILL_IN_SAVE": "4"}, {}),  # while writing a checkpoint
+        pytest.param({"MCSEG_KILL_IN_SAVE": "4"}, {}, marks=pytest.mark.slow),  # while writing a checkpoint
     ],
     ids=["mid-epoch-other-threads", "epoch-start", "during-checkpoint-write"],
 )
@@ -79,7 +79,7 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path, uninterrupte
     _assert_same_run(uninterrupted, run)
 
 
-@pytest.mark.slow  # the process-group test below covers SIGTERM + auto_resume in the default run
+@pytest.mark.slow  # every signal and resume test of this module trains in subprocesses: the slow run (.ci/run)
 def test_sigterm_writes_a_checkpoint_and_resume_finishes(tmp_path, uninterrupted):
     run = tmp_path / "run"
     stopped = _train_subprocess(run, [], env={"MCSEG_TERM_AT_STEP": "7"})
@@ -93,7 +93,8 @@ def test_sigterm_writes_a_checkpoint_and_resume_finishes(tmp_path, uninterrupted
 
 
 # Ctrl-C takes the same path as SIGTERM (one handler); its group-wide variant runs with the slow tests (-m slow)
-@pytest.mark.parametrize("sig, code", [("TERM", 143), pytest.param("INT", 130, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("sig, code", [pytest.param("TERM", 143, marks=pytest.mark.slow),
+                                       pytest.param("INT", 130, marks=pytest.mark.slow)])
 def test_signal_to_the_process_group_with_loader_workers_checkpoints_and_resumes(tmp_path, uninterrupted, sig, code):
     """SLURM and torchrun signal every process of the job (loader workers too); Ctrl-C does the same to the
     terminal's foreground group. The workers must survive it so that the main process checkpoints."""
