@@ -289,6 +289,8 @@ def test_default_workers_take_the_cores_the_step_leaves_free(monkeypatch, device
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(processes))
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    # the threads as configured: not those an earlier in-process run of this session left in mcseg.runtime
+    monkeypatch.setattr("mcseg.runtime._PROCESS_THREADS", None)
     assert default_workers(torch.device(device)) == expected
 
 
