@@ -68,6 +68,14 @@ class CalibrationStats:
                                 self.nll_sum + other.nll_sum, self.brier_sum + other.brier_sum,
                                 self.smooth + other.smooth)
 
+    def __iadd__(self, other: CalibrationStats) -> CalibrationStats:
+        """``self + other`` with the smooth ECE's sums added in place where they are dense (a pooled accumulator:
+        :meth:`SmoothSums.__iadd__`); the other sums are small and added as by ``+``."""
+        smooth = self.smooth
+        smooth += other.smooth
+        return CalibrationStats(self.top + other.top, self.classwise + other.classwise, self.fine + other.fine,
+                                self.nll_sum + other.nll_sum, self.brier_sum + other.brier_sum, smooth)
+
     @property
     def n_voxels(self) -> int:
         return int(self.top.count.sum().item())
@@ -228,7 +236,10 @@ class CalibrationMetric(CaseMetric):
         if probs.shape[0] != self.num_classes:
             raise ValueError(f"expected {self.num_classes} probability channels, got {probs.shape[0]}")
         case = case_calibration(probs, label, self.n_bins, mask)
-        self.pooled = case.stats if self.pooled is None else self.pooled + case.stats
+        if self.pooled is None:
+            self.pooled = case.stats
+        else:
+            self.pooled += case.stats
         return case.values
 
     def aggregate(self) -> dict:

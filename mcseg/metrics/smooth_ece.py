@@ -92,6 +92,19 @@ class SmoothSums:
         out = SmoothSums(*(getattr(base, name).clone() for name in self.SUMS))
         return out._add_into(part, part.cells)
 
+    def __iadd__(self, other: SmoothSums) -> SmoothSums:
+        """``self + other``, added into this side's own tensors where it is dense: a pooled sum over cases
+        (always dense once its cells outgrow the sparse form, a fresh tensor of ``+`` that no one else holds) is
+        not copied, 40 MB, for every case added; the same values to the last bit as ``+`` (each cell's additions
+        in the same order). A sparse side: ``+``, a new object."""
+        if self.cells is not None:
+            return self + other
+        if other.cells is None:
+            for name in self.SUMS:
+                getattr(self, name).add_(getattr(other, name))
+            return self
+        return self._add_into(other, other.cells)
+
     def _add_into(self, part: SmoothSums, slots: torch.Tensor) -> SmoothSums:
         for name in self.SUMS:
             getattr(self, name).index_add_(0, slots, getattr(part, name))

@@ -34,3 +34,22 @@ def test_sparse_sums_equal_the_dense_ones_bit_for_bit(n):
     for total in (s1 + s2, _dense(f1, y1) + s2, s2 + _dense(f1, y1), smooth_sums(f2, y2, into=s1)):
         assert _equal(total, pooled)
         assert smooth_ece(total) == smooth_ece(pooled)
+
+
+def test_a_dense_pooled_sum_is_added_into_not_copied():
+    """A pooled sum over cases is dense once its cells outgrow the sparse form; adding a case into it (``+=``,
+    as the evaluation's scorers pool cases) must not copy its 5 x 2^20 float64 cells (40 MB) each time, and
+    must give the bits of ``+``."""
+    g = torch.Generator().manual_seed(3)
+    f, y = torch.rand(300_000, generator=g), torch.rand(300_000, generator=g) < 0.5
+    pooled = smooth_sums(f[:150_000], y[:150_000]) + smooth_sums(f[150_000:], y[150_000:])
+    assert pooled.cells is None  # beyond the sparse limit: dense
+    case = smooth_sums(f[:1000] ** 2, y[:1000])
+    expected = pooled + case
+    before = pooled.count.data_ptr()
+    pooled += case
+    assert pooled.count.data_ptr() == before
+    assert _equal(pooled, expected)
+    pooled += _dense(f[:10], y[:10])  # dense into dense
+    assert pooled.count.data_ptr() == before
+    assert _equal(pooled, expected + _dense(f[:10], y[:10]))
