@@ -32,6 +32,7 @@ from mcseg.evaluation.raters import (
 from mcseg.files import atomic_write, write_csv
 from mcseg.evaluation import figure_table as figures
 from mcseg.evaluation.figure_declaration import KINDS
+from mcseg.evaluation.figure_processes import FigureProcesses
 from mcseg.evaluation.scorers import CalibrationScorer, CaseView
 from mcseg.metrics.binning import BinSums
 from mcseg.metrics.calibration import top_label
@@ -381,29 +382,38 @@ class Evaluator:
         dataset reliability histogram reliability_histogram.png and .csv (atomically); with several raters
         also per_case_raters.csv, per_rater.csv and reliability_raters.csv."""
         out_dir = Path(out_dir)
-        summary = {**self.summary(), **_json_safe(extra or {})}
-        _write_csv(out_dir / "per_case.csv", self.per_case_rows(), self.columns)
-        if self._raters is not None and self._raters.cases:
-            _write_csv(out_dir / "per_case_raters.csv", self._raters.rows(), ("case", "class_name", *CLASS_FIGURES,
-                                                                               *CASE_FIGURES))
-            _write_csv(out_dir / "per_rater.csv", self._raters.rater_rows, RATER_COLUMNS)
-            _write_csv(out_dir / RELIABILITY_FILE, self._raters.reliability_rows(), RELIABILITY_COLUMNS)
-        atomic_write(out_dir / "summary.json",
-                     lambda tmp: tmp.write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n"))
-        sums, names = self.reliability_sums()
-        _write_csv(out_dir / "reliability.csv", reliability_table(sums, names), TABLE_COLUMNS)
-        if self.protocol.figures:
-            fig = reliability_figure(self, title=f"{out_dir.name}: {plural(self.n_cases, 'case')} pooled")
-            atomic_write(out_dir / "reliability.png", lambda tmp: fig.savefig(tmp, format="png", dpi=100))
-        hist, names, voxels = self.histogram_panels()
-        _write_csv(out_dir / "reliability_histogram.csv", histogram_table(hist, names), HISTOGRAM_COLUMNS)
-        if not self.protocol.figures:
-            return summary
-        fig = histogram_figure(hist, names, voxels=voxels, total="all regions" if self.multilabel else "all foreground",
-                               title=f"{out_dir.name}: dataset reliability histogram, "
-                                     f"{plural(self.n_cases, 'case')}; region {self.protocol.region}")
-        atomic_write(out_dir / "reliability_histogram.png", lambda tmp: fig.savefig(tmp, format="png", dpi=100))
+        with FigureProcesses() as drawing:  # drawn beside the summary and the tables (figure_processes)
+            if self.protocol.figures:
+                self._start_figures(drawing, out_dir)
+            summary = {**self.summary(), **_json_safe(extra or {})}
+            _write_csv(out_dir / "per_case.csv", self.per_case_rows(), self.columns)
+            if self._raters is not None and self._raters.cases:
+                _write_csv(out_dir / "per_case_raters.csv", self._raters.rows(), ("case", "class_name",
+                                                                                   *CLASS_FIGURES, *CASE_FIGURES))
+                _write_csv(out_dir / "per_rater.csv", self._raters.rater_rows, RATER_COLUMNS)
+                _write_csv(out_dir / RELIABILITY_FILE, self._raters.reliability_rows(), RELIABILITY_COLUMNS)
+            atomic_write(out_dir / "summary.json",
+                         lambda tmp: tmp.write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n"))
+            sums, names = self.reliability_sums()
+            _write_csv(out_dir / "reliability.csv", reliability_table(sums, names), TABLE_COLUMNS)
+            hist, names, _ = self.histogram_panels()
+            _write_csv(out_dir / "reliability_histogram.csv", histogram_table(hist, names), HISTOGRAM_COLUMNS)
+            drawing.wait()
         return summary
+
+    def _start_figures(self, drawing: FigureProcesses, out_dir: Path) -> None:
+        """reliability.png and reliability_histogram.png, each drawn by its own process."""
+        cases = plural(self.n_cases, "case")
+        drawing.start(out_dir / "reliability.png", lambda: reliability_figure(self, title=f"{out_dir.name}: {cases} "
+                                                                                             "pooled"))
+
+        def histogram():
+            hist, names, voxels = self.histogram_panels()
+            return histogram_figure(hist, names, voxels=voxels,
+                                    total="all regions" if self.multilabel else "all foreground",
+                                    title=f"{out_dir.name}: dataset reliability histogram, {cases}; "
+                                          f"region {self.protocol.region}")
+        drawing.start(out_dir / "reliability_histogram.png", histogram)
 
 
 def _same_case(view: CaseView, label: torch.Tensor, prediction: torch.Tensor, spacing) -> bool:
