@@ -11,12 +11,14 @@ import pytest
 
 from mcseg.calibrate_folder import main as calibrate
 from mcseg.conformal_folder import main as conformal
+from mcseg.new_cases import main as new_cases
 from tests.test_case_workers import written_bytes
 from tests.test_folder_report import NAMES, _args, folders  # noqa: F401  (the tiny study folders)
 
 COMMANDS = {
     "calibrate": (calibrate, ["--scaler", "vector", "--no-html"]),
     "conformal": (conformal, ["--alpha", "0.3", "--repeats", "5", "--figures", "--no-html"]),
+    "new-cases": (new_cases, ["--alpha", "0.25", "--figure", "--no-html"]),
 }
 
 
