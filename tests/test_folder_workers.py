@@ -13,7 +13,7 @@ from mcseg.calibrate_folder import main as calibrate
 from mcseg.conformal_folder import main as conformal
 from mcseg.new_cases import main as new_cases
 from tests.test_case_workers import written_bytes
-from tests.test_folder_report import NAMES, _args, folders  # noqa: F401  (the tiny study folders)
+from tests.test_folder_report import _args, folders  # noqa: F401  (the tiny study folders)
 
 COMMANDS = {
     "calibrate": (calibrate, ["--scaler", "vector", "--no-html"]),
