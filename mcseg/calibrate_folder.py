@@ -8,7 +8,8 @@ folders written with ``--npz``: together every training case once, out of fold; 
 validation cases of ``--splits splits_final.json --fold K``), recorded in ``OUT_DIR/calibration.json`` as mcseg
 records its fits, and applied to the test folder, written to ``OUT_DIR`` in the tool's own format (nnU-Net:
 npz + pkl copied + label map re-derived as nnU-Net does, plans.json and dataset.json copied), so that nnU-Net's
-own tools read it. ``--apply`` may be left out (fit only).
+own tools read it. ``--apply`` may be left out (fit only). ``--workers N`` reads the fit cases and calibrates the
+``--apply`` cases in N processes (:mod:`mcseg.evaluation.case_pool`; the same files as one).
 """
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ from mcseg.calibration.scaler_registry import SCALER_TYPES
 from mcseg.data.io import VolumeError
 from mcseg.config import EvalProtocol
 from mcseg.evaluation.dicom import dicom_modules
-from mcseg.evaluation.folder_options import add_fit_apply_options, add_input_options
+from mcseg.evaluation.case_pool import check_workers
+from mcseg.evaluation.folder_options import add_fit_apply_options, add_input_options, add_workers_option
 from mcseg.evaluation.folder_outputs import CALIBRATE_TOOL, EXIT_INTERRUPTED, FolderInterrupted, claim_output, writing
 from mcseg.evaluation.folder_posthoc import NO_IMAGE, calibrate_folder, fit_folders, record_applied, take_over
 from mcseg.data.reference import FolderError, fold_cases, read_reference
@@ -76,12 +78,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--images", type=Path, help="with --dicom: the cases' images (a DICOM series <case>/, or "
                    "<case>_0000.nii.gz / <case>.nii.gz; default: the reference's imagesTr / imagesTs); needed for "
                    "cases without a label")
+    add_workers_option(p, "read the fit cases and calibrate the --apply cases")
     add_html_options(p)
     add_input_options(p, fold_use="fit on")
     return p
 
 
 def calibrate(args: argparse.Namespace) -> tuple[dict, list[str]]:
+    check_workers(args.workers)
     out = args.output_dir.resolve()
     if args.dicom:
         if args.apply is None:
@@ -118,9 +122,9 @@ def calibrate(args: argparse.Namespace) -> tuple[dict, list[str]]:
     with writing(out, CALIBRATE_TOOL, {"fit": [str(d.resolve()) for d in args.fit],
                                        "apply": str(args.apply.resolve()) if args.apply else None}):
         replaced = take_over(out) if earlier is not None else []
-        record, scalers = fit_folders(fit, reference, out, [args.scaler], cases, posthoc, protocol)
-        files, changes = (calibrate_folder(target, scalers[args.scaler], out, reference.task.multilabel) if target
-                          else ([], None))
+        record, scalers = fit_folders(fit, reference, out, [args.scaler], cases, posthoc, protocol, args.workers)
+        files, changes = (calibrate_folder(target, scalers[args.scaler], out, reference.task.multilabel, args.workers)
+                          if target else ([], None))
         stored = record_applied(out, record, args.scaler, target, files, record["val_cases"], replaced, changes)
         if args.dicom:
             calibrated = open_folder(out, reference.task, args.fmt, args.monai_postfix)

@@ -15,7 +15,8 @@ Everything is recorded in ``OUT_DIR/conformal.json``. The output folder follows
 ``--overwrite``; ``status.json`` while written).
 
 The guarantee is per case and needs the test cases to be exchangeable with the calibration cases: a test folder
-holding calibration cases is refused.
+holding calibration cases is refused. ``--workers N`` reads the fit and test cases in N processes
+(:mod:`mcseg.evaluation.case_pool`; the same files as one).
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -40,7 +42,8 @@ from mcseg.data.io import read_volume
 from mcseg.data.reference import FolderError, Reference, fold_cases, read_reference
 from mcseg.evaluation.dicom import dicom_modules
 from mcseg.evaluation.folder_outputs import CONFORMAL_TOOL, claim_output, run_command, writing
-from mcseg.evaluation.folder_options import add_fit_apply_options, add_input_options
+from mcseg.evaluation.case_pool import check_workers, map_cases
+from mcseg.evaluation.folder_options import add_fit_apply_options, add_input_options, add_workers_option
 from mcseg.evaluation.folder_posthoc import _fit_owners
 from mcseg.evaluation.folders import image_path, read_case, read_unlabelled
 from mcseg.evaluation.formats import PredictionFormat, declared_classes, open_folder, prediction_files
@@ -100,6 +103,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dicom", action="store_true", help="also OUT_DIR/dicom/<case>/: the --apply cases' sure and "
                    "possible masks as DICOM BINARY Segmentations referencing the case's image series (--images, else "
                    "the reference's imagesTr / imagesTs; mcseg/evaluation/folder_dicom.py; docs/report_html.md)")
+    add_workers_option(p, "read and summarise the fit cases and give the --apply cases their masks")
     add_html_options(p)
     add_input_options(p)
     return p
@@ -119,19 +123,27 @@ def settings_of(args: argparse.Namespace, reference: Reference) -> ConformalSett
 
 
 def summarise_fit(owners: dict[str, PredictionFormat], reference: Reference, settings: ConformalSettings,
-                  thresholds) -> tuple[CaseSummary, list[Path]]:
-    """Every fit case read once and summarised (counts on the grid, margins); the files read."""
-    task, summaries, read = reference.task, [], []
-    for case, folder in owners.items():
-        label_vol, label, probs, prediction, files = read_case([folder], reference, case)
-        if probs is None:
-            raise FolderError(f"case {case}: {folder.path} has label maps only; a conformal fit needs probabilities")
-        truth = class_masks(label, task.channels, task.multilabel)
-        pred = predicted_masks(probs, task.multilabel, prediction)
-        summaries.append(summarise(case, probs, truth, pred, label_vol.spacing, thresholds, settings.tau,
-                                   settings.classes))
+                  thresholds, workers: int = 1) -> tuple[CaseSummary, list[Path]]:
+    """Every fit case read once and summarised (counts on the grid, margins), in ``workers`` processes
+    (:mod:`mcseg.evaluation.case_pool`; stacked in case order); the files read."""
+    summaries, read = [], []
+    job = partial(_summarise_case, owners, reference, settings, thresholds)
+    for summary, files in map_cases(job, list(owners), workers, desc="summarising fit cases"):
+        summaries.append(summary)
         read += files
     return CaseSummary.stack(summaries), read
+
+
+def _summarise_case(owners: dict[str, PredictionFormat], reference: Reference, settings: ConformalSettings,
+                    thresholds, case: str) -> tuple[CaseSummary, list[Path]]:
+    """One fit case of :func:`summarise_fit`: its summary, the files read."""
+    task, folder = reference.task, owners[case]
+    label_vol, label, probs, prediction, files = read_case([folder], reference, case)
+    if probs is None:
+        raise FolderError(f"case {case}: {folder.path} has label maps only; a conformal fit needs probabilities")
+    truth = class_masks(label, task.channels, task.multilabel)
+    pred = predicted_masks(probs, task.multilabel, prediction)
+    return summarise(case, probs, truth, pred, label_vol.spacing, thresholds, settings.tau, settings.classes), files
 
 
 def _image(images: Path, case: str, shape: tuple[int, ...]) -> np.ndarray:
@@ -158,33 +170,46 @@ def case_figure(case: str, probs, sets: dict, pred: np.ndarray, truth: np.ndarra
 
 def apply_folder(target: PredictionFormat, reference: Reference, settings: ConformalSettings, thresholds: dict,
                  margins: dict, out: Path, images: Path | None = None, figures: bool = False,
-                 summary_grid=None) -> tuple[list[str], list[dict], list[Path], list[CaseSummary]]:
+                 summary_grid=None, workers: int = 1) -> tuple[list[str], list[dict], list[Path], list[CaseSummary]]:
     """Each test case's masks (and with ``figures`` its overlay) written to ``out``; its per-class test rows;
     the files read; with ``summary_grid`` (a threshold grid) the labelled cases' summaries (:func:`summarise`, as
-    the fit cases')."""
-    task, written, rows, read, tested = reference.task, [], [], [], []
-    for case in target.cases():
-        labelled = case in reference.labels
-        if labelled:
-            grid, label, probs, prediction, files = read_case([target], reference, case)
-            source = reference.labels[case]
-        else:  # checked by conformal(): --images gives its grid
-            grid, source, probs, prediction, files = read_unlabelled(target, case, images)
-        if probs is None:
-            raise FolderError(f"case {case}: {target.path} has label maps only; sets need probabilities")
-        read += files
-        pred = predicted_masks(probs, task.multilabel, prediction)
-        sets = case_sets(probs, pred, grid.spacing, thresholds, margins)
-        truth = class_masks(label, task.channels, task.multilabel).numpy() if labelled else None
-        if labelled:
-            for k, result in case_test(sets, truth, pred, settings.loss, settings.tau).items():
-                rows.append({"case": case, "class": task.class_names[k], **result})
-            if summary_grid is not None:
-                tested.append(summarise(case, probs, torch.from_numpy(truth), pred, grid.spacing, summary_grid,
-                                        settings.tau, settings.classes))
-        written += write_masks(out, case, sets, task.class_names, grid.affine, source)
-        if figures:
-            written.append(case_figure(case, probs, sets, pred, truth, task.class_names, images, out))
+    the fit cases'). The cases in ``workers`` processes (:mod:`mcseg.evaluation.case_pool`; merged in case order)."""
+    written, rows, read, tested = [], [], [], []
+    job = partial(_apply_case, target, reference, settings, thresholds, margins, out, images, figures, summary_grid)
+    for files, case_rows, case_read, summary in map_cases(job, target.cases(), workers, desc="applying"):
+        written += files
+        rows += case_rows
+        read += case_read
+        tested += [summary] if summary is not None else []
+    return written, rows, read, tested
+
+
+def _apply_case(target: PredictionFormat, reference: Reference, settings: ConformalSettings, thresholds: dict,
+                margins: dict, out: Path, images: Path | None, figures: bool, summary_grid,
+                case: str) -> tuple[list[str], list[dict], list[Path], CaseSummary | None]:
+    """One test case of :func:`apply_folder`: the files written, its rows, the files read, its summary (labelled,
+    with ``summary_grid``) or None."""
+    task, rows, tested = reference.task, [], None
+    labelled = case in reference.labels
+    if labelled:
+        grid, label, probs, prediction, read = read_case([target], reference, case)
+        source = reference.labels[case]
+    else:  # checked by conformal(): --images gives its grid
+        grid, source, probs, prediction, read = read_unlabelled(target, case, images)
+    if probs is None:
+        raise FolderError(f"case {case}: {target.path} has label maps only; sets need probabilities")
+    pred = predicted_masks(probs, task.multilabel, prediction)
+    sets = case_sets(probs, pred, grid.spacing, thresholds, margins)
+    truth = class_masks(label, task.channels, task.multilabel).numpy() if labelled else None
+    if labelled:
+        for k, result in case_test(sets, truth, pred, settings.loss, settings.tau).items():
+            rows.append({"case": case, "class": task.class_names[k], **result})
+        if summary_grid is not None:
+            tested = summarise(case, probs, torch.from_numpy(truth), pred, grid.spacing, summary_grid, settings.tau,
+                               settings.classes)
+    written = write_masks(out, case, sets, task.class_names, grid.affine, source)
+    if figures:
+        written.append(case_figure(case, probs, sets, pred, truth, task.class_names, images, out))
     return written, rows, read, tested
 
 
@@ -208,6 +233,7 @@ def _refuse_fit_cases(target: PredictionFormat, fit_cases: Sequence[str]) -> Non
 
 def conformal(args: argparse.Namespace) -> dict:
     """Fit, apply and record (module docstring); returns the record written to conformal.json."""
+    check_workers(args.workers)
     out = args.output_dir.resolve()
     if args.repeats < 0 or any(not 0 < a < 1 for a in args.alphas):
         raise FolderError(f"--repeats {args.repeats} --alphas {' '.join(map(str, args.alphas))}: expected repeats >= "
@@ -249,14 +275,14 @@ def conformal(args: argparse.Namespace) -> dict:
     grid = default_thresholds(args.grid_size)
     record = {"fit": [str(d.resolve()) for d in args.fit], "apply": str(args.apply.resolve()) if args.apply else None}
     with writing(out, CONFORMAL_TOOL, record, _earlier_files(out) if earlier is not None else ()):
-        summaries, read = summarise_fit(owners, reference, settings, grid)
+        summaries, read = summarise_fit(owners, reference, settings, grid, args.workers)
         thresholds = fit_thresholds(summaries, settings)
         margins = fit_margins(summaries, settings)
         stored = _record(args, reference, settings, summaries, thresholds, margins, fit, read)
         if target is not None:
             files, rows, applied_read, tested = apply_folder(target, reference, settings, thresholds, margins, out,
                                                              args.images, args.figures,
-                                                             grid if args.repeats else None)
+                                                             grid if args.repeats else None, args.workers)
             if rows:
                 write_csv(out / "per_case.csv", rows)
             stored["applied"] = {"to": str(Path(target.path).resolve()), "format": target.format,

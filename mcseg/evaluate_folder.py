@@ -17,6 +17,7 @@ from pathlib import Path
 
 from mcseg.data.io import VolumeError
 from mcseg.config import EvalProtocol
+from mcseg.evaluation.folder_options import add_workers_option
 from mcseg.evaluation.folder_outputs import EXIT_INTERRUPTED, FolderInterrupted
 from mcseg.runtime import keep_freed_memory
 from mcseg.data.reference import FolderError, fold_cases, read_reference
@@ -112,8 +113,7 @@ def _parser() -> argparse.ArgumentParser:
                    "(mcseg-dicom; docs/report_html.md)")
     p.add_argument("--images", type=Path, help="with --dicom: folder of the images (<case>.nii.gz or "
                    "<case>_0000.nii.gz; default: imagesTr beside the reference)")
-    p.add_argument("--workers", type=int, default=1, metavar="N",
-                   help="processes that read and score the cases (default 1); the outputs are the same as with one")
+    add_workers_option(p, "read and score the cases")
     p.add_argument("--allow-missing", action="store_true", help="evaluate even if some labels have no prediction")
     p.add_argument("--region", choices=REGIONS, default=defaults.region, help="voxels used for calibration")
     p.add_argument("--n-bins", type=int, default=defaults.n_bins)

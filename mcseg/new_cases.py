@@ -15,12 +15,14 @@ members' spread as its scale (statement ``volume_members``).
 Writes ``OUT_DIR/statements.csv`` (one row per case and structure), ``statements.json`` (the guarantees and the
 rows), ``calibration_cases.csv`` and ``new_cases.csv`` (the per-case figures everything is computed from), under
 :mod:`mcseg.evaluation.folder_outputs`' rule (never another tool's folder; an earlier one only with ``--overwrite``).
+``--workers N`` reads the cases in N processes (:mod:`mcseg.evaluation.case_pool`; the same files as one).
 """
 from __future__ import annotations
 
 import argparse
 import math
 import sys
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +33,8 @@ from mcseg.conformal.fit import class_indices
 from mcseg.conformal.risks import class_masks
 from mcseg.data.io import read_volume
 from mcseg.data.reference import FolderError, Reference, fold_cases, read_reference
-from mcseg.evaluation.folder_options import add_fit_apply_options, add_input_options
+from mcseg.evaluation.case_pool import check_workers, map_cases
+from mcseg.evaluation.folder_options import add_fit_apply_options, add_input_options, add_workers_option
 from mcseg.evaluation.folder_outputs import NEW_CASES_TOOL, claim_output, run_command, writing
 from mcseg.evaluation.folder_posthoc import _fit_owners
 from mcseg.evaluation.folders import image_path, read_case, read_unlabelled
@@ -81,6 +84,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--classes", nargs="+", help="structures (class names; default every class but the background)")
     p.add_argument("--figure", action="store_true", help="also statements.png: per structure the cases' volume "
                    "intervals, flagged cases in red, true volumes where the new cases' labels were given")
+    add_workers_option(p, "read the calibration and new cases (their figures, members, image statistics)")
     add_html_options(p)
     add_input_options(p)
     return p
@@ -126,42 +130,55 @@ def _member_spread(members: list[PredictionFormat], reference: Reference, images
 
 
 def read_calibration(owners: dict[str, PredictionFormat], reference: Reference, classes: list[int],
-                     names: list[str], members: list[PredictionFormat] = ()) -> tuple[CaseTable, list[Path]]:
-    rows, read = [], []
-    for case, folder in owners.items():
-        label_vol, label, probs, prediction, files = read_case([folder], reference, case)
-        rows.append(_figures(probs, prediction, label_vol.spacing, classes, reference.task.multilabel,
-                             f"{folder.path} (case {case})", label))
-        read += files
-        if members:
-            rows[-1][MEMBERS], more = _member_spread(members, reference, None, case, label_vol.spacing, classes)
-            read += more
-    return CaseTable.from_rows(list(owners), names, rows), read
+                     names: list[str], members: list[PredictionFormat] = (),
+                     workers: int = 1) -> tuple[CaseTable, list[Path]]:
+    """The calibration cases' table (label-free figures and the truth), read in ``workers`` processes
+    (:mod:`mcseg.evaluation.case_pool`; in case order); the files read."""
+    job = partial(_table_row, owners, reference, None, classes, list(members), True)
+    return _table(job, list(owners), names, workers)
 
 
 def read_new(target: PredictionFormat, reference: Reference, images: Path | None, classes: list[int],
-             names: list[str], members: list[PredictionFormat] = ()) -> tuple[CaseTable, list[Path]]:
-    """The new cases' table: label-free figures, and the truth where the reference has every case's label."""
+             names: list[str], members: list[PredictionFormat] = (),
+             workers: int = 1) -> tuple[CaseTable, list[Path]]:
+    """The new cases' table: label-free figures, and the truth where the reference has every case's label; read
+    in ``workers`` processes as :func:`read_calibration`."""
     cases = target.cases()
     labelled = all(c in reference.labels for c in cases)
+    job = partial(_table_row, dict.fromkeys(cases, target), reference, images, classes, list(members), labelled)
+    return _table(job, cases, names, workers)
+
+
+def _table(job, cases: list[str], names: list[str], workers: int) -> tuple[CaseTable, list[Path]]:
     rows, read = [], []
-    for case in cases:
-        if labelled:
-            grid, label, probs, prediction, files = read_case([target], reference, case)
-        else:
-            grid, _, probs, prediction, files = read_unlabelled(target, case, images)
-            label = None
-        rows.append(_figures(probs, prediction, grid.spacing, classes, reference.task.multilabel,
-                             f"{target.path} (case {case})", label))
+    for row, files in map_cases(job, cases, workers, desc="reading cases"):
+        rows.append(row)
         read += files
-        if members:
-            rows[-1][MEMBERS], more = _member_spread(members, reference, None if labelled else images, case,
-                                                     grid.spacing, classes)
-            read += more
     return CaseTable.from_rows(cases, names, rows), read
 
 
+def _table_row(owners: dict[str, PredictionFormat], reference: Reference, images: Path | None, classes: list[int],
+               members: list[PredictionFormat], labelled: bool, case: str) -> tuple[dict, list[Path]]:
+    """One case's row of a table (:func:`_figures`, and the members' spread where there are members) from the
+    folder ``owners[case]``, on its label's grid (``labelled``: with the truth), else on its image's from
+    ``images``; the files read."""
+    folder = owners[case]
+    if labelled:
+        grid, label, probs, prediction, read = read_case([folder], reference, case)
+    else:
+        grid, _, probs, prediction, read = read_unlabelled(folder, case, images)
+        label = None
+    row = _figures(probs, prediction, grid.spacing, classes, reference.task.multilabel, f"{folder.path} (case {case})",
+                   label)
+    if members:
+        row[MEMBERS], more = _member_spread(members, reference, None if labelled else images, case, grid.spacing,
+                                            classes)
+        read = [*read, *more]
+    return row, read
+
+
 def _check(args: argparse.Namespace) -> None:
+    check_workers(args.workers)
     StatementSettings(args.alpha, args.delta, args.floor, args.procedure)
     if args.apply is None:
         raise FolderError("--apply NEW_DIR: the new cases' predictions are what the statements are about")
@@ -219,11 +236,12 @@ def new_cases(args: argparse.Namespace) -> dict:
                           f"images: the grid the predictions are checked against)")
     members = {option: [open_folder(d, task, args.fmt, args.monai_postfix) for d in folders or []]
                for option, folders in (("fit", args.fit_members), ("apply", args.apply_members))}
-    calibration, read = read_calibration(owners, reference, classes, names, members["fit"])
-    new, new_read = read_new(target, reference, args.images, classes, names, members["apply"])
+    calibration, read = read_calibration(owners, reference, classes, names, members["fit"], args.workers)
+    new, new_read = read_new(target, reference, args.images, classes, names, members["apply"], args.workers)
     weights = None
     if args.shift == "weighted":
-        stats = (lambda folder, cases: np.stack([_image_stats(folder, c) for c in cases])
+        stats = (lambda folder, cases: np.stack(list(map_cases(partial(_image_stats, folder), cases, args.workers,
+                                                               desc="image statistics")))
                  if args.fit_images is not None else None)
         weights = density_ratio_weights(case_vector(calibration, stats(args.fit_images, calibration.cases)),
                                         case_vector(new.unlabelled(), stats(args.images, new.cases)))

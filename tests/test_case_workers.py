@@ -11,6 +11,12 @@ from tests.test_monai_folders import _labels
 from tests.tool_outputs import make_monai
 
 
+def written_bytes(out) -> dict[str, bytes]:
+    """Every file a folder command wrote under ``out`` (by its path there), but status.json (times, the process)."""
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*"))
+            if p.is_file() and p.name != "status.json"}
+
+
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     root = tmp_path_factory.mktemp("workers")
@@ -27,7 +33,7 @@ def test_two_workers_write_the_bytes_of_one(folder, tmp_path, figures):
     for workers in (1, 2):
         out = tmp_path / str(workers) / "eval"  # the same folder name: the figures' titles carry it
         evaluate_folder(pred, labels, protocol=protocol, output_dir=out, workers=workers)
-        outs[workers] = {p.name: p.read_bytes() for p in out.iterdir() if p.name != "status.json"}
+        outs[workers] = written_bytes(out)
     assert {"per_case.csv", "summary.json", "reliability.csv", "reliability_histogram.csv", "failure_per_case.csv",
             "provenance.json", *(("reliability.png", "reliability_histogram.png") if figures else ())} <= set(outs[1])
     assert outs[1].keys() == outs[2].keys()

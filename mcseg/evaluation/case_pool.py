@@ -3,8 +3,9 @@
 ``map_cases(job, cases, workers)`` yields ``job(case)`` for every case, in the order of ``cases``, whatever the
 order in which the workers finish: a caller that merges each case's partial result as it comes (per-case rows,
 bin sums) adds the same numbers in the same order as one process does, so its outputs are the same to the last
-byte. Memory stays bounded: a worker holds one case at a time and returns only that case's part (rows and sums,
-no volume); results arrive as they are ready, the caller keeps what it merges.
+byte. Memory stays bounded: a worker holds one case at a time, and at most :data:`AHEAD` cases per worker are
+handed out beyond the one the caller waits for, so results that are volumes (a fit's log-probabilities) wait for
+the caller a few at a time, never a whole folder's; the caller keeps what it merges.
 
 Workers are forked where the platform can (Linux: no second import of torch and mcseg, the job's folders and
 reference inherited as they are), spawned elsewhere (then ``job`` must pickle: a :func:`functools.partial` of a
@@ -17,7 +18,9 @@ from __future__ import annotations
 import multiprocessing
 import signal
 import sys
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from itertools import islice
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -25,6 +28,7 @@ T = TypeVar("T")
 __all__ = ["map_cases", "check_workers"]
 
 _JOB: Callable | None = None  # a worker's job (set by _start)
+AHEAD = 2  # cases handed out per worker beyond the one awaited: workers stay busy, unclaimed results stay few
 
 
 def check_workers(workers: int, option: str = "--workers") -> int:
@@ -55,7 +59,13 @@ def map_cases(job: Callable[[str], T], cases: Sequence[str], workers: int = 1, d
         methods = multiprocessing.get_all_start_methods()
         context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
         with context.Pool(workers, initializer=_start, initargs=(job,)) as pool:  # leaving it terminates the workers
-            for result in pool.imap(_run, cases, chunksize=1):
+            waiting = iter(cases)
+            pending = deque(pool.apply_async(_run, (case,)) for case in islice(waiting, AHEAD * workers))
+            while pending:
+                result = pending.popleft().get()
+                for case in waiting:  # the next case goes out before the caller works on this one
+                    pending.append(pool.apply_async(_run, (case,)))
+                    break
                 yield result
                 bar.update()
 

@@ -1,6 +1,7 @@
 """Command-line options shared by the folder commands that fit on saved validation predictions and apply to a test
 folder (``mcseg-calibrate-folder``, ``mcseg-conformal-folder``, scripts/conformal_validity.py): how the folders and
-their reference are read, as ``mcseg-evaluate-folder`` reads them, and the fit / apply / output folders."""
+their reference are read, as ``mcseg-evaluate-folder`` reads them, and the fit / apply / output folders; and
+``--workers``, which every folder command has (:mod:`mcseg.evaluation.case_pool`)."""
 from __future__ import annotations
 
 import argparse
@@ -8,7 +9,7 @@ from pathlib import Path
 
 from mcseg.evaluation.formats import format_names
 
-__all__ = ["add_fit_apply_options", "add_input_options"]
+__all__ = ["add_fit_apply_options", "add_input_options", "add_workers_option"]
 
 
 def add_input_options(p: argparse.ArgumentParser, fold_use: str = "take") -> None:
@@ -34,3 +35,11 @@ def add_fit_apply_options(p: argparse.ArgumentParser, *, fit: str, reference: st
     p.add_argument("--apply", type=Path, metavar="TEST_DIR", help=apply)
     p.add_argument("-o", "--output-dir", type=Path, required=True, help=output)
     p.add_argument("--overwrite", action="store_true", help=overwrite)
+
+
+def add_workers_option(p: argparse.ArgumentParser, work: str) -> None:
+    """``--workers N``: the processes that do ``work`` (each case's part, :func:`mcseg.evaluation.case_pool.map_cases`);
+    the outputs are those of one process. Checked by :func:`~mcseg.evaluation.case_pool.check_workers` before anything
+    is read or written."""
+    p.add_argument("--workers", type=int, default=1, metavar="N",
+                   help=f"processes that {work} (default 1); the outputs are the same as with one")

@@ -42,6 +42,7 @@ import hashlib
 import json
 import shutil
 from collections.abc import Iterator, Sequence
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -54,6 +55,7 @@ from mcseg.data.cases import CaseData
 from mcseg.files import write_json
 from mcseg.config import EvalProtocol
 from mcseg.data.reference import FolderError, Reference
+from mcseg.evaluation.case_pool import map_cases
 from mcseg.evaluation.folders import read_case
 from mcseg.evaluation.formats import PredictionFormat
 from mcseg.evaluation.provenance import file_sha256
@@ -126,9 +128,12 @@ def _fit_owners(folders: Sequence[PredictionFormat], cases: Sequence[str] | None
 
 def fit_folders(folders: Sequence[PredictionFormat], reference: Reference, out_dir: Path,
                 scalers: Sequence[str] = ("temperature",), cases: Sequence[str] | None = None,
-                posthoc: PosthocConfig | None = None, protocol: EvalProtocol | None = None) -> tuple[dict, dict[str, Scaler]]:
+                posthoc: PosthocConfig | None = None, protocol: EvalProtocol | None = None,
+                workers: int = 1) -> tuple[dict, dict[str, Scaler]]:
     """Fit ``scalers`` on the saved probabilities of the fit cases (every case of ``folders``, or ``cases``)
-    against ``reference``; the record goes to ``out_dir/calibration.json``. Returns it and the fitted scalers."""
+    against ``reference``, the cases read in ``workers`` processes (:mod:`mcseg.evaluation.case_pool`; the fit
+    itself, and its voxel sample, in this one, in case order); the record goes to ``out_dir/calibration.json``.
+    Returns it and the fitted scalers."""
     unknown = [s for s in scalers if s not in SCALER_TYPES]
     if unknown:
         raise FolderError(f"post-hoc scaler {unknown[0]!r}: expected one of {', '.join(SCALER_TYPES)}")
@@ -156,13 +161,10 @@ def fit_folders(folders: Sequence[PredictionFormat], reference: Reference, out_d
     digests = {str(p.resolve()): file_sha256(p) for p in dict.fromkeys(read)}
     key = hashlib.sha256("\n".join(f"{digests[p]}" for p in sorted(digests)).encode()).hexdigest()
 
-    def fit_cases() -> Iterator[CaseData]:
-        for case, folder in owners.items():
-            label_vol, label, probs, _, _ = read_case([folder], reference, case)
-            if probs is None:
-                raise FolderError(f"case {case}: {folder.path} has label maps only; a fit needs probabilities")
-            yield CaseData(case, np.zeros((0,), np.float32), label.numpy(), tuple(label_vol.spacing), label_vol.affine,
-                           {"log_probabilities": log_probabilities(probs, task.multilabel)})
+    def fit_cases() -> Iterator[CaseData]:  # read in ``workers`` processes, in case order (the voxel sample's)
+        for case in map_cases(partial(_fit_case, owners, reference), list(owners), workers, desc="reading fit cases"):
+            case.meta["log_probabilities"] = torch.from_numpy(case.meta["log_probabilities"])
+            yield case
 
     identity = {"path": [str(Path(f.path).resolve()) for f in folders], "sha256": key,
                 "kind": "saved probabilities (sha256 over the sha256 of every file read for the fit)"}
@@ -189,24 +191,55 @@ def fit_folders(folders: Sequence[PredictionFormat], reference: Reference, out_d
     return record, fitted
 
 
+def _fit_case(owners: dict[str, PredictionFormat], reference: Reference, case: str) -> CaseData:
+    """One fit case read (:func:`read_case`), its log-probabilities (:func:`log_probabilities`, as an array: it
+    crosses from a worker by value) in ``meta``."""
+    folder = owners[case]
+    label_vol, label, probs, _, _ = read_case([folder], reference, case)
+    if probs is None:
+        raise FolderError(f"case {case}: {folder.path} has label maps only; a fit needs probabilities")
+    return CaseData(case, np.zeros((0,), np.float32), label.numpy(), tuple(label_vol.spacing), label_vol.affine,
+                    {"log_probabilities": log_probabilities(probs, reference.task.multilabel).numpy()})
+
+
 def _decisions(probs: torch.Tensor, multilabel: bool) -> torch.Tensor:
     """Each voxel's decision from ``C x *S`` probabilities: its class (first maximum), or its regions (p > 0.5)."""
     return probs > 0.5 if multilabel else probs.argmax(0)
 
 
 def calibrate_folder(folder: PredictionFormat, scaler: Scaler, out_dir: Path,
-                     multilabel: bool) -> tuple[list[str], dict]:
+                     multilabel: bool, workers: int = 1) -> tuple[list[str], dict]:
     """Write ``folder``'s probabilities scaled by ``scaler`` to ``out_dir`` in the tool's own format (its
     :meth:`~mcseg.evaluation.formats.base.PredictionFormat.write`: nnU-Net's npz, pkl and label map re-derived,
     MONAI's and mcseg's maps with their NIfTI header), its config files (plans.json, dataset.json) copied.
     Returns the files written (relative to ``out_dir``) and how many voxels of the calibrated cases changed their
     decision (arg-max; multi-label: any region's p > 0.5) from the saved probabilities to the written ones, as
     :func:`~mcseg.calibration.posthoc.argmax_changes` counts the fit voxels: ``{"count", "share", "of",
-    "voxels"}``; the fit voxels can be few, or of other cases."""
+    "voxels"}``; the fit voxels can be few, or of other cases. The cases are calibrated in ``workers`` processes
+    (:mod:`mcseg.evaluation.case_pool`; each writes its own files, the counts are added in case order)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for config in folder.config_files():
+        if config.parent != out_dir:
+            shutil.copy2(config, out_dir / config.name)
+            written.append(config.name)
+    count = of = calibrated = 0
+    job = partial(_calibrate_case, folder, scaler, out_dir, multilabel)
+    for files, changed, voxels, scaled in map_cases(job, folder.cases(), workers, desc="calibrating"):
+        written += files
+        count, of, calibrated = count + changed, of + voxels, calibrated + scaled
+    changes = {"count": count, "share": count / max(of, 1), "of": of,
+               "voxels": f"every voxel of the {calibrated} calibrated case(s)"}
+    return written, changes
+
+
+def _calibrate_case(folder: PredictionFormat, scaler: Scaler, out_dir: Path, multilabel: bool,
+                    case: str) -> tuple[list[str], int, int, bool]:
+    """One case of :func:`calibrate_folder` written to ``out_dir``: the files written, the voxels whose decision
+    the scaler changed, the voxels it scaled, and whether it scaled any probabilities of the case."""
     link = _link(multilabel)
-    counted = {"count": 0, "of": 0, "cases": set()}
+    counted = [0, 0, False]
 
     def scaled(case: str, path: Path, probs: np.ndarray, channel_axis: int) -> np.ndarray:
         checked = folder.check_probabilities(case, path, np.moveaxis(np.asarray(probs), channel_axis, 0))
@@ -215,21 +248,13 @@ def calibrate_folder(folder: PredictionFormat, scaler: Scaler, out_dir: Path,
             p = link(scaler.apply(z)[None])[0]
         changed = _decisions(torch.from_numpy(checked), multilabel) != _decisions(p, multilabel)
         changed = changed.any(0) if multilabel else changed
-        counted["count"] += int(changed.sum())
-        counted["of"] += changed.numel()
-        counted["cases"].add(case)
+        counted[0] += int(changed.sum())
+        counted[1] += changed.numel()
+        counted[2] = True
         return np.ascontiguousarray(np.moveaxis(p.numpy().astype(np.float32), 0, channel_axis))
 
-    written = []
-    for config in folder.config_files():
-        if config.parent != out_dir:
-            shutil.copy2(config, out_dir / config.name)
-            written.append(config.name)
-    for case in folder.cases():
-        written += folder.write(case, scaled, out_dir)
-    changes = {"count": counted["count"], "share": counted["count"] / max(counted["of"], 1), "of": counted["of"],
-               "voxels": f"every voxel of the {len(counted['cases'])} calibrated case(s)"}
-    return written, changes
+    files = folder.write(case, scaled, out_dir)
+    return files, counted[0], counted[1], counted[2]
 
 
 def take_over(out_dir: Path) -> list[dict]:

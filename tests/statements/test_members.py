@@ -141,3 +141,23 @@ def test_members_interval_covers_on_average_over_splits():
         assert 1 - alpha - 3 * entry["se"] - 0.01 <= entry["mean_coverage"] <= 1 - alpha + 1 / 61 + 3 * entry["se"]
         # the scale that sees the noise gives narrower intervals than the absolute score
         assert entry["mean_width"] < summary[alpha, "volume"]["mean_width"]
+
+
+@pytest.mark.slow  # 30 cases with 3 members each, twice; tests/test_folder_workers.py covers the plain route fast
+def test_two_workers_write_the_bytes_of_one_with_members_images_and_weights(folders, members, tmp_path):
+    """--workers 2 on the route where each case reads most: the members' masks, new cases without labels (their
+    grid from --images), the image statistics of --shift weighted; every file as with one worker."""
+    from tests.test_case_workers import written_bytes
+
+    outs = []
+    for workers in ("1", "2"):
+        out = tmp_path / workers / "out"
+        assert new_cases(["--fit", str(folders["fit"]), "--reference", str(folders["fit_labels"]), "--apply",
+                          str(folders["new"]), "-o", str(out), *NAMES, "--images", str(folders["images"]),
+                          "--fit-images", str(folders["images"]), "--shift", "weighted", "--figure", "--no-html",
+                          *_members("--fit-members", members["fit"]), *_members("--apply-members", members["new"]),
+                          "--workers", workers]) == 0
+        outs.append(written_bytes(out))
+    assert "statements.png" in outs[0] and outs[0].keys() == outs[1].keys()
+    for name in outs[0]:
+        assert outs[0][name] == outs[1][name], name

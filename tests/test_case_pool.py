@@ -1,0 +1,33 @@
+"""mcseg.evaluation.case_pool.map_cases: every case's result in case order whatever the workers, and a bounded
+number of cases handed out ahead of the caller (their results may be volumes: a fit's log-probabilities)."""
+from __future__ import annotations
+
+import time
+from functools import partial
+from pathlib import Path
+
+import torch  # noqa: F401  (imported before the fork, as the commands have it: the workers do not import it again)
+
+from mcseg.evaluation.case_pool import AHEAD, map_cases
+
+
+def _mark(folder: Path, case: str) -> str:
+    """A case's job: say that it started (a file named after it), return the case in capitals."""
+    (folder / case).touch()
+    return case.upper()
+
+
+def test_results_come_in_case_order_and_few_cases_run_ahead_of_the_caller(tmp_path):
+    """With Pool.imap every case was handed out at once: while the caller worked on the first result, the workers
+    read the whole folder and their results (volumes, for a fit) waited in memory. Now at most AHEAD per worker."""
+    cases = [f"c{i:02d}" for i in range(24)]
+    started = []
+    results = []
+    for result in map_cases(partial(_mark, tmp_path), cases, workers=2):
+        if len(results) == 1:  # the first case ran here; the workers' first result is in: the caller is slow
+            time.sleep(1.0)
+            started = list(tmp_path.iterdir())
+        results.append(result)
+    assert results == [c.upper() for c in cases]
+    # the parent's case, the awaited one and what was handed out beyond it (one more each time a result came)
+    assert len(started) <= 1 + 1 + AHEAD * 2 + 1 < len(cases)
