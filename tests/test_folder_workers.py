@@ -33,7 +33,9 @@ def _without_times(name: str, data: bytes) -> bytes:
     return json.dumps(stored).encode()
 
 
-@pytest.mark.parametrize("command", list(COMMANDS))
+# calibrate and conformal (its per-case figures) take 7-30 s each on 2 busy cores: the slow run's
+@pytest.mark.parametrize("command", [pytest.param("calibrate", marks=pytest.mark.slow),
+                                     pytest.param("conformal", marks=pytest.mark.slow), "new-cases"])
 def test_two_workers_write_the_bytes_of_one(folders, tmp_path, command):  # noqa: F811
     main, extra = COMMANDS[command]
     outs = {}
