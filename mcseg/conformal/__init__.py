@@ -11,11 +11,26 @@ risk control of per-class thresholded sets (CRC, RCPS, Learn-then-Test) and conf
 Entry points: ``mcseg-conformal-folder`` (:mod:`mcseg.conformal_folder`), ``evaluate.py conformal.enabled=true``
 (:mod:`mcseg.evaluation.conformal`), ``scripts/conformal_validity.py``; docs/conformal.md.
 """
-from mcseg.conformal.control import METHODS, NotMonotone, ThresholdFit, control
-from mcseg.conformal.fit import (CaseSummary, ConformalSettings, case_sets, case_test, fit_margins, fit_thresholds,
-                                 predicted_masks, summarise)
-from mcseg.conformal.risks import ABSENT_POLICIES, LOSSES, case_counts, default_thresholds, loss_table
+from __future__ import annotations
 
-__all__ = ["ABSENT_POLICIES", "CaseSummary", "ConformalSettings", "LOSSES", "METHODS", "NotMonotone", "ThresholdFit",
-           "case_counts", "case_sets", "case_test", "control", "default_thresholds", "fit_margins", "fit_thresholds",
-           "loss_table", "predicted_masks", "summarise"]
+import importlib
+
+# name -> its module; imported at first use, so that the config checks (mcseg.conformal.config: losses, methods)
+# read this package without torch, which mcseg.conformal.fit needs (docs/benchmarks.md, "Start-up")
+_WHERE = {
+    **dict.fromkeys(("METHODS", "NotMonotone", "ThresholdFit", "control"), "control"),
+    **dict.fromkeys(("CaseSummary", "ConformalSettings", "case_sets", "case_test", "fit_margins", "fit_thresholds",
+                     "predicted_masks", "summarise"), "fit"),
+    **dict.fromkeys(("ABSENT_POLICIES", "LOSSES", "case_counts", "default_thresholds", "loss_table"), "risks"),
+}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WHERE))
