@@ -116,15 +116,17 @@ def test_config_checks_refuse_before_torch_is_imported(tmp_path):
 # override list composed on its own (the dataset's: hippocampus, whose root is a folder)
 LATE = [
     (["conformal.alpha=2"], "config key 'conformal.alpha': expected 0 < alpha < 1, got 2"),
-    (["conformal.method=crc", "conformal.loss=fdr"], "config key 'conformal.loss'=fdr with conformal.method=crc"),
+    # a tracker's settings: refused before torch already on main (mcseg.config.check_logger), kept so here
+    (["logger=wandb", "logger.wandb.mode=sometimes"], "config key 'logger.wandb.mode'='sometimes'"),
     (["dataset=hippocampus", "dataset.root=/no/such/folder"],
      "dataset.root=/no/such/folder: directory /no/such/folder does not exist"),
 ]
 
 
 def test_conformal_and_dataset_root_refused_before_torch_is_imported(tmp_path):
-    """:func:`mcseg.cli.train_checked` on a bad conformal node and a missing dataset root: refused naming the key,
-    in an interpreter that never imported torch (before issue #58 item 2: by ``train()``, after the imports)."""
+    """:func:`mcseg.cli.train_checked` on a bad conformal node and a missing dataset root, and
+    :func:`mcseg.cli.evaluate_checked` on the root: refused naming the key, in an interpreter that never imported
+    torch (before issue #58 item 2: by ``train()`` and the dataset, after the imports)."""
     done = _python(f"""
         import json, sys
         from hydra import compose, initialize_config_dir
@@ -143,11 +145,20 @@ def test_conformal_and_dataset_root_refused_before_torch_is_imported(tmp_path):
             except Exception as exc:
                 out.append(f"{{type(exc).__name__}}: {{exc}}")
             out.append("torch" in sys.modules)
+        from mcseg.cli import evaluate_checked  # evaluate.py's checks before its imports: the same
+        with initialize_config_dir(config_dir={CONFIG_DIR!r}, version_base="1.3"):
+            cfg = compose(config_name="evaluate", overrides=["ckpt=/no/such.pt"] + {LATE[-1][0]!r})
+        try:
+            evaluate_checked(cfg)
+            out.append("accepted")
+        except Exception as exc:
+            out.append(f"{{type(exc).__name__}}: {{exc}}")
+        out.append("torch" in sys.modules)
         print(json.dumps(out))
     """)
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout.splitlines()[-1])
-    for i, (overrides, message) in enumerate(LATE):
+    for i, (overrides, message) in enumerate(LATE + [LATE[-1]]):
         assert message in out[2 * i], (overrides, out[2 * i])
         assert out[2 * i + 1] is False, f"{overrides}: torch imported before the refusal"
     assert not (tmp_path / "run").exists()
