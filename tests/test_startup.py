@@ -121,11 +121,18 @@ LATE = [
     (["dataset=hippocampus", "dataset.root=/no/such/folder"],
      "dataset.root=/no/such/folder: directory /no/such/folder does not exist"),
 ]
+# evaluate.py's: the root as above, the evaluation protocol (mcseg.config.EvalProtocol) and the split's name
+LATE_EVALUATE = [
+    LATE[-1],
+    (["evaluation.region=borders"], "config key 'evaluation.region': expected one of label_foreground, "
+                                    "union_foreground, all, boundary, got 'borders'"),
+    (["split=tset"], "split='tset': expected one of train, val, test or all"),
+]
 
 
 def test_conformal_and_dataset_root_refused_before_torch_is_imported(tmp_path):
     """:func:`mcseg.cli.train_checked` on a bad conformal node and a missing dataset root, and
-    :func:`mcseg.cli.evaluate_checked` on the root: refused naming the key, in an interpreter that never imported
+    :func:`mcseg.cli.evaluate_checked` on the root, the evaluation protocol and the split: refused naming the key, in an interpreter that never imported
     torch (before issue #58 item 2: by ``train()`` and the dataset, after the imports)."""
     done = _python(f"""
         import json, sys
@@ -145,20 +152,21 @@ def test_conformal_and_dataset_root_refused_before_torch_is_imported(tmp_path):
             except Exception as exc:
                 out.append(f"{{type(exc).__name__}}: {{exc}}")
             out.append("torch" in sys.modules)
-        from mcseg.cli import evaluate_checked  # evaluate.py's checks before its imports: the same
-        with initialize_config_dir(config_dir={CONFIG_DIR!r}, version_base="1.3"):
-            cfg = compose(config_name="evaluate", overrides=["ckpt=/no/such.pt"] + {LATE[-1][0]!r})
-        try:
-            evaluate_checked(cfg)
-            out.append("accepted")
-        except Exception as exc:
-            out.append(f"{{type(exc).__name__}}: {{exc}}")
-        out.append("torch" in sys.modules)
+        from mcseg.cli import evaluate_checked  # evaluate.py's checks before its imports
+        for overrides in {[o for o, _ in LATE_EVALUATE]!r}:
+            with initialize_config_dir(config_dir={CONFIG_DIR!r}, version_base="1.3"):
+                cfg = compose(config_name="evaluate", overrides=["ckpt=/no/such.pt"] + overrides)
+            try:
+                evaluate_checked(cfg)
+                out.append("accepted")
+            except Exception as exc:
+                out.append(f"{{type(exc).__name__}}: {{exc}}")
+            out.append("torch" in sys.modules)
         print(json.dumps(out))
     """)
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout.splitlines()[-1])
-    for i, (overrides, message) in enumerate(LATE + [LATE[-1]]):
+    for i, (overrides, message) in enumerate(LATE + LATE_EVALUATE):
         assert message in out[2 * i], (overrides, out[2 * i])
         assert out[2 * i + 1] is False, f"{overrides}: torch imported before the refusal"
     assert not (tmp_path / "run").exists()
