@@ -49,8 +49,14 @@ def train_checked(cfg: DictConfig) -> dict:
 
 
 def evaluate_checked(cfg: DictConfig) -> dict:
-    """``evaluate(cfg)`` after :func:`refuse_early`: a typo refused before torch is imported."""
+    """``evaluate(cfg)`` after :func:`refuse_early`, the evaluation protocol and the split's name: a typo refused
+    before torch is imported."""
+    from mcseg.config import EvalProtocol, typed
+    from mcseg.data.split import check_split_name
+
     refuse_early(cfg)
+    typed(cfg.evaluation, EvalProtocol, "evaluation")
+    check_split_name(cfg.split)
     from mcseg.evaluate import evaluate
 
     return evaluate(cfg)
