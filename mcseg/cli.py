@@ -16,20 +16,50 @@ from mcseg.identity import job_name
 OmegaConf.register_new_resolver("mcseg_job", job_name, replace=True)
 
 
+def refuse_early(cfg: DictConfig) -> None:
+    """The checks of what ``train.py`` and ``evaluate.py`` share that need neither torch nor MONAI nor the data:
+    the ``conformal`` node (:func:`mcseg.conformal.config.conformal_config`) and a ``dataset.root`` that is not a
+    folder (:func:`mcseg.data.roots.resolve_root`, as the dataset resolves it later); ``train()``, ``evaluate()``
+    and the dataset make them again with everything imported."""
+    from mcseg.conformal.config import conformal_config
+    from mcseg.data.roots import resolve_root
+
+    conformal_config(cfg)
+    dataset = cfg.get("dataset") or {}
+    if "root" in dataset:
+        resolve_root(dataset.get("root"))
+
+
 def train_checked(cfg: DictConfig) -> dict:
     """``train(cfg)`` after the checks that need neither torch nor MONAI nor the data (types, choices, ranges,
-    unknown keys, a split file that cannot be read), so that a typo is refused within a second of Hydra composing,
-    not after the imports of the training (docs/benchmarks.md, "Start-up")."""
+    unknown keys, the conformal node, a dataset root or a split file that cannot be read), so that a typo is
+    refused within a second of Hydra composing, not after the imports of the training (docs/benchmarks.md,
+    "Start-up")."""
     from mcseg.config import validate_train_config
     from mcseg.data.split import read_split_file
 
     validate_train_config(cfg, imports=False)
+    refuse_early(cfg)
     split_file = (cfg.dataset.get("split") or {}).get("file")
     if split_file and not (Path(cfg.paths.output_dir) / "split.json").is_file():  # a resume reads its own
         read_split_file(split_file)
     from mcseg.train import train
 
     return train(cfg)
+
+
+def evaluate_checked(cfg: DictConfig) -> dict:
+    """``evaluate(cfg)`` after :func:`refuse_early`, the evaluation protocol and the split's name: a typo refused
+    before torch is imported."""
+    from mcseg.config import EvalProtocol, typed
+    from mcseg.data.split import check_split_name
+
+    refuse_early(cfg)
+    typed(cfg.evaluation, EvalProtocol, "evaluation")
+    check_split_name(cfg.split)
+    from mcseg.evaluate import evaluate
+
+    return evaluate(cfg)
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")
@@ -45,12 +75,13 @@ def train_main(cfg: DictConfig):
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="evaluate")
 def evaluate_main(cfg: DictConfig):
-    from mcseg.evaluate import evaluate, move_job_record
     from mcseg.sweep import run_job
 
-    result = run_job(evaluate, cfg)
+    result = run_job(evaluate_checked, cfg)
     hc = HydraConfig.get()
     chosen = any(o.startswith("hydra.run.dir=") for o in hc.overrides.hydra)
     if cfg.get("ckpt") and result and hc.mode == RunMode.RUN and not chosen:
+        from mcseg.evaluate import move_job_record
+
         # its results and their provenance are elsewhere: no timestamped job directory left behind
         move_job_record(Path(cfg.paths.output_dir), Path(result["provenance"]["output_dir"]))

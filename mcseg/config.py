@@ -323,7 +323,7 @@ TOP_LEVEL = {
     "dataset", "model", "loss", "optim", "scheduler", "trainer", "inference", "evaluation",
     "logger", "paths", "task_name", "seed", "tags", "experiment", "hparams_search", "debug",
     "optimized_metric", "score", "posthoc",
-    "conformal",  # checked by mcseg.train (mcseg.evaluation.conformal, a layer above this module)
+    "conformal",  # checked by mcseg.cli before torch, and by mcseg.train (mcseg.conformal.config, a layer above)
     "study",  # a study preset's evaluation side (configs/experiment/study/): read and checked by
     # scripts/study_pieces.py (Study), ignored by the training
 }

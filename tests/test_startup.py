@@ -111,6 +111,79 @@ def test_config_checks_refuse_before_torch_is_imported(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+# what only the training or the evaluation refused once torch, MONAI and the data were loaded (issue #58 item 2):
+# the conformal node (mcseg.conformal.config), a dataset root that is not a directory (mcseg.data.roots); each
+# override list composed on its own (the dataset's: hippocampus, whose root is a folder)
+LATE = [
+    (["conformal.alpha=2"], "config key 'conformal.alpha': expected 0 < alpha < 1, got 2"),
+    # a tracker's settings: refused before torch already on main (mcseg.config.check_logger), kept so here
+    (["logger=wandb", "logger.wandb.mode=sometimes"], "config key 'logger.wandb.mode'='sometimes'"),
+    (["dataset=hippocampus", "dataset.root=/no/such/folder"],
+     "dataset.root=/no/such/folder: directory /no/such/folder does not exist"),
+]
+# evaluate.py's: the root as above, the evaluation protocol (mcseg.config.EvalProtocol) and the split's name
+LATE_EVALUATE = [
+    LATE[-1],
+    (["evaluation.region=borders"], "config key 'evaluation.region': expected one of label_foreground, "
+                                    "union_foreground, all, boundary, got 'borders'"),
+    (["split=tset"], "split='tset': expected one of train, val, test or all"),
+]
+
+
+def test_conformal_and_dataset_root_refused_before_torch_is_imported(tmp_path):
+    """:func:`mcseg.cli.train_checked` on a bad conformal node and a missing dataset root, and
+    :func:`mcseg.cli.evaluate_checked` on the root, the evaluation protocol and the split: refused naming the key, in an interpreter that never imported
+    torch (before issue #58 item 2: by ``train()`` and the dataset, after the imports)."""
+    done = _python(f"""
+        import json, sys
+        from hydra import compose, initialize_config_dir
+        from omegaconf import open_dict
+        from mcseg.cli import train_checked
+        out = []
+        for overrides in {[o for o, _ in LATE]!r}:
+            tiny = [] if overrides[0].startswith("dataset=") else {TINY_2D!r}
+            with initialize_config_dir(config_dir={CONFIG_DIR!r}, version_base="1.3"):
+                cfg = compose(config_name="train", overrides=tiny + overrides)
+            with open_dict(cfg):
+                cfg.paths.output_dir = {str(tmp_path / "run")!r}
+            try:
+                train_checked(cfg)
+                out.append("accepted")
+            except Exception as exc:
+                out.append(f"{{type(exc).__name__}}: {{exc}}")
+            out.append("torch" in sys.modules)
+        from mcseg.cli import evaluate_checked  # evaluate.py's checks before its imports
+        for overrides in {[o for o, _ in LATE_EVALUATE]!r}:
+            with initialize_config_dir(config_dir={CONFIG_DIR!r}, version_base="1.3"):
+                cfg = compose(config_name="evaluate", overrides=["ckpt=/no/such.pt"] + overrides)
+            try:
+                evaluate_checked(cfg)
+                out.append("accepted")
+            except Exception as exc:
+                out.append(f"{{type(exc).__name__}}: {{exc}}")
+            out.append("torch" in sys.modules)
+        print(json.dumps(out))
+    """)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.splitlines()[-1])
+    for i, (overrides, message) in enumerate(LATE + LATE_EVALUATE):
+        assert message in out[2 * i], (overrides, out[2 * i])
+        assert out[2 * i + 1] is False, f"{overrides}: torch imported before the refusal"
+    assert not (tmp_path / "run").exists()
+
+
+def test_evaluate_refuses_a_bad_conformal_node_before_importing_torch(tmp_path, monkeypatch):
+    """``evaluate.py ckpt=... conformal.alpha=2``: one line naming the key, and torch never imported (the import
+    log, as for ``train.py``); before issue #58 item 2 ``evaluate()`` refused it after importing torch."""
+    monkeypatch.setenv("PYTHONPROFILEIMPORTTIME", "1")
+    done = run_cli("evaluate.py", [f"ckpt={tmp_path / 'no_such.pt'}", "conformal.alpha=2",
+                                   f"hydra.run.dir={tmp_path / 'job'}"])
+    assert done.returncode == 1
+    assert "error: config key 'conformal.alpha': expected 0 < alpha < 1, got 2" in done.stderr, done.stderr[-2000:]
+    imported = [line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")]
+    assert "hydra" in imported and "torch" not in imported
+
+
 @pytest.mark.parametrize("override", [o for o, _ in BAD if not o.startswith("+")])
 def test_the_early_checks_say_what_the_later_ones_say(make_cfg, override):
     """The same message from the checks before the imports as from those after them (``imports=True``)."""

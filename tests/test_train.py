@@ -202,6 +202,9 @@ def test_full_validation_every_n_epochs_next_to_a_capped_running_one(make_cfg, t
 @pytest.mark.parametrize("overrides, key", [
     (["trainer.full_val_every=2"], "trainer.full_val_every"),  # without a cap it would repeat val/*
     (["trainer.monitor=val_full/mean_ece"], "trainer.monitor"),
+    # a typo in the metric that selects best.pt: before, trained to the end and kept the last epoch with a warning
+    (["trainer.monitor=val/mean_foreground_dise"], "trainer.monitor'=val/mean_foreground_dise: not a validation"),
+    (["trainer.monitor=vall/mean_foreground_dice"], "trainer.monitor'=vall/mean_foreground_dice: not a validation"),
 ])
 def test_full_validation_settings_are_checked(make_cfg, overrides, key):
     from mcseg.errors import ConfigError

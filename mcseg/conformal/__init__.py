@@ -11,11 +11,28 @@ risk control of per-class thresholded sets (CRC, RCPS, Learn-then-Test) and conf
 Entry points: ``mcseg-conformal-folder`` (:mod:`mcseg.conformal_folder`), ``evaluate.py conformal.enabled=true``
 (:mod:`mcseg.evaluation.conformal`), ``scripts/conformal_validity.py``; docs/conformal.md.
 """
+from __future__ import annotations
+
+import importlib
+
 from mcseg.conformal.control import METHODS, NotMonotone, ThresholdFit, control
-from mcseg.conformal.fit import (CaseSummary, ConformalSettings, case_sets, case_test, fit_margins, fit_thresholds,
-                                 predicted_masks, summarise)
 from mcseg.conformal.risks import ABSENT_POLICIES, LOSSES, case_counts, default_thresholds, loss_table
+
+# imported at first use: mcseg.conformal.fit needs torch, and the config checks (mcseg.conformal.config: the losses
+# and methods above, torch-free) read this package before torch is imported (docs/benchmarks.md, "Start-up")
+_FIT = ("CaseSummary", "ConformalSettings", "case_sets", "case_test", "fit_margins", "fit_thresholds",
+        "predicted_masks", "summarise")
 
 __all__ = ["ABSENT_POLICIES", "CaseSummary", "ConformalSettings", "LOSSES", "METHODS", "NotMonotone", "ThresholdFit",
            "case_counts", "case_sets", "case_test", "control", "default_thresholds", "fit_margins", "fit_thresholds",
            "loss_table", "predicted_masks", "summarise"]
+
+
+def __getattr__(name: str):
+    if name not in _FIT:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.fit"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_FIT))

@@ -18,11 +18,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from mcseg.registry import unique
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["ABSENT_POLICIES", "CaseCounts", "LOSSES", "Loss", "case_counts", "class_masks", "default_thresholds",
            "loss_table"]
@@ -79,11 +82,15 @@ def default_thresholds(size: int = 101) -> torch.Tensor:
     """``size`` equally spaced thresholds 0, ..., 1 (float64); at t = 0 every set is the whole volume."""
     if size < 2:
         raise ValueError(f"grid size {size}: at least 2 thresholds")
+    import torch  # here, not at the top: the losses and policies are read by the config checks before torch
+
     return torch.linspace(0.0, 1.0, size, dtype=torch.float64)
 
 
 def class_masks(label: torch.Tensor, channels: int, multilabel: bool) -> torch.Tensor:
     """``C x *S`` boolean ground truth per channel: one-hot of an integer label map, or the region masks."""
+    import torch
+
     if multilabel:
         return label.bool()
     return torch.nn.functional.one_hot(label.long(), channels).movedim(-1, 0).bool()
@@ -114,6 +121,8 @@ def case_counts(probs: torch.Tensor, truth: torch.Tensor, thresholds: torch.Tens
     """Counts of one case for every class and grid threshold in one pass over its voxels: each voxel's bin (how
     many thresholds are <= p_k, in float64, so a float32 p is compared exactly) is counted once, and
     ``|{p_k >= t_j}|`` is the number of voxels in bins above j."""
+    import torch
+
     t = torch.as_tensor(thresholds, dtype=torch.float64)
     if t.ndim != 1 or (t.numel() > 1 and not bool((t[1:] > t[:-1]).all())):
         raise ValueError("thresholds must be a 1-D strictly increasing grid")

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mcseg.conformal.config import ALPHAS, REPEATS
 from mcseg.conformal.fit import CaseSummary, ConformalSettings, fit_margins, fit_thresholds
 from mcseg.conformal.risks import loss_table
 
@@ -28,9 +29,6 @@ __all__ = ["ALPHAS", "COVERAGE_FIGURE", "POOLED", "REPEATS", "VALIDITY_FILE", "c
            "over_alphas", "over_splits", "pooled_splits", "split_once", "summarise_splits", "validity_rows"]
 
 VALIDITY_FILE, COVERAGE_FIGURE = "validity.csv", "coverage.png"
-# the defaults of conformal.repeats / --repeats and of the levels besides the fit's own alpha (docs/conformal.md):
-# 200 splits put the Monte-Carlo standard error of a violation rate near 0.1 at 0.02
-REPEATS, ALPHAS = 200, (0.05, 0.1, 0.2)
 POOLED = ("the calibration and the test cases pooled and split again at random, repeats times, into as many "
           "calibration cases as the fit had and the others to test (per class and alpha, over the splits: the mean "
           "test risk and the violation rate, test risk > alpha, each with its Monte-Carlo standard error). Splits of "

@@ -24,6 +24,7 @@ from mcseg.data.cases import CaseData, CaseRef, load_case, to_regions
 from mcseg.data.normalize import check_normalization, normalize_image
 from mcseg.data.preprocess import Geometry, forward, invert, preprocess_config
 from mcseg.data.raters import hard_label, rater_config
+from mcseg.data.roots import resolve_root  # noqa: F401 (the datasets import it from here)
 from mcseg.data.validate import GEOMETRY_TOLERANCE_MM, GeometryRule
 from mcseg.runtime import helper_processes
 from mcseg.text import plural
@@ -418,23 +419,6 @@ def _check_mapping(mapping: Mapping | None) -> dict[int, int] | None:
         return {int(k): int(v) for k, v in mapping.items()}
     except (TypeError, ValueError):
         raise ValueError(f"dataset.label_mapping={dict(mapping)}: expected integer label values") from None
-
-
-def resolve_root(root: str | os.PathLike | None, key: str = "dataset.root") -> Path:
-    """Resolve a dataset root against the directory the user launched from; check it exists."""
-    if root in (None, "", "???"):
-        raise FileNotFoundError(f"{key} is not set: give {key}=/path/to/dataset")
-    path = Path(os.path.expanduser(str(root)))
-    if not path.is_absolute():
-        try:
-            from hydra.utils import get_original_cwd
-
-            path = Path(get_original_cwd()) / path
-        except ValueError:  # not inside a Hydra run
-            path = Path.cwd() / path
-    if not path.is_dir():
-        raise FileNotFoundError(f"{key}={root}: directory {path} does not exist")
-    return path.resolve()
 
 
 def inside_root(root: Path, relative: str, source: Path) -> Path:

@@ -8,7 +8,15 @@ from pathlib import Path
 
 import numpy as np
 
+from mcseg.errors import ConfigError
+
 SPLITS = ("train", "val", "test")
+
+
+def check_split_name(split: str) -> None:
+    """``split=`` of ``evaluate.py``: one of the run's splits or ``all`` (checked before torch: ``mcseg.cli``)."""
+    if split not in (*SPLITS, "all"):
+        raise ConfigError(f"split={split!r}: expected one of {', '.join(SPLITS)} or all")
 
 
 def make_split(case_ids: list[str], val_fraction: float, test_fraction: float, seed: int) -> dict[str, list[str]]:

@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from mcseg.calibration import PosthocConfig
 from mcseg.config import EvalProtocol, InferenceConfig, resume_mismatch, typed
 from mcseg.data.base import SegmentationDataset
-from mcseg.data.split import SPLITS
+from mcseg.data.split import SPLITS, check_split_name
 from mcseg.inference.build import build_predictor, load_checkpoint, restore_model
 from mcseg.data.build import Splits, build_dataset, record_dataset_facts, resolve_split
 from mcseg.evaluation.split import PROVENANCE_FILE, clear_evaluation
@@ -195,8 +195,7 @@ def evaluate_checkpoint(cfg: DictConfig, ckpt_path: Path, overrides: list[str] |
     and recorded in the provenance; ``log_figure(tag, figure)`` gets the conformal pass's overlay figures.
     Returns the summary (with its ``provenance``).
     """
-    if cfg.split not in (*SPLITS, "all"):
-        raise ConfigError(f"split={cfg.split!r}: expected one of {', '.join(SPLITS)} or all")
+    check_split_name(cfg.split)
     return _evaluate_held(cfg, resolve_checkpoint_path(Path(ckpt_path).expanduser().resolve()), overrides,
                           log_figure)
 

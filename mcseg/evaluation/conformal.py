@@ -12,22 +12,19 @@ evaluation's pass stays as it is. The evaluated split must not hold validation c
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from mcseg.conformal import (ABSENT_POLICIES, LOSSES, METHODS, CaseSummary, ConformalSettings, case_sets, case_test,
+from mcseg.conformal import (CaseSummary, ConformalSettings, case_sets, case_test,
                              default_thresholds, fit_margins, fit_thresholds, predicted_masks, summarise)
-from mcseg.conformal.control import FWER_METHODS, RCPS_BOUNDS, NotMonotone, controllable
-from mcseg.conformal.fit import class_indices
+from mcseg.conformal.config import ConformalConfig, conformal_config
 from mcseg.conformal.plots import case_overlay
 from mcseg.conformal.record import (CONFORMAL_FILE, class_records, fit_lines, settings_record, test_figures,
                                    versions, write_masks)
 from mcseg.conformal.risks import class_masks
-from mcseg.conformal.validity import ALPHAS, REPEATS, levels, pooled_splits
-from mcseg.config import typed
+from mcseg.conformal.validity import levels, pooled_splits
 from mcseg.errors import ConfigError
 from mcseg.files import write_csv, write_json
 from mcseg.statements.features import case_row
@@ -38,70 +35,6 @@ __all__ = ["ConformalConfig", "add_to_summary", "check_conformal", "conformal_co
 # the figures per class that go into summary.json's "conformal" block, and their means over the classes there
 HEADLINE = {"test_loss": "mean_loss", "set_over_prediction": "mean_set_over_prediction",
             "covered": "covered", "sure_inside": "sure_inside"}
-
-
-@dataclass
-class ConformalConfig:
-    """Mirrors the config node ``conformal`` (configs/conformal/default.yaml)."""
-
-    enabled: bool = False
-    alpha: float = 0.1
-    method: str = "crc"
-    loss: str = "fnr"
-    delta: float | None = None
-    rcps_bound: str = "wsr"
-    fwer: str = "bonferroni_holm"
-    absent: str = "skip"
-    grid_size: int = 101
-    tau: float = 1.0
-    classes: list[str] | None = None
-    posthoc: bool = True
-    masks: bool = True
-    figures: int = 0  # how many test cases get an overlay figure <case>_conformal.png (over their image)
-    repeats: int = REPEATS  # random re-splits of the pooled validation and test cases (0: none): validity.csv
-    alphas: list[float] = field(default_factory=lambda: list(ALPHAS))  # their levels, with alpha
-    statements: bool = False  # the new-case statements (mcseg.statements) of each test case: <source>/statements/
-    floor: float = 0.7  # their review flag's failure: a structure's Dice below this
-
-    def __post_init__(self) -> None:
-        for key, allowed in (("method", METHODS), ("loss", tuple(LOSSES)), ("rcps_bound", RCPS_BOUNDS),
-                             ("fwer", FWER_METHODS), ("absent", tuple(ABSENT_POLICIES))):
-            if getattr(self, key) not in allowed:
-                raise ConfigError(f"config key 'conformal.{key}': expected one of {', '.join(allowed)}, "
-                                  f"got {getattr(self, key)!r}")
-        if not 0 < self.alpha < 1:
-            raise ConfigError(f"config key 'conformal.alpha': expected 0 < alpha < 1, got {self.alpha}")
-        try:  # what the threshold fit would refuse after the whole evaluation
-            controllable(self.loss, self.method)
-        except NotMonotone as exc:
-            raise ConfigError(f"config key 'conformal.loss'={self.loss} with conformal.method={self.method}: {exc} "
-                              f"(conformal.method=ltt with conformal.delta), or conformal.loss=fnr") from None
-        if self.method == "crc" and self.delta is not None:
-            raise ConfigError("config key 'conformal.delta': belongs to method rcps or ltt; CRC controls the "
-                              "expected loss")
-        if self.delta is not None and not 0 < self.delta < 1:
-            raise ConfigError(f"config key 'conformal.delta': expected 0 < delta < 1, got {self.delta}")
-        if self.repeats < 0:
-            raise ConfigError(f"config key 'conformal.repeats': expected >= 0 (0: no re-splits), got {self.repeats}")
-        if any(not 0 < a < 1 for a in self.alphas):
-            raise ConfigError(f"config key 'conformal.alphas': expected each 0 < alpha < 1, got {list(self.alphas)}")
-        if not 0 <= self.floor <= 1:
-            raise ConfigError(f"config key 'conformal.floor': expected a Dice in [0, 1], got {self.floor}")
-
-    def settings(self, class_names: list[str], multilabel: bool) -> ConformalSettings:
-        try:
-            classes = class_indices(self.classes, class_names, multilabel)
-        except ValueError as exc:
-            raise ConfigError(f"config key 'conformal.classes': {exc}") from None
-        delta = self.delta if self.delta is not None or self.method == "crc" else 0.1
-        return ConformalSettings(alpha=self.alpha, delta=delta, method=self.method, loss=self.loss,
-                                 absent=self.absent, rcps_bound=self.rcps_bound, fwer=self.fwer, tau=self.tau,
-                                 classes=classes)
-
-
-def conformal_config(cfg) -> ConformalConfig:
-    """An entry point's ``conformal`` node (configs/conformal/default.yaml), typed and checked: refused at start."""
-    return typed(cfg.get("conformal"), ConformalConfig, "conformal")
 
 
 def check_conformal(config: ConformalConfig, split: str, own_split: dict | None) -> None:

@@ -74,7 +74,8 @@ def check_soft_targets(loss_node: DictConfig) -> None:
 
 
 def _check_config(cfg: DictConfig, posthoc: PosthocConfig) -> None:
-    """What the config alone can refuse, before any data is read: post-hoc settings and the ``score`` keys."""
+    """What the config alone can refuse, before any data is read: post-hoc settings, the ``score`` keys and the
+    metric that selects best.pt (``trainer.monitor``)."""
     if set(posthoc.apply) - set(posthoc.fit):
         raise ConfigError(f"config key 'posthoc.apply'={posthoc.apply}: each applied scaler must also be in "
                           f"posthoc.fit={posthoc.fit} (training fits them on the validation split)")
@@ -85,6 +86,13 @@ def _check_config(cfg: DictConfig, posthoc: PosthocConfig) -> None:
     unknown = sorted(set(cfg.get("score") or {}) - set(headline))
     if unknown:
         raise ConfigError(f"config key 'score.{unknown[0]}': not a validation metric (expected {', '.join(headline)})")
+    # what selects best.pt: a validation figure as the trainer records it (val/<key>, val_full/<key>) or a training
+    # one (train/loss); a typo would train to the end and keep the last epoch
+    monitor = str(cfg.trainer.monitor)
+    prefix, _, key = monitor.partition("/")
+    if prefix not in ("val", "val_full", "train") or (prefix != "train" and key not in headline):
+        raise ConfigError(f"config key 'trainer.monitor'={monitor}: not a validation metric (expected val/<key> or "
+                          f"val_full/<key> with a key of {', '.join(headline)}, or a train/ metric)")
 
 
 def trainer_settings(tcfg: TrainerConfig, run_dir: Path, dataset: SegmentationDataset, protocol: EvalProtocol,
