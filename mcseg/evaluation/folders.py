@@ -20,6 +20,7 @@ from mcseg.evaluation.cases import detect_failure, failure_detection, write_unce
 from mcseg.config import EvalProtocol
 from mcseg.evaluation.case_pool import check_workers, map_cases
 from mcseg.evaluation.evaluator import Evaluator
+from mcseg.evaluation.figure_processes import preload
 from mcseg.evaluation.folder_outputs import EVALUATE_TOOL, EVALUATION_FILES, claim_output, folder_status, writing
 from mcseg.evaluation.formats import PredictionFormat, prediction_files
 from mcseg.evaluation.provenance import file_sha256
@@ -208,7 +209,8 @@ def _evaluate(folders: Sequence[PredictionFormat], reference: Reference, protoco
     inputs = [*reference.files, *(f for folder in folders for f in folder.config_files())]
     hashes = {str(p.resolve()): file_sha256(p) for p in dict.fromkeys(inputs)}
     job = partial(score_case, folders, reference, protocol, uncertainty_dir, with_probs)
-    for part in map_cases(job, chosen, workers, desc="evaluating"):
+    # matplotlib imported beside the cases, once, for the figures' processes (figure_processes.preload)
+    for part in map_cases(job, chosen, workers, desc="evaluating", when_running=preload if protocol.figures else None):
         evaluator.merge(part.evaluator)
         if failure is not None:
             failure.merge(part.failure)
