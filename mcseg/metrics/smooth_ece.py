@@ -164,32 +164,56 @@ def _node_arrays(cells: dict[str, np.ndarray], n_nodes: int) -> tuple[np.ndarray
 
 
 def _reflected_smoothing(values: np.ndarray, sigma: float) -> np.ndarray:
-    """relplot's ``ReflectedGaussianKernel.convolve``: reflect once about each end, convolve with the Gaussian
-    density sampled at linspace(0, 1, E) around 1/2, keep the E central values."""
-    from scipy.signal import fftconvolve  # scipy.signal takes seconds to import: only when a smooth ECE is computed
+    """relplot's ``ReflectedGaussianKernel.convolve`` of each row of ``values`` (R, E): reflect once about each end,
+    convolve with the Gaussian density sampled at linspace(0, 1, E) around 1/2, keep the E central values.
 
-    n = values.size
+    The FFTs of ``scipy.signal.fftconvolve(extended, kernel, mode="valid")`` (the same lengths, products and
+    slices, so the same values to the last bit), with the kernel's transform shared by the rows."""
+    from scipy import fft  # not at import: only when a smooth ECE is computed
+
+    n = values.shape[-1]
     t = np.linspace(0.0, 1.0, n)
     kernel = np.exp(-(t - 0.5) ** 2 / (2 * sigma**2)) / (math.sqrt(2 * math.pi) * sigma)
-    extended = np.concatenate([values[::-1][:-1], values, values[::-1][1:]])
-    return fftconvolve(extended, kernel, mode="valid")[n // 2: n // 2 + n]
+    flipped = values[:, ::-1]
+    extended = np.concatenate([flipped[:, :-1], values, flipped[:, 1:]], axis=1)  # (R, 3E - 2)
+    size = fft.next_fast_len(4 * n - 3, True)  # the full convolution's length, as fftconvolve pads it
+    full = fft.irfft(fft.rfft(extended, size, axis=-1) * fft.rfft(kernel, size), size, axis=-1)
+    start = n - 1 + n // 2  # the "valid" part starts at E - 1; relplot keeps E values from its middle
+    return full[:, start:start + n]
 
 
 def _interpolate(t: np.ndarray, y: np.ndarray) -> np.ndarray:
-    scale = y.size - 1
-    index = (t * scale).astype(np.int64).clip(0, y.size - 2)
+    """Linear interpolation of each row of ``y`` (R, E), sampled at linspace(0, 1, E), at the points ``t``."""
+    scale = y.shape[-1] - 1
+    index = (t * scale).astype(np.int64).clip(0, scale - 1)
     w = t * scale - index
-    return y[index] * (1 - w) + y[index + 1] * w
+    return y[:, index] * (1 - w) + y[:, index + 1] * w
 
 
-def _sigma_value(cells: dict[str, np.ndarray], sigma: float) -> float:
-    n_nodes = max(2000, round(20 / sigma)) // 2 + 1
-    r_nodes, one_nodes = _node_arrays(cells, n_nodes)
+def _sigma_value(nodes: np.ndarray, sigma: float) -> float:
+    """smECE_sigma from the node arrays (2, E) of r and of 1 (:func:`_node_arrays`) on relplot's grid for ``sigma``."""
     t = np.linspace(0.0, 1.0, max(round(10 / sigma), 200))
-    residual = _interpolate(t, _reflected_smoothing(r_nodes, sigma))
-    density = _interpolate(t, _reflected_smoothing(one_nodes, sigma)) + _DENSITY_EPS
+    smoothed = _interpolate(t, _reflected_smoothing(nodes, sigma))
+    residual, density = smoothed[0], smoothed[1] + _DENSITY_EPS
     # relplot forms the smoothed residual (K*r)/density and its density-weighted mean; the density cancels
     return float(np.abs(residual).sum() / density.sum())
+
+
+def _at_bandwidths(cells: dict[str, np.ndarray]):
+    """sigma -> smECE_sigma of ``cells``, each bandwidth computed once and the node arrays once per node grid
+    (every sigma >= 0.01 shares relplot's grid of 1001 nodes)."""
+    nodes: dict[int, np.ndarray] = {}
+    values: dict[float, float] = {}
+
+    def value(sigma: float) -> float:
+        if sigma not in values:
+            n_nodes = max(2000, round(20 / sigma)) // 2 + 1
+            if n_nodes not in nodes:
+                nodes[n_nodes] = np.stack(_node_arrays(cells, n_nodes))
+            values[sigma] = _sigma_value(nodes[n_nodes], sigma)
+        return values[sigma]
+
+    return value
 
 
 def smooth_ece_sigma(sums: SmoothSums, sigma: float) -> float:
@@ -197,7 +221,7 @@ def smooth_ece_sigma(sums: SmoothSums, sigma: float) -> float:
     if not sigma > 0:
         raise ValueError(f"sigma: expected a positive bandwidth, got {sigma}")
     cells = _occupied(sums)
-    return math.nan if cells["count"].size == 0 else _sigma_value(cells, sigma)
+    return math.nan if cells["count"].size == 0 else _at_bandwidths(cells)(sigma)
 
 
 def smooth_ece(sums: SmoothSums, return_width: bool = False) -> float | tuple[float, float]:
@@ -207,8 +231,10 @@ def smooth_ece(sums: SmoothSums, return_width: bool = False) -> float | tuple[fl
     if cells["count"].size == 0:
         return (math.nan, math.nan) if return_width else math.nan
 
+    at = _at_bandwidths(cells)
+
     def below_fixed_point(sigma: float) -> bool:
-        return sigma < _MIN_SIGMA or sigma < _sigma_value(cells, sigma)
+        return sigma < _MIN_SIGMA or sigma < at(sigma)
 
     width = 1.0
     if not below_fixed_point(width):
@@ -217,5 +243,5 @@ def smooth_ece(sums: SmoothSums, return_width: bool = False) -> float | tuple[fl
             mid = (lo + hi) / 2
             lo, hi = (mid, hi) if below_fixed_point(mid) else (lo, mid)
         width = hi
-    value = _sigma_value(cells, width)
+    value = at(width)
     return (value, width) if return_width else value
