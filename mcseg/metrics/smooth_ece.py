@@ -121,18 +121,27 @@ def smooth_sums(confidence: torch.Tensor, correct: torch.Tensor, into: SmoothSum
         f = conf[start:start + _CHUNK].to(torch.float64).clamp(0.0, 1.0)
         return f, (f * N_CELLS).long().clamp_(max=N_CELLS - 1)
 
-    used = torch.zeros(N_CELLS, dtype=torch.bool, device=conf.device)
-    for start in steps:
-        used[chunk(start)[1]] = True
-    cells = used.nonzero()[:, 0]
-    slot = torch.empty(N_CELLS, dtype=torch.long, device=conf.device)
-    slot[cells] = torch.arange(cells.numel(), device=conf.device)
+    if len(steps) == 1:  # one step (a small case): the occupied cells and each voxel's slot from one sort
+        cells, inverse = torch.unique(chunk(0)[1], sorted=True, return_inverse=True)
+
+        def slots(cell: torch.Tensor) -> torch.Tensor:
+            return inverse
+    else:  # the occupied cells marked step by step: memory bounded by the 2^20 cells, not the voxels
+        used = torch.zeros(N_CELLS, dtype=torch.bool, device=conf.device)
+        for start in steps:
+            used[chunk(start)[1]] = True
+        cells = used.nonzero()[:, 0]
+        slot = torch.empty(N_CELLS, dtype=torch.long, device=conf.device)
+        slot[cells] = torch.arange(cells.numel(), device=conf.device)
+
+        def slots(cell: torch.Tensor) -> torch.Tensor:
+            return slot[cell]
     sums = SmoothSums(*(torch.zeros(cells.numel(), dtype=torch.float64, device=conf.device)
                         for _ in SmoothSums.SUMS), cells=cells)
     for start in steps:  # per cell, the additions of the dense accumulation, in the same (voxel) order
         f, cell = chunk(start)
         y = hit[start:start + _CHUNK].to(torch.float64)
-        index = slot[cell]
+        index = slots(cell)
         sums.count.index_add_(0, index, torch.ones_like(f))
         sums.correct.index_add_(0, index, y)
         sums.conf.index_add_(0, index, f)
