@@ -172,21 +172,36 @@ def _node_arrays(cells: dict[str, np.ndarray], n_nodes: int) -> tuple[np.ndarray
     return spread(r_sum, r_frac_sum), spread(cells["count"], frac_sum)
 
 
-def _reflected_smoothing(values: np.ndarray, sigma: float) -> np.ndarray:
-    """relplot's ``ReflectedGaussianKernel.convolve`` of each row of ``values`` (R, E): reflect once about each end,
-    convolve with the Gaussian density sampled at linspace(0, 1, E) around 1/2, keep the E central values.
-
-    The FFTs of ``scipy.signal.fftconvolve(extended, kernel, mode="valid")`` (the same lengths, products and
-    slices, so the same values to the last bit), with the kernel's transform shared by the rows."""
+def _fft_size(n_nodes: int) -> int:
+    """The padded length of fftconvolve's transforms of the reflected node arrays (3E - 2) and the kernel (E)."""
     from scipy import fft  # not at import: only when a smooth ECE is computed
 
-    n = values.shape[-1]
+    return fft.next_fast_len(4 * n_nodes - 3, True)
+
+
+def _node_spectrum(nodes: np.ndarray) -> np.ndarray:
+    """The FFT of each row of the node arrays (R, E), reflected once about each end (relplot's
+    ``ReflectedGaussianKernel``), at :func:`_fft_size`: what every bandwidth on this node grid convolves."""
+    from scipy import fft
+
+    flipped = nodes[:, ::-1]
+    extended = np.concatenate([flipped[:, :-1], nodes, flipped[:, 1:]], axis=1)  # (R, 3E - 2)
+    return fft.rfft(extended, _fft_size(nodes.shape[-1]), axis=-1)
+
+
+def _reflected_smoothing(spectrum: np.ndarray, n: int, sigma: float) -> np.ndarray:
+    """relplot's ``ReflectedGaussianKernel.convolve`` of each row of the E = ``n`` node arrays whose
+    :func:`_node_spectrum` is ``spectrum``: convolve with the Gaussian density sampled at linspace(0, 1, E) around
+    1/2, keep the E central values.
+
+    The FFTs of ``scipy.signal.fftconvolve(extended, kernel, mode="valid")`` (the same lengths, products and
+    slices, so the same values to the last bit), the node arrays' transform shared by the bandwidths."""
+    from scipy import fft
+
     t = np.linspace(0.0, 1.0, n)
     kernel = np.exp(-(t - 0.5) ** 2 / (2 * sigma**2)) / (math.sqrt(2 * math.pi) * sigma)
-    flipped = values[:, ::-1]
-    extended = np.concatenate([flipped[:, :-1], values, flipped[:, 1:]], axis=1)  # (R, 3E - 2)
-    size = fft.next_fast_len(4 * n - 3, True)  # the full convolution's length, as fftconvolve pads it
-    full = fft.irfft(fft.rfft(extended, size, axis=-1) * fft.rfft(kernel, size), size, axis=-1)
+    size = _fft_size(n)
+    full = fft.irfft(spectrum * fft.rfft(kernel, size), size, axis=-1)
     start = n - 1 + n // 2  # the "valid" part starts at E - 1; relplot keeps E values from its middle
     return full[:, start:start + n]
 
@@ -199,27 +214,28 @@ def _interpolate(t: np.ndarray, y: np.ndarray) -> np.ndarray:
     return y[:, index] * (1 - w) + y[:, index + 1] * w
 
 
-def _sigma_value(nodes: np.ndarray, sigma: float) -> float:
-    """smECE_sigma from the node arrays (2, E) of r and of 1 (:func:`_node_arrays`) on relplot's grid for ``sigma``."""
+def _sigma_value(spectrum: np.ndarray, n_nodes: int, sigma: float) -> float:
+    """smECE_sigma from the :func:`_node_spectrum` of the node arrays (2, E) of r and of 1 (:func:`_node_arrays`)
+    on relplot's grid for ``sigma``."""
     t = np.linspace(0.0, 1.0, max(round(10 / sigma), 200))
-    smoothed = _interpolate(t, _reflected_smoothing(nodes, sigma))
+    smoothed = _interpolate(t, _reflected_smoothing(spectrum, n_nodes, sigma))
     residual, density = smoothed[0], smoothed[1] + _DENSITY_EPS
     # relplot forms the smoothed residual (K*r)/density and its density-weighted mean; the density cancels
     return float(np.abs(residual).sum() / density.sum())
 
 
 def _at_bandwidths(cells: dict[str, np.ndarray]):
-    """sigma -> smECE_sigma of ``cells``, each bandwidth computed once and the node arrays once per node grid
-    (every sigma >= 0.01 shares relplot's grid of 1001 nodes)."""
-    nodes: dict[int, np.ndarray] = {}
+    """sigma -> smECE_sigma of ``cells``, each bandwidth computed once and the node arrays and their FFT once per
+    node grid (every sigma >= 0.01 shares relplot's grid of 1001 nodes)."""
+    spectra: dict[int, np.ndarray] = {}
     values: dict[float, float] = {}
 
     def value(sigma: float) -> float:
         if sigma not in values:
             n_nodes = max(2000, round(20 / sigma)) // 2 + 1
-            if n_nodes not in nodes:
-                nodes[n_nodes] = np.stack(_node_arrays(cells, n_nodes))
-            values[sigma] = _sigma_value(nodes[n_nodes], sigma)
+            if n_nodes not in spectra:
+                spectra[n_nodes] = _node_spectrum(np.stack(_node_arrays(cells, n_nodes)))
+            values[sigma] = _sigma_value(spectra[n_nodes], n_nodes, sigma)
         return values[sigma]
 
     return value
