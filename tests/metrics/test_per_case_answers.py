@@ -1,11 +1,13 @@
 """Every per-case figure and the pooled ones, to the last bit, as recorded before the per-case speed work of
 issue #58 (``tests/answers/per_case_figures.json``, recorded by main at fc7de3a).
 
-The speed-ups (shared FFTs of the smooth ECE, one bucketize and three bincounts for pECE, surfaces without the background,
-...) must not move a single bit of what a user reads: the values are compared with ``==`` (NaN equal to NaN), not
-within a tolerance. The inputs are exact on every machine: probabilities are ratios of small integers (one
-correctly rounded division), the label maps integer ellipsoids, and torch runs on one thread (the thread count
-orders float reductions). A change meant to move a figure updates the answers in the same commit and says why::
+The speed-ups (shared FFTs of the smooth ECE, one bucketize and three bincounts for pECE, surfaces without the
+background, ...) must not move a single bit of what a user reads: the values are compared with ``==`` (NaN equal to
+NaN), not within a tolerance. The inputs are exact on every machine: probabilities are ratios of small integers
+(one correctly rounded division), the label maps integer ellipsoids, and torch runs on one thread (the thread count
+orders float reductions). The figures also pass through log, exp, sqrt and FFTs, whose last bits another CPU's
+kernels might round differently: the answers were recorded on the project's CPU machine. A change meant to move a
+figure updates the answers in the same commit and says why::
 
     MCSEG_UPDATE_ANSWERS=1 .venv/bin/python -m pytest tests/metrics/test_per_case_answers.py
 """
