@@ -43,3 +43,17 @@ def test_freed_large_tensors_are_reused_not_faulted_in_again():
     assert kept["faults"] < 0.5 * plain["faults"] and kept["done"].startswith("glibc mallopt")
     off = _probe("keep", MCSEG_KEEP_FREED_MEMORY="0")
     assert off["done"].startswith("off") and off["faults"] > 0.5 * pages
+
+
+def test_an_evaluator_keeps_freed_memory(monkeypatch):
+    """An Evaluator used from Python (a script, scripts/bench_metrics.py) keeps freed memory as the commands do: a
+    small case's temporaries were faulted in afresh each case (issue #58). Checked through the switch that leaves
+    malloc alone, so this process's allocator is not changed."""
+    import mcseg.runtime as runtime
+    from mcseg.config import EvalProtocol
+    from mcseg.evaluation.evaluator import Evaluator
+
+    monkeypatch.setattr(runtime, "_kept_memory", None)
+    monkeypatch.setenv("MCSEG_KEEP_FREED_MEMORY", "0")
+    Evaluator(2, ["background", "organ"], EvalProtocol())
+    assert runtime._kept_memory == "off (MCSEG_KEEP_FREED_MEMORY=0)"

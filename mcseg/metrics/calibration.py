@@ -122,6 +122,11 @@ class CaseCalibration:
 CHUNK_VOXELS = {"cpu": 1 << 17, "cuda": 1 << 22}
 
 
+# up to this many classes every (class, voxel) pair is binned (K passes of cheap arithmetic beat a nonzero and a
+# gather of the pairs above bin 0); beyond, only the pairs above bin 0, which most of them are not
+_BIN_ALL_CLASSES = 4
+
+
 def _chunks(n: int, device: torch.device):
     size = CHUNK_VOXELS.get(device.type, 1 << 20)
     return (slice(start, min(start + size, n)) for start in range(0, n, size))
@@ -157,16 +162,23 @@ def class_sums(
         x, y = probs[:, s], label[s].long()
         if mask is not None:
             x, y = x[:, mask[s]], y[mask[s]]
-        p_true = x.gather(0, y[None])[0]
-        correct += torch.bincount(y * n_bins + bin_index(p_true, n_bins), minlength=n_bins_total)
-        # most (class, voxel) pairs put p_k in bin 0 = [0, 1/M]: bin only the others, and get
-        # bin 0 as the complement of the class totals
-        k, v = (x > first_edge).nonzero(as_tuple=True)
-        above = x[k, v]
-        bins = bin_index(above, n_bins) + offset[k]
-        count += torch.bincount(bins, minlength=n_bins_total)
-        conf += torch.bincount(bins, weights=above.double(), minlength=n_bins_total)
         xd = x.double().reshape(-1)
+        if k_classes <= _BIN_ALL_CLASSES:  # every (class, voxel) pair binned, class-major as the nonzero below
+            bins = (bin_index(x, n_bins) + offset[:, None]).reshape(-1)
+            p_true = x.gather(0, y[None])[0]
+            correct += torch.bincount(bins.view(k_classes, -1).gather(0, y[None])[0], minlength=n_bins_total)
+            count += torch.bincount(bins, minlength=n_bins_total)
+            conf += torch.bincount(bins, weights=xd, minlength=n_bins_total)  # bin 0's sums replaced below
+        else:
+            p_true = x.gather(0, y[None])[0]
+            correct += torch.bincount(y * n_bins + bin_index(p_true, n_bins), minlength=n_bins_total)
+            # most (class, voxel) pairs put p_k in bin 0 = [0, 1/M]: bin only the others, and get
+            # bin 0 as the complement of the class totals
+            k, v = (x > first_edge).nonzero(as_tuple=True)
+            above = x[k, v]
+            bins = bin_index(above, n_bins) + offset[k]
+            count += torch.bincount(bins, minlength=n_bins_total)
+            conf += torch.bincount(bins, weights=above.double(), minlength=n_bins_total)
         total += xd.view(k_classes, -1).sum(1)
         # Brier per voxel: sum_k p_k^2 - 2 p_y + 1
         sums += torch.stack([torch.tensor(y.numel(), dtype=torch.float64, device=device),

@@ -50,14 +50,18 @@ def pece(confidence: Tensor, foreground: Tensor, n_bins: int = PECE_BINS, fp_wei
         y = foreground[lo:lo + step].reshape(-1)
         if of_background:
             p, y = 1.0 - p, y != 0
-        y = y.to("cpu", torch.float64)
-        index = torch.bucketize(p, edges, right=False) - 1  # bin b holds (edges[b], edges[b + 1]]; -1: p <= 0
-        binned = index >= 0
-        background = binned & (y == 0)
-        for row, (where, weights) in enumerate(((binned, None), (background, None), (binned, p), (binned, y),
-                                                (background, p))):
-            w = None if weights is None else weights[where]
-            sums[row] += torch.bincount(index[where], weights=w, minlength=n_bins).to(torch.float64)
+        y = y.to("cpu")
+        # slot 0: p <= 0 (in no bin); slot b + 1: bin b = (edges[b], edges[b + 1]]; the foreground voxels' slots
+        # offset by n_bins + 1. Each per-bin sum adds the same voxels in the same order as a bincount of the bin's
+        # voxels alone: slots that are dropped only receive other voxels
+        slot = torch.bucketize(p, edges, right=False)
+        joint = slot + (n_bins + 1) * (y != 0)
+        counts = torch.bincount(joint, minlength=2 * (n_bins + 1)).view(2, n_bins + 1)[:, 1:].to(torch.float64)
+        p_background = torch.bincount(joint, weights=p, minlength=2 * (n_bins + 1))[1:n_bins + 1]
+        p_all = torch.bincount(slot, weights=p, minlength=n_bins + 1)[1:]
+        y_all = counts[1] if y.dtype == torch.bool else torch.bincount(slot, weights=y.to(torch.float64),
+                                                                       minlength=n_bins + 1)[1:]
+        sums += torch.stack([counts.sum(0), counts[0], p_all, y_all, p_background])
     count, n_background, sum_p, sum_y, sum_p_background = sums
     filled = count > 0
     gap = (sum_p - sum_y) / count.clamp(min=1)

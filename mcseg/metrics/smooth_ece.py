@@ -134,18 +134,27 @@ def smooth_sums(confidence: torch.Tensor, correct: torch.Tensor, into: SmoothSum
         f = conf[start:start + _CHUNK].to(torch.float64).clamp(0.0, 1.0)
         return f, (f * N_CELLS).long().clamp_(max=N_CELLS - 1)
 
-    used = torch.zeros(N_CELLS, dtype=torch.bool, device=conf.device)
-    for start in steps:
-        used[chunk(start)[1]] = True
-    cells = used.nonzero()[:, 0]
-    slot = torch.empty(N_CELLS, dtype=torch.long, device=conf.device)
-    slot[cells] = torch.arange(cells.numel(), device=conf.device)
+    if len(steps) == 1:  # one step (a small case): the occupied cells and each voxel's slot from one sort
+        cells, inverse = torch.unique(chunk(0)[1], sorted=True, return_inverse=True)
+
+        def slots(cell: torch.Tensor) -> torch.Tensor:
+            return inverse
+    else:  # the occupied cells marked step by step: memory bounded by the 2^20 cells, not the voxels
+        used = torch.zeros(N_CELLS, dtype=torch.bool, device=conf.device)
+        for start in steps:
+            used[chunk(start)[1]] = True
+        cells = used.nonzero()[:, 0]
+        slot = torch.empty(N_CELLS, dtype=torch.long, device=conf.device)
+        slot[cells] = torch.arange(cells.numel(), device=conf.device)
+
+        def slots(cell: torch.Tensor) -> torch.Tensor:
+            return slot[cell]
     sums = SmoothSums(*(torch.zeros(cells.numel(), dtype=torch.float64, device=conf.device)
                         for _ in SmoothSums.SUMS), cells=cells)
     for start in steps:  # per cell, the additions of the dense accumulation, in the same (voxel) order
         f, cell = chunk(start)
         y = hit[start:start + _CHUNK].to(torch.float64)
-        index = slot[cell]
+        index = slots(cell)
         sums.count.index_add_(0, index, torch.ones_like(f))
         sums.correct.index_add_(0, index, y)
         sums.conf.index_add_(0, index, f)
@@ -176,33 +185,73 @@ def _node_arrays(cells: dict[str, np.ndarray], n_nodes: int) -> tuple[np.ndarray
     return spread(r_sum, r_frac_sum), spread(cells["count"], frac_sum)
 
 
-def _reflected_smoothing(values: np.ndarray, sigma: float) -> np.ndarray:
-    """relplot's ``ReflectedGaussianKernel.convolve``: reflect once about each end, convolve with the Gaussian
-    density sampled at linspace(0, 1, E) around 1/2, keep the E central values."""
-    from scipy.signal import fftconvolve  # scipy.signal takes seconds to import: only when a smooth ECE is computed
+def _fft_size(n_nodes: int) -> int:
+    """The padded length of fftconvolve's transforms of the reflected node arrays (3E - 2) and the kernel (E)."""
+    from scipy import fft  # not at import: only when a smooth ECE is computed
 
-    n = values.size
+    return fft.next_fast_len(4 * n_nodes - 3, True)
+
+
+def _node_spectrum(nodes: np.ndarray) -> np.ndarray:
+    """The FFT of each row of the node arrays (R, E), reflected once about each end (relplot's
+    ``ReflectedGaussianKernel``), at :func:`_fft_size`: what every bandwidth on this node grid convolves."""
+    from scipy import fft
+
+    flipped = nodes[:, ::-1]
+    extended = np.concatenate([flipped[:, :-1], nodes, flipped[:, 1:]], axis=1)  # (R, 3E - 2)
+    return fft.rfft(extended, _fft_size(nodes.shape[-1]), axis=-1)
+
+
+def _reflected_smoothing(spectrum: np.ndarray, n: int, sigma: float) -> np.ndarray:
+    """relplot's ``ReflectedGaussianKernel.convolve`` of each row of the E = ``n`` node arrays whose
+    :func:`_node_spectrum` is ``spectrum``: convolve with the Gaussian density sampled at linspace(0, 1, E) around
+    1/2, keep the E central values.
+
+    The FFTs of ``scipy.signal.fftconvolve(extended, kernel, mode="valid")`` (the same lengths, products and
+    slices, so the same values to the last bit), the node arrays' transform shared by the bandwidths."""
+    from scipy import fft
+
     t = np.linspace(0.0, 1.0, n)
     kernel = np.exp(-(t - 0.5) ** 2 / (2 * sigma**2)) / (math.sqrt(2 * math.pi) * sigma)
-    extended = np.concatenate([values[::-1][:-1], values, values[::-1][1:]])
-    return fftconvolve(extended, kernel, mode="valid")[n // 2: n // 2 + n]
+    size = _fft_size(n)
+    full = fft.irfft(spectrum * fft.rfft(kernel, size), size, axis=-1)
+    start = n - 1 + n // 2  # the "valid" part starts at E - 1; relplot keeps E values from its middle
+    return full[:, start:start + n]
 
 
 def _interpolate(t: np.ndarray, y: np.ndarray) -> np.ndarray:
-    scale = y.size - 1
-    index = (t * scale).astype(np.int64).clip(0, y.size - 2)
+    """Linear interpolation of each row of ``y`` (R, E), sampled at linspace(0, 1, E), at the points ``t``."""
+    scale = y.shape[-1] - 1
+    index = (t * scale).astype(np.int64).clip(0, scale - 1)
     w = t * scale - index
-    return y[index] * (1 - w) + y[index + 1] * w
+    return y[:, index] * (1 - w) + y[:, index + 1] * w
 
 
-def _sigma_value(cells: dict[str, np.ndarray], sigma: float) -> float:
-    n_nodes = max(2000, round(20 / sigma)) // 2 + 1
-    r_nodes, one_nodes = _node_arrays(cells, n_nodes)
+def _sigma_value(spectrum: np.ndarray, n_nodes: int, sigma: float) -> float:
+    """smECE_sigma from the :func:`_node_spectrum` of the node arrays (2, E) of r and of 1 (:func:`_node_arrays`)
+    on relplot's grid for ``sigma``."""
     t = np.linspace(0.0, 1.0, max(round(10 / sigma), 200))
-    residual = _interpolate(t, _reflected_smoothing(r_nodes, sigma))
-    density = _interpolate(t, _reflected_smoothing(one_nodes, sigma)) + _DENSITY_EPS
+    smoothed = _interpolate(t, _reflected_smoothing(spectrum, n_nodes, sigma))
+    residual, density = smoothed[0], smoothed[1] + _DENSITY_EPS
     # relplot forms the smoothed residual (K*r)/density and its density-weighted mean; the density cancels
     return float(np.abs(residual).sum() / density.sum())
+
+
+def _at_bandwidths(cells: dict[str, np.ndarray]):
+    """sigma -> smECE_sigma of ``cells``, each bandwidth computed once and the node arrays and their FFT once per
+    node grid (every sigma >= 0.01 shares relplot's grid of 1001 nodes)."""
+    spectra: dict[int, np.ndarray] = {}
+    values: dict[float, float] = {}
+
+    def value(sigma: float) -> float:
+        if sigma not in values:
+            n_nodes = max(2000, round(20 / sigma)) // 2 + 1
+            if n_nodes not in spectra:
+                spectra[n_nodes] = _node_spectrum(np.stack(_node_arrays(cells, n_nodes)))
+            values[sigma] = _sigma_value(spectra[n_nodes], n_nodes, sigma)
+        return values[sigma]
+
+    return value
 
 
 def smooth_ece_sigma(sums: SmoothSums, sigma: float) -> float:
@@ -210,7 +259,7 @@ def smooth_ece_sigma(sums: SmoothSums, sigma: float) -> float:
     if not sigma > 0:
         raise ValueError(f"sigma: expected a positive bandwidth, got {sigma}")
     cells = _occupied(sums)
-    return math.nan if cells["count"].size == 0 else _sigma_value(cells, sigma)
+    return math.nan if cells["count"].size == 0 else _at_bandwidths(cells)(sigma)
 
 
 def smooth_ece(sums: SmoothSums, return_width: bool = False) -> float | tuple[float, float]:
@@ -220,8 +269,10 @@ def smooth_ece(sums: SmoothSums, return_width: bool = False) -> float | tuple[fl
     if cells["count"].size == 0:
         return (math.nan, math.nan) if return_width else math.nan
 
+    at = _at_bandwidths(cells)
+
     def below_fixed_point(sigma: float) -> bool:
-        return sigma < _MIN_SIGMA or sigma < _sigma_value(cells, sigma)
+        return sigma < _MIN_SIGMA or sigma < at(sigma)
 
     width = 1.0
     if not below_fixed_point(width):
@@ -230,5 +281,5 @@ def smooth_ece(sums: SmoothSums, return_width: bool = False) -> float | tuple[fl
             mid = (lo + hi) / 2
             lo, hi = (mid, hi) if below_fixed_point(mid) else (lo, mid)
         width = hi
-    value = _sigma_value(cells, width)
+    value = at(width)
     return (value, width) if return_width else value

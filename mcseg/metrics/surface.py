@@ -40,27 +40,49 @@ __all__ = [
 
 
 
-def boundary_mask(label_map: torch.Tensor, image_border: bool = True) -> torch.Tensor:
+def boundary_mask(label_map: torch.Tensor | np.ndarray, image_border: bool = True) -> torch.Tensor | np.ndarray:
     """Voxels with a face neighbour of a different value (both sides of every interface);
-    with ``image_border`` also every voxel on the image border."""
-    small = label_map.to(torch.uint8) if label_map.max() < 256 else label_map
-    mask = torch.zeros(small.shape, dtype=torch.bool, device=small.device)
+    with ``image_border`` also every voxel on the image border. A tensor gives a boolean tensor on its device, a
+    NumPy array a boolean array (the same slicing on either)."""
+    tensor = isinstance(label_map, torch.Tensor)
+    small = _compact(label_map)
+    mask = torch.zeros(small.shape, dtype=torch.bool, device=small.device) if tensor else np.zeros(small.shape, bool)
+    every = (slice(None),) * small.ndim
     for axis, n in enumerate(small.shape):
+        lower = every[:axis] + (slice(0, n - 1),)
+        upper = every[:axis] + (slice(1, n),)
         if n > 1:
-            differs = small.narrow(axis, 0, n - 1) != small.narrow(axis, 1, n - 1)
-            mask.narrow(axis, 0, n - 1).logical_or_(differs)
-            mask.narrow(axis, 1, n - 1).logical_or_(differs)
+            differs = small[lower] != small[upper]
+            mask[lower] |= differs
+            mask[upper] |= differs
         if image_border:
-            mask.select(axis, 0).fill_(True)
-            mask.select(axis, n - 1).fill_(True)
+            mask[every[:axis] + (0,)] = True
+            mask[every[:axis] + (n - 1,)] = True
     return mask
 
 
-def surface_points(label_map: torch.Tensor, num_classes: int, spacing: Sequence[float]) -> list[np.ndarray]:
-    """Surface voxel coordinates in mm of every class, ``[(n_k, ndim) float64 for k in range(K)]``."""
-    edge = boundary_mask(label_map)
-    coords = edge.nonzero().cpu().numpy()  # row-major order, as boolean indexing below
-    values = label_map[edge].cpu().numpy()
+def _compact(label_map: torch.Tensor | np.ndarray) -> torch.Tensor | np.ndarray:
+    """The map as uint8 where its values fit (fewer bytes to compare), else as it is."""
+    if label_map.dtype in (torch.uint8, np.uint8):
+        return label_map
+    if isinstance(label_map, torch.Tensor):
+        return label_map.to(torch.uint8) if label_map.max() < 256 else label_map
+    return label_map.astype(np.uint8) if label_map.max() < 256 else label_map
+
+
+def surface_points(label_map: torch.Tensor, num_classes: int, spacing: Sequence[float],
+                   background: bool = True) -> list[np.ndarray]:
+    """Surface voxel coordinates in mm of every class, ``[(n_k, ndim) float64 for k in range(K)]``, each class's
+    in row-major order; without ``background`` class 0's is left empty (its surface, the image border included,
+    is most surface voxels of a small case and no figure uses it). Computed with NumPy on the host (on a small
+    case, the overhead of a few torch operations was most of the time)."""
+    small = _compact(label_map)
+    values_map = small.cpu().numpy() if isinstance(small, torch.Tensor) else np.asarray(small)
+    edge = boundary_mask(values_map)
+    if not background:
+        edge &= values_map != 0
+    coords = np.argwhere(edge)  # row-major order, as boolean indexing below
+    values = values_map[edge]
     if values.size and (values.min() < 0 or values.max() >= num_classes):
         raise ValueError(f"label map values must lie in [0, {num_classes}), found [{values.min()}, {values.max()}]")
     order = np.argsort(values, kind="stable")
@@ -121,12 +143,12 @@ def surface_distances(
     if len(spacing) != len(spatial):
         raise ValueError(f"spacing {tuple(spacing)} does not match the {len(spatial)} spatial axes")
     if multilabel:  # one binary map per region; class 1 of each is the region
-        pairs = [(surface_points(p.to(torch.uint8), 2, spacing)[1], surface_points(y.to(torch.uint8), 2, spacing)[1])
-                 for p, y in zip(pred, label)]
+        pairs = [(surface_points(p.to(torch.uint8), 2, spacing, background=False)[1],
+                  surface_points(y.to(torch.uint8), 2, spacing, background=False)[1]) for p, y in zip(pred, label)]
         classes = range(num_classes)
     else:
-        pts_pred = surface_points(pred, num_classes, spacing)
-        pts_label = surface_points(label, num_classes, spacing)
+        pts_pred = surface_points(pred, num_classes, spacing, background=False)
+        pts_label = surface_points(label, num_classes, spacing, background=False)
         pairs = list(zip(pts_pred, pts_label))
         classes = range(1, num_classes)
     worst = worst_case_distance(tuple(spatial), spacing)
