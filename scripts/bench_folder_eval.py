@@ -89,6 +89,9 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--scaling-only", action="store_true", help="only workers 1 and N alternately in one process "
                    "(--repeats rounds), after the imports")
+    p.add_argument("--copies", type=int, default=1, help="evaluate a folder of links holding each case this many "
+                   "times under new names (case_0000, ...; its label linked beside): a thousand cases from 31")
+    p.add_argument("--dataset-json", type=Path, help="with --copies: the dataset.json that names the classes")
     p.add_argument("-o", "--output", type=Path, required=True)
     args = p.parse_args(argv)
     if args.scaling_only:
@@ -144,10 +147,30 @@ def main(argv=None) -> int:
     return 0
 
 
+def _copies(args, scratch: Path) -> None:
+    """``args.pred_dir`` and ``args.labels`` replaced by folders of links holding every case ``args.copies`` times."""
+    pred, labels = scratch / "copies" / "pred", scratch / "copies" / "labels"
+    pred.mkdir(parents=True)
+    labels.mkdir()
+    if args.dataset_json is None:
+        raise SystemExit("--copies needs --dataset-json (the classes of the linked label folder)")
+    (scratch / "copies" / "dataset.json").symlink_to(args.dataset_json.resolve())
+    cases = sorted(f.name[:-len(".nii.gz")] for f in args.pred_dir.glob("*.nii.gz") if "_probs" not in f.name)
+    for i in range(args.copies * len(cases)):
+        case, name = cases[i % len(cases)], f"case_{i:05d}"
+        (pred / f"{name}.nii.gz").symlink_to(args.pred_dir.resolve() / f"{case}.nii.gz")
+        (pred / f"{name}_probs.nii.gz").symlink_to(args.pred_dir.resolve() / f"{case}_probs.nii.gz")
+        (labels / f"{name}.nii.gz").symlink_to(args.labels.resolve() / f"{case}.nii.gz")
+    args.pred_dir, args.labels, args.reference = pred, labels, labels
+
+
 def _scaling(args) -> int:
     repo = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}
     scratch = Path(tempfile.mkdtemp(prefix="bench_folder_scaling_"))
+    if args.copies > 1:
+        _copies(args, scratch)
+    n_cases = len([f for f in args.pred_dir.glob("*.nii.gz") if "_probs" not in f.name])
     try:
         done = subprocess.run([sys.executable, "-c", SCALING, str(args.pred_dir), str(args.reference or args.labels),
                                str(scratch), str(args.workers), str(args.repeats)], env=env, capture_output=True,
@@ -158,7 +181,8 @@ def _scaling(args) -> int:
     ones = [r["inner_s"] for r in runs if r["workers"] == 1]
     many = [r["inner_s"] for r in runs if r["workers"] == args.workers]
     pairs = [a / b for a, b in zip(ones, many)]  # each round's two timings, side by side
-    result = {"cpus": os.cpu_count(), "workers": args.workers, "rounds": args.repeats,
+    result = {"cpus": os.cpu_count(), "workers": args.workers, "rounds": args.repeats, "copies": args.copies,
+              "cases": n_cases,
               "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "runs": runs,
               "speedup_per_round": [round(x, 3) for x in pairs], "speedup_of_best": min(ones) / min(many)}
     args.output.parent.mkdir(parents=True, exist_ok=True)
