@@ -1,6 +1,6 @@
 """Issue #58 item 5: LTS on a folder takes its sizes from the data and the device where the settings leave them
-unset: patches no larger than the fit cases, epochs of 50 steps, and on a CPU an epoch count bounded by a budget of voxel passes
-(before: 64^3 patches for 35 x 50 x 35 volumes, 50 steps, 200 epochs)."""
+unset: patches no larger than the fit cases, epochs of 50 steps, and on a CPU an epoch count bounded by a budget of
+voxel passes (before: 64^3 patches for 35 x 50 x 35 volumes, 50 steps, 200 epochs)."""
 from __future__ import annotations
 
 import math
