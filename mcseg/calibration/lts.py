@@ -210,8 +210,8 @@ class LTSConfig:
 
 #: the patch side LTS takes where ``patch_size`` is unset (3D; 2D slices: 256), cut to the largest fit case
 PATCH = {3: 64, 2: 256}
-#: voxel passes (patch voxels x steps) of a fit on a CPU with ``max_epochs`` unset: about 3 minutes of one thread
-#: at 1.3 us a voxel and step; 2^25 (an epoch of one pass over the voxels) ended 6% above the NLL of the
+#: voxel passes (patch voxels x steps) of a fit on a CPU with ``max_epochs`` unset: 205 CPU s on the 31 hippocampus
+#: validation cases (1.3-1.8 us a voxel and step, one thread); 2^25 (an epoch of one pass over the voxels) ended 6% above the NLL of the
 #: settings before #58 on 2 hippocampus cases (docs/posthoc.md, "LTS on a folder")
 CPU_VOXEL_BUDGET = 1 << 27
 _STEPS, _MAX_EPOCHS = 50, 200
