@@ -1,6 +1,6 @@
 """Issue #58 item 5: LTS on a folder takes its sizes from the data and the device where the settings leave them
-unset: patches no larger than the fit cases, an epoch of about one pass over their voxels, and on a CPU an epoch
-count bounded by a budget of voxel passes (before: 64^3 patches for 35 x 50 x 35 volumes, 50 steps, 200 epochs)."""
+unset: patches no larger than the fit cases, epochs of 50 steps, and on a CPU an epoch count bounded by a budget of
+voxel passes (before: 64^3 patches for 35 x 50 x 35 volumes, 50 steps, 200 epochs)."""
 from __future__ import annotations
 
 import math
@@ -10,15 +10,25 @@ import pytest
 from mcseg.calibration.lts import CPU_VOXEL_BUDGET, LTSConfig, resolve_config
 
 
-def test_unset_sizes_follow_the_cases_and_the_cpu_budget():
-    shapes = [(35, 50, 35), (40, 47, 30), (33, 52, 36)] * 8
+@pytest.mark.parametrize("n_cases", [1, 24])
+def test_unset_sizes_follow_the_cases_and_the_cpu_budget(n_cases):
+    """Epochs of 50 steps however few the cases (an epoch of one pass over 1 hippocampus case was 1 step, so the
+    patience of 10 epochs stopped the fit after 10 steps without a better held-out NLL: 6% above the NLL of the
+    settings before #58 on 2 cases, docs/posthoc.md); the epochs bounded by the CPU budget."""
+    shapes = ([(35, 50, 35), (40, 47, 30), (33, 52, 36)] * 8)[:n_cases]
     cfg, chosen = resolve_config(LTSConfig(), shapes, "cpu")
-    assert cfg.patch_size == [40, 52, 36] == chosen["patch_size"]  # the largest case, never above 64
+    assert cfg.patch_size == chosen["patch_size"] == [max(s[i] for s in shapes) for i in range(3)]  # never above 64
     per_step = cfg.batch_size * math.prod(cfg.patch_size)
-    voxels = sum(math.prod(s) for s in shapes)
-    assert cfg.steps_per_epoch == math.ceil(voxels / per_step)
-    assert cfg.max_epochs == CPU_VOXEL_BUDGET // (cfg.steps_per_epoch * per_step)
+    assert cfg.steps_per_epoch == 50
+    assert cfg.max_epochs == min(200, CPU_VOXEL_BUDGET // (cfg.steps_per_epoch * per_step)) >= 10
     assert cfg.steps_per_epoch * cfg.max_epochs * per_step <= CPU_VOXEL_BUDGET
+
+
+def test_the_cpu_budget_fits_the_time_aim():
+    """The budget at the measured 1.63 us a voxel and step on one thread (the fit on the 31 hippocampus validation
+    cases: 205 CPU s for 650 steps of two 38 x 58 x 44 patches, held-out NLL included, docs/posthoc.md) leaves a
+    minute of the issue's 5 for start-up, reading the cases and the check of the arg-max."""
+    assert CPU_VOXEL_BUDGET * 1.63e-6 <= 4 * 60
 
 
 def test_set_sizes_are_kept_and_large_cases_get_the_full_patch_on_a_gpu():
@@ -36,3 +46,4 @@ def test_2d_slices_take_the_plane_of_the_slice_axis():
 def test_a_patch_that_does_not_match_dims_is_refused():
     with pytest.raises(ValueError, match="patch_size"):
         LTSConfig(dims=2, patch_size=[8, 8, 8])
+

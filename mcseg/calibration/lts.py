@@ -179,9 +179,9 @@ class LTSConfig:
     """Fitting settings (the config node ``posthoc.lts``). Adam at 1e-2 (the paper: 1e-4); the rest is ours.
 
     ``patch_size``, ``steps_per_epoch`` and ``max_epochs`` left ``None`` are chosen from the fit cases' size and
-    the device (:func:`resolve_config`): patches of :data:`PATCH` voxels a side cut to the largest case, an epoch of
-    about one pass over the training voxels (at most 50 steps), and on a CPU as many epochs (at most 200) as
-    :data:`CPU_VOXEL_BUDGET` voxel passes allow; on a GPU 200."""
+    the device (:func:`resolve_config`): patches of :data:`PATCH` voxels a side cut to the largest case, epochs of
+    50 steps, and on a CPU as many epochs (at least 1, at most 200) as :data:`CPU_VOXEL_BUDGET` voxel passes allow;
+    on a GPU 200."""
 
     dims: int = 3
     patch_size: list[int] | None = None
@@ -210,10 +210,11 @@ class LTSConfig:
 
 #: the patch side LTS takes where ``patch_size`` is unset (3D; 2D slices: 256), cut to the largest fit case
 PATCH = {3: 64, 2: 256}
-#: voxel passes (training voxels x epochs) of a fit on a CPU with ``max_epochs`` unset: about a minute of one
-#: thread at 1.5 us a voxel and step (docs/posthoc.md, "LTS on a folder")
-CPU_VOXEL_BUDGET = 1 << 25
-_MAX_STEPS, _MAX_EPOCHS = 50, 200
+#: voxel passes (patch voxels x steps) of a fit on a CPU with ``max_epochs`` unset: 205 CPU s on the 31 hippocampus
+#: validation cases (1.3-1.8 us a voxel and step, one thread); 2^25 (an epoch of one pass over the voxels) ended 6% above the NLL of the
+#: settings before #58 on 2 hippocampus cases (docs/posthoc.md, "LTS on a folder")
+CPU_VOXEL_BUDGET = 1 << 27
+_STEPS, _MAX_EPOCHS = 50, 200
 
 
 def resolve_config(cfg: LTSConfig, shapes: Sequence[Sequence[int]], device: str | torch.device = "cpu"
@@ -229,9 +230,8 @@ def resolve_config(cfg: LTSConfig, shapes: Sequence[Sequence[int]], device: str 
         patch = chosen["patch_size"] = [int(min(PATCH[cfg.dims], e)) for e in extents[-cfg.dims:]]
     per_step = cfg.batch_size * int(np.prod(patch))
     steps = cfg.steps_per_epoch
-    if steps is None:
-        voxels = sum(int(np.prod(s)) for s in shapes)
-        steps = chosen["steps_per_epoch"] = int(min(_MAX_STEPS, max(1, math.ceil(voxels / per_step))))
+    if steps is None:  # not fewer on small data: early stopping's patience counts epochs
+        steps = chosen["steps_per_epoch"] = _STEPS
     epochs = cfg.max_epochs
     if epochs is None:
         cpu = torch.device(device).type == "cpu"
