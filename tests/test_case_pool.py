@@ -47,3 +47,20 @@ def test_a_workers_tensors_come_back_as_plain_bytes_not_through_shared_memory():
     for r in results[1:]:  # the first case runs in this process
         assert all(torch.equal(t, torch.full((3,), float(i))) for i, t in enumerate(r["sums"]))
         assert not any(t.is_shared() for t in r["sums"])
+
+
+def _kinds(case: str) -> dict:
+    """Tensors of the kinds a scored case holds, and one numpy cannot hold (bfloat16)."""
+    g = torch.Generator().manual_seed(len(case))
+    return {"float64": torch.rand(5, 4, generator=g, dtype=torch.float64), "int64": torch.arange(7) * 3,
+            "bool": torch.rand(6, generator=g) > 0.5, "scalar": torch.tensor(2.5), "strided": torch.arange(12.)[::3],
+            "bfloat16": torch.rand(3, generator=g).to(torch.bfloat16), "empty": torch.zeros(0, 3)}
+
+
+def test_a_workers_tensors_come_back_with_their_dtype_shape_and_bits():
+    for case, result in zip(["x", "yy", "zzz"], map_cases(_kinds, ["x", "yy", "zzz"], workers=2)):
+        expected = _kinds(case)
+        assert result.keys() == expected.keys()
+        for key, t in expected.items():
+            assert result[key].dtype == t.dtype and result[key].shape == t.shape, key
+            assert torch.equal(result[key], t), key
