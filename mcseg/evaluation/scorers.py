@@ -138,7 +138,7 @@ HD_DEFINITIONS = {
 
 
 def _accumulate(pooled: CalibrationStats, case: CalibrationStats) -> CalibrationStats:
-    """``pooled + case``, adding into ``pooled``'s dense smooth-ECE sums (:meth:`CalibrationStats.__iadd__`)."""
+    """``pooled + case``, added into ``pooled`` (an accumulator started by ``copy``: :meth:`CalibrationStats.__iadd__`)."""
     pooled += case
     return pooled
 
@@ -207,14 +207,16 @@ class CalibrationScorer(Scorer):
         stats = self._pending
         if stats:
             self.histogram = self.histogram + case_histogram(self.histogram_sums(stats))
-        self.stats = [s if p is None else _accumulate(p, s) for p, s in zip(self.stats, stats)] + self.stats[len(stats):]
+        self.stats = [s.copy() if p is None else _accumulate(p, s)
+                      for p, s in zip(self.stats, stats)] + self.stats[len(stats):]
         self.empty_regions += bool(stats) and any(s.n_voxels == 0 for s in stats)
         self._pending = []
 
     def merge(self, other: CalibrationScorer) -> None:
         """The pooled statistics and histogram of ``other``'s cases added (of one case: :meth:`commit`'s sums)."""
         self.histogram = self.histogram + other.histogram
-        self.stats = [p if s is None else s if p is None else _accumulate(p, s) for p, s in zip(self.stats, other.stats)]
+        self.stats = [p if s is None else s.copy() if p is None else _accumulate(p, s)
+                      for p, s in zip(self.stats, other.stats)]
         self.empty_regions += other.empty_regions
 
     def _case(self, case: CaseView) -> tuple[dict, list[CalibrationStats]]:

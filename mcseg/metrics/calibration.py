@@ -69,12 +69,29 @@ class CalibrationStats:
                                 self.smooth + other.smooth)
 
     def __iadd__(self, other: CalibrationStats) -> CalibrationStats:
-        """``self + other`` with the smooth ECE's sums added in place where they are dense (a pooled accumulator:
-        :meth:`SmoothSums.__iadd__`); the other sums are small and added as by ``+``."""
+        """``self + other`` added into this accumulator's own tensors (the same bits as ``+``), the smooth ECE's
+        sums in place once dense (:meth:`SmoothSums.__iadd__`): pooling a thousand cases allocates no 640 kB of
+        fine bins and no 40 MB of smooth cells per case. Only for an accumulator that owns its tensors: start one
+        with :meth:`copy`."""
+        for mine, theirs in ((self.top, other.top), (self.classwise, other.classwise), (self.fine, other.fine)):
+            for name in ("count", "confidence", "correct"):
+                getattr(mine, name).add_(getattr(theirs, name))
+        self.nll_sum.add_(other.nll_sum)
+        self.brier_sum.add_(other.brier_sum)
         smooth = self.smooth
         smooth += other.smooth
-        return CalibrationStats(self.top + other.top, self.classwise + other.classwise, self.fine + other.fine,
-                                self.nll_sum + other.nll_sum, self.brier_sum + other.brier_sum, smooth)
+        object.__setattr__(self, "smooth", smooth)
+        return self
+
+    def copy(self) -> CalibrationStats:
+        """An accumulator of its own, equal to this: its tensors cloned."""
+        def bins(b: BinSums) -> BinSums:
+            return BinSums(b.count.clone(), b.confidence.clone(), b.correct.clone())
+        sm = self.smooth
+        smooth = SmoothSums(*(getattr(sm, name).clone() for name in SmoothSums.SUMS),
+                            cells=None if sm.cells is None else sm.cells.clone())
+        return CalibrationStats(bins(self.top), bins(self.classwise), bins(self.fine), self.nll_sum.clone(),
+                                self.brier_sum.clone(), smooth)
 
     @property
     def n_voxels(self) -> int:
@@ -249,7 +266,7 @@ class CalibrationMetric(CaseMetric):
             raise ValueError(f"expected {self.num_classes} probability channels, got {probs.shape[0]}")
         case = case_calibration(probs, label, self.n_bins, mask)
         if self.pooled is None:
-            self.pooled = case.stats
+            self.pooled = case.stats.copy()
         else:
             self.pooled += case.stats
         return case.values
