@@ -296,6 +296,7 @@ def test_tensorboard_shows_the_uncertainty_beside_the_prediction_and_the_run_in_
     assert "final/test_mean_foreground_dice" in plugin.Tags()["scalars"]
 
 
+@pytest.mark.slow  # 26 s of evaluations and a report; the default run is at its 15-minute budget
 def test_the_report_compares_predictors_and_draws_risk_coverage(runs, make_cfg, tmp_path):
     from mcseg.report import cli
     from mcseg.report.table import DEGENERATE_MARK
