@@ -140,28 +140,27 @@ def test_conformal_and_dataset_root_refused_before_torch_is_imported(tmp_path):
         from omegaconf import open_dict
         from mcseg.cli import train_checked
         out = []
+
+        def check(checked, cfg):  # the refusal's text (or "accepted"), then whether torch got imported
+            try:
+                checked(cfg)
+                out.append("accepted")
+            except Exception as exc:
+                out.append(f"{{type(exc).__name__}}: {{exc}}")
+            out.append("torch" in sys.modules)
+
         for overrides in {[o for o, _ in LATE]!r}:
             tiny = [] if overrides[0].startswith("dataset=") else {TINY_2D!r}
             with initialize_config_dir(config_dir={CONFIG_DIR!r}, version_base="1.3"):
                 cfg = compose(config_name="train", overrides=tiny + overrides)
             with open_dict(cfg):
                 cfg.paths.output_dir = {str(tmp_path / "run")!r}
-            try:
-                train_checked(cfg)
-                out.append("accepted")
-            except Exception as exc:
-                out.append(f"{{type(exc).__name__}}: {{exc}}")
-            out.append("torch" in sys.modules)
+            check(train_checked, cfg)
         from mcseg.cli import evaluate_checked  # evaluate.py's checks before its imports
         for overrides in {[o for o, _ in LATE_EVALUATE]!r}:
             with initialize_config_dir(config_dir={CONFIG_DIR!r}, version_base="1.3"):
                 cfg = compose(config_name="evaluate", overrides=["ckpt=/no/such.pt"] + overrides)
-            try:
-                evaluate_checked(cfg)
-                out.append("accepted")
-            except Exception as exc:
-                out.append(f"{{type(exc).__name__}}: {{exc}}")
-            out.append("torch" in sys.modules)
+            check(evaluate_checked, cfg)
         print(json.dumps(out))
     """)
     assert done.returncode == 0, done.stderr

@@ -104,9 +104,14 @@ class _CasePickler(pickle.Pickler):
     0.8 ms each, 18 ms for the 37 tensors of a scored hippocampus case against about 1 ms this way, and the main
     process, which unpickles every case, was the bottleneck of 2 workers on a thousand cases."""
 
-    def reducer_override(self, obj):
-        import torch
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        import torch  # once a case, not once an object pickled
 
+        self._torch = torch
+
+    def reducer_override(self, obj):
+        torch = self._torch
         if type(obj) is torch.Tensor and obj.device.type == "cpu" and obj.layout == torch.strided \
                 and not obj.requires_grad:
             try:
