@@ -66,3 +66,11 @@ def test_leaving_early_stops_the_children_and_removes_their_partial_files(tmp_pa
             raise KeyboardInterrupt
     assert time.perf_counter() - start < 20
     assert list(tmp_path.iterdir()) == []
+
+
+def test_no_fork_once_cuda_is_initialised(monkeypatch):
+    """A forked child cannot use its parent's CUDA context, and a GPU evaluation holds its sums there."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    assert not figure_processes._parallel()

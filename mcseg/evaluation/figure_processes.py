@@ -7,8 +7,8 @@ child from the parent's memory (the pooled sums, nothing pickled), so the figure
 other and with the parent's summary, smooth ECE and tables; the PNG files are the same bytes as drawn in the
 parent (the same matplotlib calls on the same numbers; ``tests/test_figure_processes.py``).
 
-Where ``fork`` is not available or one CPU is all the process has, the figures are drawn in the process itself
-when :meth:`FigureProcesses.wait` is called. Each file is written atomically (``mcseg.files.atomic_write``): a
+Where ``fork`` is not available, one CPU is all the process has, or CUDA is initialised, the figures are drawn
+in the process itself when :meth:`FigureProcesses.wait` is called. Each file is written atomically (``mcseg.files.atomic_write``): a
 figure is whole or absent. A child that fails makes :meth:`~FigureProcesses.wait` raise :class:`FigureError`
 naming the file and the child's error; leaving the ``with`` block early (an error, Ctrl-C) stops the children.
 """
@@ -40,9 +40,13 @@ def save_png(path: Path, fig: Figure) -> None:
 
 
 def _parallel() -> bool:
+    """Whether to fork: not with one CPU, nor once CUDA is initialised (an evaluation on a GPU holds its sums
+    there, and a forked child cannot use its parent's CUDA context)."""
+    import torch
+
     from mcseg.runtime import available_cpus
 
-    return hasattr(os, "fork") and available_cpus() > 1
+    return hasattr(os, "fork") and available_cpus() > 1 and not torch.cuda.is_initialized()
 
 
 _PRELOAD: threading.Thread | None = None
