@@ -9,7 +9,8 @@ parent (the same matplotlib calls on the same numbers; ``tests/test_figure_proce
 
 Where ``fork`` is not available, one CPU is all the process has, or CUDA is initialised, the figures are drawn
 in the process itself when :meth:`FigureProcesses.wait` is called. Each file is written atomically
-(``mcseg.files.atomic_write``): a figure is whole or absent. A child that fails makes :meth:`~FigureProcesses.wait` raise :class:`FigureError`
+(``mcseg.files.atomic_write``): a figure is whole or absent. A child that fails makes
+:meth:`~FigureProcesses.wait` raise :class:`FigureError`
 naming the file and the child's error; leaving the ``with`` block early (an error, Ctrl-C) stops the children.
 """
 from __future__ import annotations
