@@ -18,13 +18,18 @@ OmegaConf.register_new_resolver("mcseg_job", job_name, replace=True)
 
 def refuse_early(cfg: DictConfig) -> None:
     """The checks of what ``train.py`` and ``evaluate.py`` share that need neither torch nor MONAI nor the data:
-    the ``conformal`` node (:func:`mcseg.conformal.config.conformal_config`) and a ``dataset.root`` that is not a
-    folder (:func:`mcseg.data.roots.resolve_root`, as the dataset resolves it later); ``train()``, ``evaluate()``
-    and the dataset make them again with everything imported."""
+    the ``conformal`` node (:func:`mcseg.conformal.config.conformal_config`), the ``posthoc`` node (scaler names,
+    voxels, objective, LTS settings, the names of Fiducio's settings:
+    :class:`~mcseg.calibration.posthoc_config.PosthocConfig`) and a ``dataset.root`` that is not a folder
+    (:func:`mcseg.data.roots.resolve_root`, as the dataset resolves it later); ``train()``, ``evaluate()`` and the
+    dataset make them again with everything imported."""
+    from mcseg.calibration.posthoc_config import PosthocConfig
+    from mcseg.config import typed
     from mcseg.conformal.config import conformal_config
     from mcseg.data.roots import resolve_root
 
     conformal_config(cfg)
+    typed(cfg.get("posthoc"), PosthocConfig, "posthoc")
     dataset = cfg.get("dataset") or {}
     if "root" in dataset:
         resolve_root(dataset.get("root"))
@@ -32,14 +37,16 @@ def refuse_early(cfg: DictConfig) -> None:
 
 def train_checked(cfg: DictConfig) -> dict:
     """``train(cfg)`` after the checks that need neither torch nor MONAI nor the data (types, choices, ranges,
-    unknown keys, the conformal node, a dataset root or a split file that cannot be read), so that a typo is
-    refused within a second of Hydra composing, not after the imports of the training (docs/benchmarks.md,
-    "Start-up")."""
+    unknown keys, the conformal and posthoc nodes, the ``score`` keys, ``optimized_metric`` and ``trainer.monitor``,
+    a dataset root or a split file that cannot be read), so that a typo is refused within a second of Hydra
+    composing, not after the imports of the training (docs/benchmarks.md, "Start-up")."""
     from mcseg.config import validate_train_config
     from mcseg.data.split import read_split_file
+    from mcseg.training.config_checks import check_training_config
 
     validate_train_config(cfg, imports=False)
     refuse_early(cfg)
+    check_training_config(cfg)
     split_file = (cfg.dataset.get("split") or {}).get("file")
     if split_file and not (Path(cfg.paths.output_dir) / "split.json").is_file():  # a resume reads its own
         read_split_file(split_file)

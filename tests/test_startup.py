@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from mcseg.cli import train_checked
 from mcseg.config import _accepted_parameters, fits, validate_train_config
 from mcseg.errors import ConfigError
 from mcseg.signatures import static_parameters
@@ -21,7 +22,9 @@ from .conftest import CONFIG_DIR, ROOT, TINY_2D, run_cli
 HEAVY = ("monai", "matplotlib", "scipy.signal", "scipy.stats", "ignite", "tensorboard", "torch.utils.tensorboard",
          "optuna", "highdicom", "pydicom", "playwright", "mlflow", "wandb", "pandas", "sklearn")
 # Hydra (train.py, evaluate.py), sweep and DICOM commands: not even torch before their command runs
-TORCH_FREE = ("mcseg.cli", "mcseg.sweep", "mcseg.submitted", "mcseg.dicom_export")
+# and the config checks they run before their command (mcseg.cli.train_checked, evaluate_checked)
+TORCH_FREE = ("mcseg.cli", "mcseg.sweep", "mcseg.submitted", "mcseg.dicom_export", "mcseg.training.config_checks",
+              "mcseg.calibration.posthoc_config")
 ENTRY_POINTS = ("mcseg.evaluate_folder", "mcseg.calibrate_folder", "mcseg.conformal_folder", "mcseg.new_cases",
                 "mcseg.report.cli", "mcseg.data.check", "mcseg.evaluate", "mcseg.train")
 
@@ -234,3 +237,100 @@ def test_the_source_gives_the_parameters_the_import_gives(target, nodes):
             if key in params and params[key].annotation is not params[key].empty and \
                     not (isinstance(value, str) and "${" in value):
                 assert fits(value, params[key].annotation) == fits(value, imported[key].annotation), (key, value)
+
+
+# what build_run refused only after torch, MONAI and Fiducio were imported (the scaler registry and the table of
+# figures are built from classes that import them), and optimized_metric, not checked at all before: refused by
+# mcseg.training.config_checks from torch-free tables (mcseg.calibration.scaler_names, mcseg.evaluation.headline)
+POSTHOC = [
+    (["posthoc.fit=[temprature]"], "config key 'posthoc.fit': unknown scaler 'temprature' (expected temperature, "),
+    (["posthoc.voxels=foreground"], "config key 'posthoc.voxels': expected one of balanced, all, region, got "
+                                    "'foreground'"),
+    (["posthoc.fit=[vector]", "posthoc.apply=[vector]", "posthoc.voxels=all", "posthoc.objective=ece"],
+     "config key 'posthoc.objective'=ece: scaler 'vector' is fitted by nll only"),
+    (["+posthoc.lts.learning_rate=0.1"], "config key 'posthoc.lts.learning_rate': not an LTS setting"),
+    (["posthoc.fit=[temperature,lts]", "posthoc.lts.holdout=2"],
+     "config key 'posthoc.lts': LTS: holdout=2 must lie in (0, 1)"),
+    (["posthoc.fit=[cmsap]", "posthoc.apply=[]", "+posthoc.fiducio.optimiser=lbfgs"],
+     "config key 'posthoc.fiducio.optimiser': not a Fiducio fit setting (expected optimizer, lr, "),
+    (["posthoc.apply=[temperature,vector]"], "config key 'posthoc.apply'=['temperature', 'vector']: each applied "
+                                             "scaler must also be in posthoc.fit"),
+]
+SELECTION = [
+    (["+score.mean_dice=1"], "config key 'score.mean_dice': not a validation metric (expected mean_foreground_dice, "
+                             "mean_foreground_hd95_mm, mean_ece, mean_classwise_ece)"),
+    (["score.mean_ece=abc"], "config key 'score.mean_ece'='abc': expected a number"),
+    (["+optimized_metric=val/dice"], "config key 'optimized_metric'=val/dice: not a figure train() returns "
+                                     "(expected score, or <prefix>/<key> with a prefix of val, val_full, best_val"),
+    (["trainer.monitor=val/dice"], "config key 'trainer.monitor'=val/dice: not a validation metric"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", POSTHOC + SELECTION, ids=[o[-1] for o, _ in POSTHOC + SELECTION])
+def test_posthoc_score_and_selection_refused_by_the_early_checks(make_cfg, overrides, message, monkeypatch):
+    """:func:`mcseg.cli.train_checked` on a misspelt scaler, voxel sample, objective, LTS or Fiducio setting, an
+    applied scaler not fitted, a ``score`` key or weight, ``optimized_metric`` and ``trainer.monitor``: refused
+    naming its key before ``train()`` is called (before: by ``build_run`` after the imports; ``optimized_metric``
+    and the weights never). The next test checks that these checks import no torch."""
+    import mcseg.train
+
+    monkeypatch.setattr(mcseg.train, "train", lambda cfg: pytest.fail(f"{overrides}: train() reached"))
+    with pytest.raises(ConfigError) as raised:
+        train_checked(make_cfg(TINY_2D + overrides))
+    assert message in str(raised.value)
+
+
+def test_posthoc_and_selection_checks_import_no_torch(tmp_path):
+    """In a fresh interpreter: a misspelt scaler (:func:`mcseg.cli.train_checked` and
+    :func:`mcseg.cli.evaluate_checked`) and ``optimized_metric`` refused, and sound sweep settings accepted by
+    :func:`mcseg.training.config_checks.check_training_config`, without torch ever imported."""
+    done = _python(f"""
+        import json, sys
+        from hydra import compose, initialize_config_dir
+        from omegaconf import open_dict
+        from mcseg.cli import evaluate_checked, train_checked
+        from mcseg.training.config_checks import check_training_config
+        out = []
+
+        def check(checked, name, overrides):
+            with initialize_config_dir(config_dir={CONFIG_DIR!r}, version_base="1.3"):
+                cfg = compose(config_name=name, overrides=overrides)
+            with open_dict(cfg):
+                cfg.paths.output_dir = {str(tmp_path / "run")!r}
+            try:
+                checked(cfg)
+                out.append("accepted")
+            except Exception as exc:
+                out.append(f"{{type(exc).__name__}}: {{exc}}")
+
+        check(train_checked, "train", {TINY_2D!r} + {POSTHOC[0][0]!r})
+        check(train_checked, "train", {TINY_2D!r} + {SELECTION[2][0]!r})
+        check(evaluate_checked, "evaluate", ["ckpt=/no/such.pt", "posthoc.apply=[temprature]"])
+        for metric in ("score", "val/mean_ece", "best_val_full/mean_foreground_dice", "test_temperature/mean_ece"):
+            check(check_training_config, "train", {TINY_2D!r} + [f"+optimized_metric={{metric}}"])
+        out.append("torch" in sys.modules)
+        print(json.dumps(out))
+    """)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.splitlines()[-1])
+    assert POSTHOC[0][1] in out[0] and SELECTION[2][1] in out[1], out[:2]
+    assert "config key 'posthoc.apply': unknown scaler 'temprature'" in out[2]
+    assert out[3:] == ["accepted"] * 4 + [False]
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_torch_free_tables_equal_the_registries():
+    """The scaler names and facts the early checks read (:data:`mcseg.calibration.scaler_names.SCALER_FACTS`) are
+    those of the scaler classes (:data:`~mcseg.calibration.scaler_registry.SCALER_TYPES`, in order), and the
+    headline keys (:data:`mcseg.evaluation.headline.HEADLINE_KEYS`)
+    those of the table of figures: neither list can drift from what it mirrors."""
+    from mcseg.calibration.scaler_names import SCALER_FACTS, ScalerFacts
+    from mcseg.calibration.scaler_registry import SCALER_TYPES
+    from mcseg.evaluation.figure_table import summary_keys
+    from mcseg.evaluation.headline import HEADLINE_KEYS
+
+    assert list(SCALER_FACTS) == list(SCALER_TYPES)
+    for name, cls in SCALER_TYPES.items():
+        assert SCALER_FACTS[name] == ScalerFacts(cls.preserves_argmax, cls.fitted_on, tuple(cls.objectives),
+                                                 cls.softmax_only, hasattr(cls, "calibrator_class")), name
+    assert HEADLINE_KEYS == summary_keys("headline")

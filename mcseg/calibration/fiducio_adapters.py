@@ -46,6 +46,7 @@ from torch import Tensor
 
 from mcseg.calibration.scaler_interface import FitData, FitOptions, Scaler, softmax_only_message
 from mcseg.calibration.logit_scaling import nll
+from mcseg.calibration.scaler_names import FIDUCIO_SETTINGS
 
 __all__ = ["CHUNK_VOXELS", "FIDUCIO_SCALERS", "FIDUCIO_SCALER_TYPES", "FiducioScaler", "GUARANTEES", "SETTINGS",
            "check_fiducio_settings"]
@@ -55,7 +56,7 @@ KEEPS = {"order": "keeps the class order", "argmax": "keeps the arg-max", "none"
 #: voxels per slab of :meth:`FiducioScaler.apply`
 CHUNK_VOXELS = 1 << 20
 #: the fit settings ``posthoc.fiducio`` may set (keyword arguments of Fiducio's constructors)
-SETTINGS = ("optimizer", "lr", "max_iter", "lambda_reg", "mu_reg")
+SETTINGS = FIDUCIO_SETTINGS
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ import math
 import pickle
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm import tqdm
 
+from mcseg.calibration.lts_config import LTSConfig
 from mcseg.data.cases import CaseData
 from mcseg.files import atomic_write, torch_save
 from mcseg.data.sampling import PatchDataset
@@ -172,40 +173,6 @@ class LTSNet(nn.Module):
         """Calibrated logits ``z / T`` of one case (``K x *S``, same dtype and device as ``logits``)."""
         t = self.temperature_map(logits, image, slice_axis, chunk)
         return logits / t.to(logits.device, logits.dtype)[None]
-
-
-@dataclass
-class LTSConfig:
-    """Fitting settings (the config node ``posthoc.lts``). Adam at 1e-2 (the paper: 1e-4); the rest is ours.
-
-    ``patch_size``, ``steps_per_epoch`` and ``max_epochs`` left ``None`` are chosen from the fit cases' size and
-    the device (:func:`resolve_config`): patches of :data:`PATCH` voxels a side cut to the largest case, epochs of
-    50 steps, and on a CPU as many epochs (at least 1, at most 200) as :data:`CPU_VOXEL_BUDGET` voxel passes allow;
-    on a GPU 200."""
-
-    dims: int = 3
-    patch_size: list[int] | None = None
-    batch_size: int = 2
-    foreground_ratio: float = 0.33
-    slice_axis: int = -1
-    use_image: bool = False
-    lr: float = 1e-2  # the paper (and its code) use 1e-4, which barely moves T on a small validation set
-    steps_per_epoch: int | None = None
-    max_epochs: int | None = None
-    patience: int = 10  # epochs without a better held-out NLL before stopping
-    holdout: float = 0.2  # share of the validation cases held out for early stopping (at least one)
-    floor: float = 0.05
-    chunk: int = 16
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.dims not in (2, 3) or (self.patch_size is not None and len(self.patch_size) != self.dims):
-            raise ValueError(f"LTS: patch_size={self.patch_size} does not match dims={self.dims}")
-        for key in ("batch_size", "steps_per_epoch", "max_epochs", "patience", "chunk"):
-            if getattr(self, key) is not None and getattr(self, key) < 1:
-                raise ValueError(f"LTS: {key}={getattr(self, key)}: expected >= 1")
-        if not 0 < self.holdout < 1 or not self.lr > 0:
-            raise ValueError(f"LTS: holdout={self.holdout} must lie in (0, 1) and lr={self.lr} be > 0")
 
 
 #: the patch side LTS takes where ``patch_size`` is unset (3D; 2D slices: 256), cut to the largest fit case

@@ -38,28 +38,23 @@ import json
 import logging
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
-from mcseg.calibration.fiducio_adapters import check_fiducio_settings
 from mcseg.calibration.lts import CaseLogits, LTSConfig
-from mcseg.calibration.scaler_registry import (SCALER_TYPES, FitData, FitOptions, Scaler, build_scaler, load_scaler,
-                                      softmax_only_message)
+from mcseg.calibration.posthoc_config import PosthocConfig
+from mcseg.calibration.scaler_registry import FitData, FitOptions, Scaler, build_scaler, load_scaler
 from mcseg.config import EvalProtocol
 from mcseg.data.cases import CaseData
 from mcseg.files import write_json
-from mcseg.errors import ConfigError
 from mcseg.metrics.regions import region_mask
 
 log = logging.getLogger(__name__)
 
 CALIBRATION_FILE = "calibration.json"
-VOXEL_SAMPLES = ("balanced", "all", "region")
-OBJECTIVES = ("nll", "ece")
 # Fitted temperatures outside this range are legal but suspicious (e.g. T = 6223 on one validation case).
 PLAUSIBLE_TEMPERATURE = (0.05, 20.0)
 # A fit is degenerate (not only suspicious) beyond these: at T = 100 logits of order 10 are within 0.1 of each
@@ -70,91 +65,13 @@ UNIFORM_NLL_TOLERANCE = 1e-3
 # A fit with fewer voxels than this per fitted number is warned about (a rule of thumb, as ten events per variable
 # for a regression; voxels of one case are correlated, so it is a floor, not a sufficient size)
 MIN_VOXELS_PER_PARAMETER = 10
-# posthoc.lts keys taken from the model's sampling geometry (dataset.sampling) when not set
-LTS_GEOMETRY = ("dims", "patch_size", "slice_axis")
 
 
-@dataclass
-class PosthocConfig:
-    """Mirrors the config node ``posthoc`` (configs/posthoc/default.yaml)."""
-
-    fit: list[str] = field(default_factory=lambda: ["temperature"])
-    apply: list[str] = field(default_factory=lambda: ["temperature"])
-    max_voxels: int = 2_000_000
-    max_iter: int = 100
-    seed: int = 0
-    refit: bool = False
-    voxels: str = "region"    # region (evaluation.region of the model's own prediction) | balanced | all
-    objective: str = "nll"    # nll | ece (temperature only)
-    lts: dict[str, Any] = field(default_factory=dict)  # LTSConfig fields; dims, patch_size, slice_axis: the model's
-    histogram_bins: int = 15  # equal-width bins of histogram binning (histogram, histogram_top)
-    # how Fiducio's calibrators are fitted (fiducio_adapters.SETTINGS: optimizer, lr, max_iter, lambda_reg, mu_reg);
-    # {}: the library's defaults. A calibrator is given those its constructor takes (ETS has no regulariser)
-    fiducio: dict[str, Any] = field(default_factory=dict)
-    # predictors of several members (ensembles, TTA, MC dropout): fit the scaler on the pooled prediction
-    # (before) or apply each network's own fit to its members before pooling (after); Rahaman & Thiery 2021
-    pool: str = "before"
-
-    def __post_init__(self) -> None:
-        if self.pool not in ("before", "after"):
-            raise ConfigError(f"config key 'posthoc.pool': expected before or after, got {self.pool!r}")
-        for key in ("fit", "apply"):
-            bad = [s for s in getattr(self, key) if s not in SCALER_TYPES]
-            if bad:
-                raise ConfigError(f"config key 'posthoc.{key}': unknown scaler {bad[0]!r} "
-                                  f"(expected {', '.join(SCALER_TYPES)})")
-        if self.voxels not in VOXEL_SAMPLES:
-            raise ConfigError(f"config key 'posthoc.voxels': expected one of {', '.join(VOXEL_SAMPLES)}, "
-                              f"got {self.voxels!r}")
-        if self.objective not in OBJECTIVES:
-            raise ConfigError(f"config key 'posthoc.objective': expected one of {', '.join(OBJECTIVES)}, "
-                              f"got {self.objective!r}")
-        unable = [s for s in self.fit if self.objective not in SCALER_TYPES[s].objectives]
-        if unable:
-            raise ConfigError(f"config key 'posthoc.objective'={self.objective}: scaler {unable[0]!r} is fitted by "
-                              f"{' or '.join(SCALER_TYPES[unable[0]].objectives)} only; remove it from posthoc.fit "
-                              f"or set posthoc.objective=nll")
-        # The region is picked with the model's own prediction; a scaler that moves the arg-max moves the
-        # region, and everything outside it (never seen by the fit) can change class: in the study of
-        # docs/results.md vector scaling fitted there took the mean test Dice of 15 runs from 0.843 to 0.554.
-        moving = [s for s in self.fit if self.voxels == "region" and not SCALER_TYPES[s].preserves_argmax
-                  and SCALER_TYPES[s].fitted_on == "voxels"]
-        if moving:
-            raise ConfigError(f"config key 'posthoc.voxels'=region: {moving[0]!r} scaling can change the arg-max, "
-                              f"so the region it would be fitted on is not where it is scored and voxels outside it "
-                              f"change class; fit it on balanced or all voxels, or remove it from posthoc.fit")
-        if self.max_voxels < 1 or self.max_iter < 1 or self.histogram_bins < 1:
-            raise ConfigError("config keys 'posthoc.max_voxels', 'posthoc.max_iter' and 'posthoc.histogram_bins' "
-                              "must be >= 1")
-        check_fiducio_settings(self.fiducio, [s for s in self.fit if hasattr(SCALER_TYPES[s], "calibrator_class")])
-        known = {f.name for f in fields(LTSConfig)}
-        unknown = sorted(set(self.lts) - known)
-        if unknown:
-            raise ConfigError(f"config key 'posthoc.lts.{unknown[0]}': not an LTS setting (expected "
-                              f"{', '.join(sorted(known))})")
-
-    def check_outputs(self, multilabel: bool) -> None:
-        """Refuse, before any work, a scaler of ``fit`` that a model of these outputs cannot take (the binning
-        scalers calibrate a softmax's classes, not independent sigmoid regions)."""
-        unable = [s for s in self.fit if multilabel and SCALER_TYPES[s].softmax_only]
-        if unable:
-            raise ConfigError(softmax_only_message(unable[0], f"config key 'posthoc.fit'={self.fit}"))
-
-    def lts_config(self, dims: int, patch_size: list[int] | None, slice_axis: int) -> LTSConfig:
-        """The LTS settings: ``posthoc.lts``, with the model's geometry where it leaves one unset (null)."""
-        geometry = {"dims": dims, "patch_size": list(patch_size) if patch_size else None, "slice_axis": slice_axis}
-        chosen = {k: v for k, v in self.lts.items() if v is not None}
-        merged = {**{k: v for k, v in geometry.items() if v is not None}, **chosen}
-        try:
-            return LTSConfig(**merged)
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"config key 'posthoc.lts': {exc}") from None
-
-    def options(self, protocol: EvalProtocol, predictor) -> FitOptions:
-        """How each scaler is fitted: ECE bins of the protocol, LTS in the model's geometry."""
-        lts = (self.lts_config(predictor.model_dims, predictor.roi_size, predictor.slice_axis)
-               if "lts" in self.fit else LTSConfig())
-        return FitOptions(self.max_iter, self.objective, protocol.n_bins, lts, self.histogram_bins, dict(self.fiducio))
+def fit_options(cfg: PosthocConfig, protocol: EvalProtocol, predictor) -> FitOptions:
+    """How each scaler of ``cfg`` is fitted: ECE bins of the protocol, LTS in the model's geometry."""
+    lts = (cfg.lts_config(predictor.model_dims, predictor.roi_size, predictor.slice_axis)
+           if "lts" in cfg.fit else LTSConfig())
+    return FitOptions(cfg.max_iter, cfg.objective, protocol.n_bins, lts, cfg.histogram_bins, dict(cfg.fiducio))
 
 
 def _sample_voxels(logits: torch.Tensor, label: torch.Tensor, multilabel: bool, generator: torch.Generator,
@@ -257,7 +174,7 @@ def fit_posthoc(predictor, cases: Iterable[CaseData], cfg: PosthocConfig, where:
     ``protocol``: the evaluation protocol (its region for ``voxels: region``, its bins for ``objective: ece``).
     """
     protocol = protocol or EvalProtocol()
-    options = cfg.options(protocol, predictor)
+    options = fit_options(cfg, protocol, predictor)
     scalers = [build_scaler(name, options) for name in cfg.fit]
     data = collect_validation(predictor, cases, cfg, protocol, any(s.fitted_on == "cases" for s in scalers),
                               options.lts.use_image)

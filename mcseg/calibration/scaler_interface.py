@@ -21,6 +21,7 @@ from torch import Tensor
 
 from mcseg.calibration.lts import CaseLogits, LTSConfig, LTSNet, fit_lts, load_lts, save_lts
 from mcseg.calibration.logit_scaling import fit_scaler, fit_temperature_ece, scale_logits
+from mcseg.calibration.scaler_names import softmax_only_message
 
 
 @dataclass
@@ -260,13 +261,6 @@ class LTSScaler(Scaler):
 
     def label(self) -> str:
         return f"lts ({self.cfg.dims}D{', image' if self.cfg.use_image else ''}, nll)"
-
-
-def softmax_only_message(name: str, key: str) -> str:
-    """Why ``name`` (a scaler whose ``softmax_only`` is set) is refused for a multi-label model; ``key``: where it
-    was asked for."""
-    return (f"{key}: post-hoc scaler {name!r} calibrates a softmax only; this model predicts independent (sigmoid) "
-            f"regions, one sigmoid per region (multi-label): use temperature, vector or lts")
 
 
 __all__ = ["FitData", "FitOptions", "LTSScaler", "Scaler", "TemperatureScaler", "VectorScaler", "softmax_only_message"]

@@ -22,7 +22,6 @@ from mcseg.data.fingerprint import split_fingerprints
 from mcseg.data.split import SPLITS
 from mcseg.environment import environment_record
 from mcseg.errors import ConfigError
-from mcseg.evaluation.figure_table import summary_keys
 from mcseg.evaluation.provenance import (classes_unseen_in_training, configuration_sha256, content_lookup,
                                          dataset_identity, split_case_ids, warn_shared_content)
 from mcseg.identity import run_identity, sweep_dir_of_job
@@ -30,6 +29,7 @@ from mcseg.inference.build import build_predictor
 from mcseg.rundir import begin as begin_run
 from mcseg.runtime import describe_device, keep_freed_memory, seed_everything, thread_reductions
 from mcseg.targets import instantiate_checked
+from mcseg.training.config_checks import check_training_config
 from mcseg.training.distributed import DistContext, init_distributed
 from mcseg.training.loader import build_train_loader, load_cases
 from mcseg.trackers import Trackers, build_trackers, check_libraries, config_params, flatten, logger_settings
@@ -73,28 +73,6 @@ def check_soft_targets(loss_node: DictConfig) -> None:
         raise ConfigError(hard_label_only(loss))
 
 
-def _check_config(cfg: DictConfig, posthoc: PosthocConfig) -> None:
-    """What the config alone can refuse, before any data is read: post-hoc settings, the ``score`` keys and the
-    metric that selects best.pt (``trainer.monitor``)."""
-    if set(posthoc.apply) - set(posthoc.fit):
-        raise ConfigError(f"config key 'posthoc.apply'={posthoc.apply}: each applied scaler must also be in "
-                          f"posthoc.fit={posthoc.fit} (training fits them on the validation split)")
-    if "lts" in posthoc.fit:  # its settings in the model's geometry: refused now, not after training
-        sampling = cfg.dataset.sampling
-        posthoc.lts_config(sampling.dims, sampling.patch_size, sampling.get("slice_axis", -1))
-    headline = summary_keys("headline")
-    unknown = sorted(set(cfg.get("score") or {}) - set(headline))
-    if unknown:
-        raise ConfigError(f"config key 'score.{unknown[0]}': not a validation metric (expected {', '.join(headline)})")
-    # what selects best.pt: a validation figure as the trainer records it (val/<key>, val_full/<key>) or a training
-    # one (train/loss); a typo would train to the end and keep the last epoch
-    monitor = str(cfg.trainer.monitor)
-    prefix, _, key = monitor.partition("/")
-    if prefix not in ("val", "val_full", "train") or (prefix != "train" and key not in headline):
-        raise ConfigError(f"config key 'trainer.monitor'={monitor}: not a validation metric (expected val/<key> or "
-                          f"val_full/<key> with a key of {', '.join(headline)}, or a train/ metric)")
-
-
 def trainer_settings(tcfg: TrainerConfig, run_dir: Path, dataset: SegmentationDataset, protocol: EvalProtocol,
                      container: dict, images: int) -> TrainerSettings:
     """The trainer's settings from the typed config nodes (``trainer``, ``evaluation``, ``logger.images``), the
@@ -113,8 +91,7 @@ def build_run(cfg: DictConfig) -> Run:
     check_libraries(cfg.logger)  # logger=mlflow without the extra: refused before anything is written
     inference: InferenceConfig = typed(cfg.inference, InferenceConfig, "inference")
     protocol: EvalProtocol = typed(cfg.evaluation, EvalProtocol, "evaluation")
-    posthoc: PosthocConfig = typed(cfg.posthoc, PosthocConfig, "posthoc")
-    _check_config(cfg, posthoc)
+    posthoc: PosthocConfig = check_training_config(cfg)
     keep_freed_memory()  # before the first large tensor (mcseg.runtime)
     seed_everything(int(cfg.seed), tcfg.deterministic)
     reductions_before = thread_reductions()
