@@ -18,8 +18,9 @@ from mcseg.signatures import static_parameters
 
 from .conftest import CONFIG_DIR, ROOT, TINY_2D, run_cli
 
-# What no entry point imports before its command needs it: seconds each on 2 busy cores (docs/benchmarks.md)
-HEAVY = ("monai", "matplotlib", "scipy.signal", "scipy.stats", "ignite", "tensorboard", "torch.utils.tensorboard",
+# What no entry point imports before its command needs it: seconds each on 2 busy cores (docs/benchmarks.md);
+# scipy: any of its modules that uses scipy.ndimage or the array API pulls numpy.f2py (about 1 s; scipy 1.17)
+HEAVY = ("monai", "matplotlib", "scipy", "ignite", "tensorboard", "torch.utils.tensorboard",
          "optuna", "highdicom", "pydicom", "playwright", "mlflow", "wandb", "pandas", "sklearn")
 # Hydra (train.py, evaluate.py), sweep and DICOM commands: not even torch before their command runs
 # and the config checks they run before their command (mcseg.cli.train_checked, evaluate_checked)

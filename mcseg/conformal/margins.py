@@ -23,13 +23,14 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-from scipy.ndimage import distance_transform_edt
 
 __all__ = ["conformal_quantile", "depth", "distance_to", "grown", "inner_score", "outer_score", "shrunk"]
 
 
 def distance_to(mask: np.ndarray, spacing: Sequence[float]) -> np.ndarray:
     """mm from every voxel to the nearest voxel of ``mask`` (0 inside it; inf everywhere for an empty mask)."""
+    from scipy.ndimage import distance_transform_edt  # here: scipy.ndimage takes ~1 s to import (docs/benchmarks.md)
+
     mask = np.asarray(mask, bool)
     if not mask.any():
         return np.full(mask.shape, np.inf)
@@ -39,6 +40,8 @@ def distance_to(mask: np.ndarray, spacing: Sequence[float]) -> np.ndarray:
 def depth(mask: np.ndarray, spacing: Sequence[float]) -> np.ndarray:
     """mm from every voxel of ``mask`` to the nearest voxel outside it, the volume's border counting as outside
     (0 outside the mask)."""
+    from scipy.ndimage import distance_transform_edt
+
     mask = np.asarray(mask, bool)
     padded = np.pad(mask, 1, constant_values=False)
     inner = tuple(slice(1, -1) for _ in range(mask.ndim))

@@ -12,7 +12,6 @@ boundaries, which is what calibration studies need. Cases are a pure function of
 from __future__ import annotations
 
 import numpy as np
-from scipy.ndimage import gaussian_filter
 
 from mcseg.data.base import SegmentationDataset
 from mcseg.data.cases import CaseData, CaseRef
@@ -37,6 +36,8 @@ def _rotation(rng: np.random.Generator, ndim: int) -> np.ndarray:
 
 def phantom(shape: tuple[int, ...], seed: int, index: int, noise: float = 0.18) -> tuple[np.ndarray, np.ndarray]:
     """Return ``(image, label)`` for case ``index``: image float32 ``shape``, label int64 ``shape``."""
+    from scipy.ndimage import gaussian_filter  # here: scipy.ndimage takes ~1 s to import (docs/benchmarks.md)
+
     rng = np.random.default_rng([seed, index])
     ndim = len(shape)
     size = np.asarray(shape, dtype=np.float32)

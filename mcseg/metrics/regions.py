@@ -18,7 +18,6 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
-from scipy.ndimage import distance_transform_edt
 
 from mcseg.config import REGIONS
 from mcseg.metrics.surface import boundary_mask
@@ -33,6 +32,8 @@ def boundary_band(label_map: torch.Tensor, spacing: Sequence[float], width_mm: f
     The distance transform (scipy, CPU) runs on the bounding box of the boundary voxels grown by
     the width; voxels outside it are farther than ``width_mm`` from every boundary voxel.
     """
+    from scipy.ndimage import distance_transform_edt  # here: scipy.ndimage takes ~1 s to import (docs/benchmarks.md)
+
     if width_mm < 0:
         raise ValueError(f"boundary_width_mm must be >= 0, got {width_mm}")
     edges = boundary_mask(label_map, image_border=False)
