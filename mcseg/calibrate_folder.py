@@ -19,7 +19,7 @@ from pathlib import Path
 
 from mcseg.calibration import PosthocConfig
 from mcseg.calibration.posthoc_config import OBJECTIVES, VOXEL_SAMPLES
-from mcseg.calibration.scaler_registry import softmax_only_message
+from mcseg.calibration.scaler_names import softmax_only_message
 from mcseg.calibration.scaler_registry import SCALER_TYPES
 from mcseg.data.io import VolumeError
 from mcseg.config import EvalProtocol

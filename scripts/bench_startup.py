@@ -5,7 +5,9 @@ command runs), timed from outside, ``--repeats`` rounds, each round running ``im
 the refusal of a bad key (``python train.py optim.lr=abc``: Hydra composes, the config checks refuse, exit 1) one
 after the other, so that the machine's load changes touch them alike. Reports the median of each and its ratio to
 the median of ``import torch``, the target being <= 1.5x (issue #58, "Done when"); a busy machine makes the seconds
-vary more than the ratios. ``python scripts/bench_startup.py [--repeats 5] [--json out.json]``.
+vary more than the ratios. ``--baseline ROOT`` also times each entry point from another checkout (e.g. an export of
+main) right after this one's, in the same round: a before/after whose pairs meet the same load.
+``python scripts/bench_startup.py [--repeats 5] [--baseline ROOT] [--json out.json]``.
 """
 from __future__ import annotations
 
@@ -56,6 +58,8 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--root", type=Path, default=ROOT, help="the checkout whose code is timed (e.g. an export of "
                         "an earlier commit, for a before/after in the same session)")
+    parser.add_argument("--baseline", type=Path, help="also time each entry point from this checkout, right after "
+                        "the same one from --root (rows marked [baseline])")
     parser.add_argument("--only", nargs="*", help="time only these entry points (names or modules of the table)")
     parser.add_argument("--json", type=Path, help="also write the raw times, the load before and after each "
                         "round, the command and the code commit here (the raw output beside docs/benchmarks.md)")
@@ -65,21 +69,28 @@ def main() -> int:
                             text=True).stdout.strip()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
     env.pop("MCSEG_TRACEBACK", None)
+    roots = {"": (root, env)}
+    if args.baseline:
+        roots[" [baseline]"] = (args.baseline.resolve(), {**env, "PYTHONPATH": str(args.baseline.resolve())})
     record = {"command": " ".join(sys.argv), "root": str(root), "commit": commit, "cpus": os.cpu_count(),
+              "baseline": str(args.baseline.resolve()) if args.baseline else None,
               "python": sys.version.split()[0],
               "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "loads": [], "seconds": {}}
     entry_points = {name: module for name, module in ENTRY_POINTS.items()
                     if args.only is None or name in args.only or module in args.only}
-    names = ["import torch", *entry_points, REFUSAL]
+    names = ["import torch", *(name + mark for name in [*entry_points, REFUSAL] for mark in roots)]
     seconds: dict[str, list[float]] = {name: [] for name in names}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.repeats):
             record["loads"].append(os.getloadavg()[0])
             seconds["import torch"].append(timed([sys.executable, "-c", "import torch"], env))
             for name, module in entry_points.items():
-                seconds[name].append(timed([sys.executable, "-c", f"import {module}"], env))
-            seconds[REFUSAL].append(timed([sys.executable, str(root / "train.py"), "optim.lr=abc",
-                                           f"hydra.run.dir={Path(tmp) / f'refused{r}'}"], env, expect=1))
+                for mark, (_, where) in roots.items():
+                    seconds[name + mark].append(timed([sys.executable, "-c", f"import {module}"], where))
+            for mark, (checkout, where) in roots.items():
+                seconds[REFUSAL + mark].append(timed([sys.executable, str(checkout / "train.py"), "optim.lr=abc",
+                                                      f"hydra.run.dir={Path(tmp) / f'refused{r}{len(mark)}'}"],
+                                                     where, expect=1))
             print(f"round {r + 1}/{args.repeats}: load {record['loads'][-1]:.1f}, import torch "
                   f"{seconds['import torch'][-1]:.1f} s", file=sys.stderr)
     record["loads"].append(os.getloadavg()[0])

@@ -17,14 +17,15 @@ docs/posthoc.md), and mcseg's also serve what Fiducio does not: sigmoid (multi-l
 How they are fitted: on the voxel sample mcseg selects (``posthoc.voxels``, ``max_voxels``, ``seed``: the
 ``voxels`` of :class:`~mcseg.calibration.scaler_registry.FitData`), as an ``N x K`` table of logits, on the CPU, by the
 library's own defaults (Adam, 200 steps; learning rate 0.1, 0.01 for the class-conditional family; no
-regulariser) unless ``posthoc.fiducio`` sets some of :data:`SETTINGS` (each calibrator gets those its constructor
-takes; the constructor's arguments are recorded). With the defaults Adam keeps the iterate of lowest training loss,
-the start (the identity map) included, so a fit never raises the NLL of its voxels; a fit that does (L-BFGS, a
-regulariser) is kept and its record says so (``warning``). Softmax models only: Fiducio's maps are maps of a
-softmax's logits or log-probabilities, so a multi-label (sigmoid) model is refused. On saved probabilities
-(``mcseg-calibrate-folder``) the "logits" are ``ln p`` (:func:`mcseg.evaluation.folder_posthoc.log_probabilities`):
-the log-probability calibrators (DC, CMS, CMSap, CMSop) and the translation-invariant ones (ETS, MSc) are then the
-logits' own maps; MS is a map of the log-probabilities, not of the logits (trap 1 of the reference document).
+regulariser) unless ``posthoc.fiducio`` sets some of ``FIDUCIO_SETTINGS`` (:mod:`mcseg.calibration.scaler_names`;
+each calibrator gets those its constructor takes; the constructor's arguments are recorded). With the defaults
+Adam keeps the iterate of lowest training loss, the start (the identity map) included, so a fit never raises the
+NLL of its voxels; a fit that does (L-BFGS, a regulariser) is kept and its record says so (``warning``). Softmax
+models only: Fiducio's maps are maps of a softmax's logits or log-probabilities, so a multi-label (sigmoid) model is
+refused. On saved probabilities (``mcseg-calibrate-folder``) the "logits" are ``ln p``
+(:func:`mcseg.evaluation.folder_posthoc.log_probabilities`): the log-probability calibrators (DC, CMS, CMSap, CMSop)
+and the translation-invariant ones (ETS, MSc) are then the logits' own maps; MS is a map of the log-probabilities,
+not of the logits (trap 1 of the reference document).
 
 Saved in Fiducio's own format (``fiducio.save_calibrator``) beside calibration.json as
 ``fiducio-<name>-<sha8>.pt`` (the checkpoint's sha256, as LTS weights are named), so that
@@ -44,19 +45,17 @@ import fiducio
 import torch
 from torch import Tensor
 
-from mcseg.calibration.scaler_interface import FitData, FitOptions, Scaler, softmax_only_message
+from mcseg.calibration.scaler_interface import FitData, FitOptions, Scaler
 from mcseg.calibration.logit_scaling import nll
-from mcseg.calibration.scaler_names import FIDUCIO_SETTINGS
+from mcseg.calibration.scaler_names import FIDUCIO_SETTINGS, softmax_only_message
 
-__all__ = ["CHUNK_VOXELS", "FIDUCIO_SCALERS", "FIDUCIO_SCALER_TYPES", "FiducioScaler", "GUARANTEES", "SETTINGS",
+__all__ = ["CHUNK_VOXELS", "FIDUCIO_SCALERS", "FIDUCIO_SCALER_TYPES", "FiducioScaler", "GUARANTEES",
            "check_fiducio_settings"]
 
 GUARANTEES = ("order", "argmax", "none")
 KEEPS = {"order": "keeps the class order", "argmax": "keeps the arg-max", "none": "can change the arg-max"}
 #: voxels per slab of :meth:`FiducioScaler.apply`
 CHUNK_VOXELS = 1 << 20
-#: the fit settings ``posthoc.fiducio`` may set (keyword arguments of Fiducio's constructors)
-SETTINGS = FIDUCIO_SETTINGS
 
 
 @dataclass(frozen=True)
@@ -199,14 +198,15 @@ class FiducioScaler(Scaler):
 
 
 def check_fiducio_settings(settings: dict, names: list[str]) -> None:
-    """Refuse ``posthoc.fiducio`` settings outside :data:`SETTINGS`, or that a Fiducio calibrator of ``names`` (those
-    of ``posthoc.fit``) refuses (an unknown optimizer, a negative learning rate...), naming the key."""
+    """Refuse ``posthoc.fiducio`` settings outside :data:`~mcseg.calibration.scaler_names.FIDUCIO_SETTINGS`, or that a
+    Fiducio calibrator of ``names`` (those of ``posthoc.fit``) refuses (an unknown optimizer, a negative learning
+    rate...), naming the key."""
     from mcseg.errors import ConfigError
 
-    unknown = sorted(set(settings) - set(SETTINGS))
+    unknown = sorted(set(settings) - set(FIDUCIO_SETTINGS))
     if unknown:
         raise ConfigError(f"config key 'posthoc.fiducio.{unknown[0]}': not a Fiducio fit setting (expected "
-                          f"{', '.join(SETTINGS)})")
+                          f"{', '.join(FIDUCIO_SETTINGS)})")
     for name in names:
         try:
             FIDUCIO_SCALER_TYPES[name].new_calibrator(settings)

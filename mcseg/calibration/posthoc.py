@@ -44,7 +44,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mcseg.calibration.lts import CaseLogits, LTSConfig
+from mcseg.calibration.lts import CaseLogits
+from mcseg.calibration.lts_config import LTSConfig
 from mcseg.calibration.posthoc_config import PosthocConfig
 from mcseg.calibration.scaler_registry import FitData, FitOptions, Scaler, build_scaler, load_scaler
 from mcseg.config import EvalProtocol

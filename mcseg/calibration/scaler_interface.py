@@ -19,9 +19,9 @@ from typing import ClassVar, Literal
 import torch
 from torch import Tensor
 
-from mcseg.calibration.lts import CaseLogits, LTSConfig, LTSNet, fit_lts, load_lts, save_lts
+from mcseg.calibration.lts import CaseLogits, LTSNet, fit_lts, load_lts, save_lts
+from mcseg.calibration.lts_config import LTSConfig
 from mcseg.calibration.logit_scaling import fit_scaler, fit_temperature_ece, scale_logits
-from mcseg.calibration.scaler_names import softmax_only_message
 
 
 @dataclass
@@ -263,4 +263,4 @@ class LTSScaler(Scaler):
         return f"lts ({self.cfg.dims}D{', image' if self.cfg.use_image else ''}, nll)"
 
 
-__all__ = ["FitData", "FitOptions", "LTSScaler", "Scaler", "TemperatureScaler", "VectorScaler", "softmax_only_message"]
+__all__ = ["FitData", "FitOptions", "LTSScaler", "Scaler", "TemperatureScaler", "VectorScaler"]

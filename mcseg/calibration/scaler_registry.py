@@ -11,8 +11,7 @@ from pathlib import Path
 from mcseg.registry import unique
 from mcseg.calibration.binning_adapters import BINNING_SCALERS
 from mcseg.calibration.fiducio_adapters import FIDUCIO_SCALER_TYPES
-from mcseg.calibration.scaler_interface import (FitData, FitOptions, LTSScaler, Scaler, TemperatureScaler, VectorScaler,
-                                           softmax_only_message)
+from mcseg.calibration.scaler_interface import FitData, FitOptions, LTSScaler, Scaler, TemperatureScaler, VectorScaler
 
 SCALER_TYPES: dict[str, type[Scaler]] = unique(
     (TemperatureScaler, VectorScaler, LTSScaler, *BINNING_SCALERS, *FIDUCIO_SCALER_TYPES.values()),
@@ -35,4 +34,4 @@ def load_scaler(name: str, record: dict, directory: Path) -> Scaler:
 
 
 __all__ = ["FitData", "FitOptions", "LTSScaler", "SCALER_TYPES", "Scaler", "TemperatureScaler", "VectorScaler",
-           "build_scaler", "load_scaler", "softmax_only_message"]
+           "build_scaler", "load_scaler"]
