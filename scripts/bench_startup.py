@@ -5,8 +5,10 @@ command runs), timed from outside, ``--repeats`` rounds, each round running ``im
 the refusal of a bad key (``python train.py optim.lr=abc``: Hydra composes, the config checks refuse, exit 1) one
 after the other, so that the machine's load changes touch them alike. Reports the median of each and its ratio to
 the median of ``import torch``, the target being <= 1.5x (issue #58, "Done when"); a busy machine makes the seconds
-vary more than the ratios. ``--baseline ROOT`` also times each entry point from another checkout (e.g. an export of
-main) right after this one's, in the same round: a before/after whose pairs meet the same load.
+vary more than the ratios. A second table gives the CPU seconds (user + system) of the same runs, which other
+processes on a busy machine change far less than the wall seconds. ``--baseline ROOT`` also times each entry point
+from another checkout (e.g. an export of main) right after this one's, in the same round: a before/after whose pairs
+meet the same load.
 ``python scripts/bench_startup.py [--repeats 5] [--baseline ROOT] [--json out.json]``.
 """
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -44,10 +47,21 @@ ENTRY_POINTS = {
 REFUSAL = "train.py optim.lr=abc (refused)"
 
 
-def timed(command: list[str], env: dict, expect: int = 0) -> float:
-    start = time.perf_counter()
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+CPU: dict[str, list[float]] = {}  # name -> CPU seconds (user + system) of each of its runs
+
+
+def timed(command: list[str], env: dict, expect: int = 0, name: str = "") -> float:
+    """Wall seconds of ``command``; its CPU seconds (user + system, which another process's load barely changes)
+    are kept in :data:`CPU` under ``name``."""
+    start, cpu = time.perf_counter(), _children_cpu()
     done = subprocess.run(command, cwd=env["PYTHONPATH"], env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - start
+    CPU.setdefault(name, []).append(_children_cpu() - cpu)
     if done.returncode != expect:
         raise SystemExit(f"{' '.join(command)}: exit {done.returncode}, expected {expect}\n{done.stderr[-2000:]}")
     return seconds
@@ -83,27 +97,30 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.repeats):
             record["loads"].append(os.getloadavg()[0])
-            seconds["import torch"].append(timed([sys.executable, "-c", "import torch"], env))
+            seconds["import torch"].append(timed([sys.executable, "-c", "import torch"], env,
+                                                   name="import torch"))
             for name, module in entry_points.items():
                 for mark, (_, where) in roots.items():
-                    seconds[name + mark].append(timed([sys.executable, "-c", f"import {module}"], where))
+                    seconds[name + mark].append(timed([sys.executable, "-c", f"import {module}"], where,
+                                                              name=name + mark))
             for mark, (checkout, where) in roots.items():
                 seconds[REFUSAL + mark].append(timed([sys.executable, str(checkout / "train.py"), "optim.lr=abc",
                                                       f"hydra.run.dir={Path(tmp) / f'refused{r}{len(mark)}'}"],
-                                                     where, expect=1))
+                                                     where, expect=1, name=REFUSAL + mark))
             print(f"round {r + 1}/{args.repeats}: load {record['loads'][-1]:.1f}, import torch "
                   f"{seconds['import torch'][-1]:.1f} s", file=sys.stderr)
     record["loads"].append(os.getloadavg()[0])
-    record["seconds"] = seconds
-    floor = statistics.median(seconds["import torch"])
+    record["seconds"], record["cpu_seconds"] = seconds, CPU
     print(f"load average (1 min) over the rounds: {min(record['loads']):.1f} to {max(record['loads']):.1f} on "
           f"{os.cpu_count()} CPUs; {args.repeats} rounds, medians")
-    print("| what | median s | min-max s | x import torch | <= 1.5x |")
-    print("|---|---|---|---|---|")
-    for name in names:
-        median = statistics.median(seconds[name])
-        print(f"| {name} | {median:.2f} | {min(seconds[name]):.2f}-{max(seconds[name]):.2f} | {median / floor:.2f} | "
-              f"{'yes' if median <= 1.5 * floor else 'no'} |")
+    for what, times in (("wall", seconds), ("CPU (user + system)", CPU)):
+        floor = statistics.median(times["import torch"])
+        print(f"| what | median {what} s | min-max s | x import torch | <= 1.5x |")
+        print("|---|---|---|---|---|")
+        for name in names:
+            median = statistics.median(times[name])
+            print(f"| {name} | {median:.2f} | {min(times[name]):.2f}-{max(times[name]):.2f} | {median / floor:.2f} | "
+                  f"{'yes' if median <= 1.5 * floor else 'no'} |")
     if args.json:
         args.json.write_text(json.dumps(record, indent=1) + "\n")
     return 0
