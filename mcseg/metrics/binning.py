@@ -118,7 +118,8 @@ def bin_sums(bins: torch.Tensor, values: torch.Tensor, correct: torch.Tensor, n_
     was torch's per-call work around it."""
     if bins.device.type == "cpu":
         b, hit = bins.numpy(), correct.detach().numpy()
-        joint = np.bincount(b * 2 + (hit if hit.dtype == bool else hit.astype(np.int64)), minlength=2 * n_bins).reshape(n_bins, 2).astype(np.float64)
+        pairs = b * 2 + (hit if hit.dtype == bool else hit.astype(np.int64))
+        joint = np.bincount(pairs, minlength=2 * n_bins).reshape(n_bins, 2).astype(np.float64)
         conf = np.bincount(b, values.detach().double().numpy(), n_bins)
         return BinSums(torch.from_numpy(joint.sum(1)), torch.from_numpy(conf), torch.from_numpy(joint[:, 1].copy()))
     # count and correct from one integer histogram over (bin, correct) pairs

@@ -56,7 +56,7 @@ def test_a_dense_pooled_sum_is_added_into_not_copied():
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
-@pytest.mark.parametrize("n", [1000, 300_000])  # one step (NumPy bincounts) and several (cells marked in the input's type)
+@pytest.mark.parametrize("n", [1000, 300_000])  # one step (NumPy bincounts), several (cells marked in the input's type)
 def test_sums_of_other_float_types_and_at_0_and_1_are_the_float64_ones(n, dtype):
     g = torch.Generator().manual_seed(n)
     f = torch.rand(n, generator=g).to(dtype)
