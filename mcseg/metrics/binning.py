@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
 
+import numpy as np
 import torch
 
 __all__ = ["BinSums", "bin_index", "bin_sums", "edges_below"]
@@ -110,7 +111,17 @@ def bin_index(values: torch.Tensor, n_bins: int) -> torch.Tensor:
 
 
 def bin_sums(bins: torch.Tensor, values: torch.Tensor, correct: torch.Tensor, n_bins: int) -> BinSums:
-    """Sums over voxels grouped by ``bins`` (0-based indices < n_bins); ``correct`` boolean."""
+    """Sums over voxels grouped by ``bins`` (0-based indices < n_bins); ``correct`` boolean.
+
+    On the CPU with NumPy's ``bincount``, which adds a bin's weights in voxel order as ``index_add_`` does (the
+    same sums to the last bit) in fewer passes: most of the time of a small case's fine histogram (26,625 bins)
+    was torch's per-call work around it."""
+    if bins.device.type == "cpu":
+        b, hit = bins.numpy(), correct.detach().numpy()
+        pairs = b * 2 + (hit if hit.dtype == bool else hit.astype(np.int64))
+        joint = np.bincount(pairs, minlength=2 * n_bins).reshape(n_bins, 2).astype(np.float64)
+        conf = np.bincount(b, values.detach().double().numpy(), n_bins)
+        return BinSums(torch.from_numpy(joint.sum(1)), torch.from_numpy(conf), torch.from_numpy(joint[:, 1].copy()))
     # count and correct from one integer histogram over (bin, correct) pairs
     joint = torch.bincount(bins * 2 + correct.long(), minlength=2 * n_bins).view(n_bins, 2).double()
     conf = torch.zeros(n_bins, dtype=torch.float64, device=values.device).index_add_(0, bins, values.double())

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 import torch
@@ -128,33 +129,28 @@ def smooth_sums(confidence: torch.Tensor, correct: torch.Tensor, into: SmoothSum
         raise ValueError(f"confidence and correct: expected the same shape, got {tuple(confidence.shape)} and "
                          f"{tuple(correct.shape)}")
     conf, hit = confidence.reshape(-1), correct.reshape(-1)
+    if conf.device.type == "cpu" and conf.numel() <= _CHUNK:
+        sums = _one_step_sums(conf, hit)
+        return sums if into is None else into + sums
     steps = range(0, conf.numel(), _CHUNK)
 
     def chunk(start: int) -> tuple[torch.Tensor, torch.Tensor]:
         f = conf[start:start + _CHUNK].to(torch.float64).clamp(0.0, 1.0)
         return f, (f * N_CELLS).long().clamp_(max=N_CELLS - 1)
 
-    if len(steps) == 1:  # one step (a small case): the occupied cells and each voxel's slot from one sort
-        cells, inverse = torch.unique(chunk(0)[1], sorted=True, return_inverse=True)
-
-        def slots(cell: torch.Tensor) -> torch.Tensor:
-            return inverse
-    else:  # the occupied cells marked step by step: memory bounded by the 2^20 cells, not the voxels
-        used = torch.zeros(N_CELLS, dtype=torch.bool, device=conf.device)
-        for start in steps:
-            used[chunk(start)[1]] = True
-        cells = used.nonzero()[:, 0]
-        slot = torch.empty(N_CELLS, dtype=torch.long, device=conf.device)
-        slot[cells] = torch.arange(cells.numel(), device=conf.device)
-
-        def slots(cell: torch.Tensor) -> torch.Tensor:
-            return slot[cell]
+    # the occupied cells marked step by step: memory bounded by the 2^20 cells, not the voxels
+    used = torch.zeros(N_CELLS, dtype=torch.bool, device=conf.device)
+    for start in steps:
+        used[_cells(conf[start:start + _CHUNK])] = True
+    cells = used.nonzero()[:, 0]
+    slot = torch.empty(N_CELLS, dtype=torch.long, device=conf.device)
+    slot[cells] = torch.arange(cells.numel(), device=conf.device)
     sums = SmoothSums(*(torch.zeros(cells.numel(), dtype=torch.float64, device=conf.device)
                         for _ in SmoothSums.SUMS), cells=cells)
     for start in steps:  # per cell, the additions of the dense accumulation, in the same (voxel) order
         f, cell = chunk(start)
         y = hit[start:start + _CHUNK].to(torch.float64)
-        index = slots(cell)
+        index = slot[cell]
         sums.count.index_add_(0, index, torch.ones_like(f))
         sums.correct.index_add_(0, index, y)
         sums.conf.index_add_(0, index, f)
@@ -163,8 +159,36 @@ def smooth_sums(confidence: torch.Tensor, correct: torch.Tensor, into: SmoothSum
     return sums if into is None else into + sums
 
 
+def _cells(confidence: torch.Tensor) -> torch.Tensor:
+    """The cell floor(f * 2^20) of each confidence f clamped to [0, 1] (the last cell also holds 1), computed in
+    the confidences' own float32 or float64: f and f * 2^20 are exact in either (a power of two), so the cells are
+    those of the float64 values without a float64 copy."""
+    f = confidence if confidence.dtype in (torch.float32, torch.float64) else confidence.to(torch.float32)
+    return (f.clamp(0.0, 1.0) * N_CELLS).long().clamp_(max=N_CELLS - 1)
+
+
+def _one_step_sums(conf: torch.Tensor, hit: torch.Tensor) -> SmoothSums:
+    """:func:`smooth_sums` of at most one step of CPU voxels, in NumPy: the occupied cells marked in a bitmap (not
+    sorted), each voxel's slot looked up, each sum one ``bincount``. A bincount adds the weights of a slot in
+    voxel order, as ``index_add_`` does: the same sums to the last bit, in a third of the time on a small case."""
+    f = conf.detach().to(torch.float64).clamp(0.0, 1.0).numpy()
+    cell = np.minimum((f * N_CELLS).astype(np.int64), N_CELLS - 1)
+    used = np.zeros(N_CELLS, dtype=bool)
+    used[cell] = True
+    cells = np.flatnonzero(used)
+    lookup = np.empty(N_CELLS, dtype=np.intp)
+    lookup[cells] = np.arange(cells.size)
+    slot, n = lookup[cell], cells.size
+    y = hit.detach().numpy().astype(np.float64)
+    sums = (np.bincount(slot, minlength=n).astype(np.float64), np.bincount(slot, y, n), np.bincount(slot, f, n),
+            np.bincount(slot, f * y, n), np.bincount(slot, f * f, n))
+    return SmoothSums(*(torch.from_numpy(s) for s in sums), cells=torch.from_numpy(cells))
+
+
 def _occupied(sums: SmoothSums) -> dict[str, np.ndarray]:
     keep = sums.count > 0
+    if bool(keep.all()):  # every cell of a case's (sparse) sums: no copies
+        return {name: getattr(sums, name).cpu().numpy() for name in sums.SUMS}
     return {name: getattr(sums, name)[keep].cpu().numpy() for name in sums.SUMS}
 
 
@@ -185,6 +209,7 @@ def _node_arrays(cells: dict[str, np.ndarray], n_nodes: int) -> tuple[np.ndarray
     return spread(r_sum, r_frac_sum), spread(cells["count"], frac_sum)
 
 
+@lru_cache(maxsize=64)
 def _fft_size(n_nodes: int) -> int:
     """The padded length of fftconvolve's transforms of the reflected node arrays (3E - 2) and the kernel (E)."""
     from scipy import fft  # not at import: only when a smooth ECE is computed
@@ -202,36 +227,62 @@ def _node_spectrum(nodes: np.ndarray) -> np.ndarray:
     return fft.rfft(extended, _fft_size(nodes.shape[-1]), axis=-1)
 
 
+# What depends on the bandwidth and the node grid only, not on the points (the kernel's transform, where the
+# smoothed arrays are read), is kept across calls: relplot's bisection visits multiples of 2^-10, and the cases of
+# a split mostly the same ones. At most this many bandwidths, 2 to 500 kB each (by the bandwidth).
+_KEPT_BANDWIDTHS = 32
+
+
+def _read_only(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
+    for a in arrays:
+        a.flags.writeable = False  # shared by every later call
+    return arrays
+
+
+@lru_cache(maxsize=_KEPT_BANDWIDTHS)
+def _kernel_spectrum(n: int, sigma: float) -> np.ndarray:
+    """The FFT, at :func:`_fft_size`, of the Gaussian density of standard deviation ``sigma`` sampled at
+    linspace(0, 1, E = ``n``) around 1/2 (relplot's ``ReflectedGaussianKernel``; not normalised)."""
+    from scipy import fft
+
+    t = np.linspace(0.0, 1.0, n)
+    kernel = np.exp(-(t - 0.5) ** 2 / (2 * sigma**2)) / (math.sqrt(2 * math.pi) * sigma)
+    return _read_only(fft.rfft(kernel, _fft_size(n)))[0]
+
+
 def _reflected_smoothing(spectrum: np.ndarray, n: int, sigma: float) -> np.ndarray:
     """relplot's ``ReflectedGaussianKernel.convolve`` of each row of the E = ``n`` node arrays whose
     :func:`_node_spectrum` is ``spectrum``: convolve with the Gaussian density sampled at linspace(0, 1, E) around
     1/2, keep the E central values.
 
     The FFTs of ``scipy.signal.fftconvolve(extended, kernel, mode="valid")`` (the same lengths, products and
-    slices, so the same values to the last bit), the node arrays' transform shared by the bandwidths."""
+    slices, so the same values to the last bit), the node arrays' transform shared by the bandwidths, the kernel's
+    by the calls (:func:`_kernel_spectrum`)."""
     from scipy import fft
 
-    t = np.linspace(0.0, 1.0, n)
-    kernel = np.exp(-(t - 0.5) ** 2 / (2 * sigma**2)) / (math.sqrt(2 * math.pi) * sigma)
     size = _fft_size(n)
-    full = fft.irfft(spectrum * fft.rfft(kernel, size), size, axis=-1)
+    full = fft.irfft(spectrum * _kernel_spectrum(n, sigma), size, axis=-1)
     start = n - 1 + n // 2  # the "valid" part starts at E - 1; relplot keeps E values from its middle
     return full[:, start:start + n]
 
 
-def _interpolate(t: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Linear interpolation of each row of ``y`` (R, E), sampled at linspace(0, 1, E), at the points ``t``."""
-    scale = y.shape[-1] - 1
+@lru_cache(maxsize=_KEPT_BANDWIDTHS)
+def _interpolation(n: int, sigma: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """relplot's T = max(round(10 / sigma), 200) equispaced points t of [0, 1] on the grid linspace(0, 1, E = ``n``):
+    each point's node below and above, and the weights 1 - w and w of the linear interpolation between them."""
+    t = np.linspace(0.0, 1.0, max(round(10 / sigma), 200))
+    scale = n - 1
     index = (t * scale).astype(np.int64).clip(0, scale - 1)
     w = t * scale - index
-    return y[:, index] * (1 - w) + y[:, index + 1] * w
+    return _read_only(index, index + 1, 1 - w, w)
 
 
 def _sigma_value(spectrum: np.ndarray, n_nodes: int, sigma: float) -> float:
     """smECE_sigma from the :func:`_node_spectrum` of the node arrays (2, E) of r and of 1 (:func:`_node_arrays`)
     on relplot's grid for ``sigma``."""
-    t = np.linspace(0.0, 1.0, max(round(10 / sigma), 200))
-    smoothed = _interpolate(t, _reflected_smoothing(spectrum, n_nodes, sigma))
+    below, above, w_below, w_above = _interpolation(n_nodes, sigma)
+    y = _reflected_smoothing(spectrum, n_nodes, sigma)
+    smoothed = y[:, below] * w_below + y[:, above] * w_above  # each row linearly interpolated at the points t
     residual, density = smoothed[0], smoothed[1] + _DENSITY_EPS
     # relplot forms the smoothed residual (K*r)/density and its density-weighted mean; the density cancels
     return float(np.abs(residual).sum() / density.sum())

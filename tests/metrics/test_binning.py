@@ -74,3 +74,19 @@ def test_regroup_and_add_preserve_totals():
         torch.testing.assert_close(a, b)
     doubled = fine + fine
     torch.testing.assert_close(doubled.ece(), fine.ece())
+
+
+def test_bin_sums_are_the_index_add_sums_to_the_last_bit():
+    """bin_sums (NumPy's bincounts on the CPU) adds each bin's values in voxel order, as torch's index_add_:
+    the same float64 sums, not merely close ones; a 0/1 float ``correct`` counts as the boolean one."""
+    g = torch.Generator().manual_seed(0)
+    values = torch.rand(50_000, generator=g) ** 4
+    correct = torch.rand(50_000, generator=g) < values
+    bins = bin_index(values, 15)
+    out = bin_sums(bins, values, correct, 15)
+    conf = torch.zeros(15, dtype=torch.float64).index_add_(0, bins, values.double())
+    assert torch.equal(out.confidence, conf)
+    assert torch.equal(out.count, torch.bincount(bins, minlength=15).double())
+    assert torch.equal(out.correct, torch.bincount(bins[correct], minlength=15).double())
+    again = bin_sums(bins, values, correct.float(), 15)
+    assert all(torch.equal(getattr(again, f), getattr(out, f)) for f in ("count", "confidence", "correct"))

@@ -53,3 +53,13 @@ def test_a_dense_pooled_sum_is_added_into_not_copied():
     pooled += _dense(f[:10], y[:10])  # dense into dense
     assert pooled.count.data_ptr() == before
     assert _equal(pooled, expected + _dense(f[:10], y[:10]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("n", [1000, 300_000])  # one step (NumPy bincounts), several (cells marked in the input's type)
+def test_sums_of_other_float_types_and_at_0_and_1_are_the_float64_ones(n, dtype):
+    g = torch.Generator().manual_seed(n)
+    f = torch.rand(n, generator=g).to(dtype)
+    f[::7], f[::11] = 1.0, 0.0
+    y = torch.rand(n, generator=g) < 0.7
+    assert _equal(smooth_sums(f, y), _dense(f, y))

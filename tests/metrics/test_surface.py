@@ -156,3 +156,25 @@ def test_property_hd_invariant_to_translating_both_maps(seed, shift, spacing, q)
     # and symmetric in (prediction, label) for the max of directed percentiles
     c = surface_distances(canvas(small_label, 0, 0), canvas(small_pred, 0, 0), 3, spacing, q)
     torch.testing.assert_close(a.hd[defined], c.hd[defined])
+
+
+def test_surface_points_on_both_surfaces_are_zero_without_a_query_and_change_no_distance():
+    """A point of the prediction's surface that is also on the label's (the same voxel) is at distance exactly 0:
+    surface_distances does not query the k-d tree for it. Every distance, HD and ASSD stays that of querying all."""
+    label = blobs((24, 20, 16), 3, seed=5)
+    pred = label.clone()
+    pred[5:9, 4:12, 3:8] = 2  # a part moved: some surface voxels shared, some not
+    spacing = (0.8, 0.7, 2.5)
+    p_all, y_all = surface_points(pred, 3, spacing), surface_points(label, 3, spacing)
+    for k in (1, 2):
+        p, y = p_all[k], y_all[k]
+        shared = (p[:, None, :] == y[None, :, :]).all(-1).any(1)
+        assert 0 < shared.sum() < len(p)
+        queried = directed_distances(p, y)
+        assert np.array_equal(directed_distances(p, y, shared), queried)
+        assert np.array_equal(queried == 0, shared)
+    out = surface_distances(pred, label, 3, spacing)
+    for k in (1, 2):
+        d_pl, d_lp = directed_distances(p_all[k], y_all[k]), directed_distances(y_all[k], p_all[k])
+        assert out.hd[k].item() == max(np.percentile(d_pl, 95), np.percentile(d_lp, 95))
+        assert out.assd[k].item() == (d_pl.sum() + d_lp.sum()) / (d_pl.size + d_lp.size)
