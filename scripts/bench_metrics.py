@@ -240,6 +240,9 @@ def measure(args) -> dict:
         print(f"hippocampus ({n} cases): mcseg {totals[0]:.2f} s, reference {totals[1]:.2f} s, "
               f"ratio {totals[1] / totals[0]:.1f}; CPU {cpu_totals[0]:.2f} s and {cpu_totals[1]:.2f} s, ratio "
               f"{cpu_totals[1] / cpu_totals[0]:.1f}; {worst}", flush=True)
+    else:  # said, not skipped in silence: a worktree's default path (../shared) may not exist
+        print(f"hippocampus skipped: no labelsTr in {args.hippocampus} (--hippocampus DIR: the MSD Task04 folder)",
+              file=sys.stderr, flush=True)
     return result
 
 
