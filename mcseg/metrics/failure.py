@@ -80,20 +80,6 @@ class PooledAUROC:
         self.errors += torch.bincount(index[e], minlength=self.bins).double()
         self.correct += torch.bincount(index[~e], minlength=self.bins).double()
 
-    def __getstate__(self) -> dict:
-        """Pickled sparse (a worker's one case fills few of the bins): the occupied bins and their counts."""
-        def sparse(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            index = t.nonzero()[:, 0]
-            return index, t[index]
-        return {"bins": self.bins, "errors": sparse(self.errors), "correct": sparse(self.correct)}
-
-    def __setstate__(self, state: dict) -> None:
-        self.bins = state["bins"]
-        self.reset()
-        for name in ("errors", "correct"):
-            index, values = state[name]
-            getattr(self, name)[index] = values
-
     def merge(self, other: PooledAUROC) -> None:
         """Add the histograms of ``other`` (voxels of other cases, the same bins)."""
         if other.bins != self.bins:
