@@ -3,6 +3,7 @@ values, an independent formulation each (torchmetrics' AUROC, brute-force pair c
 from __future__ import annotations
 
 import math
+import pickle
 
 import numpy as np
 import pytest
@@ -95,6 +96,35 @@ def test_pooled_auroc_equals_the_exact_one_when_values_fall_in_distinct_bins():
     fine.update(u, e)
     assert abs(fine.aggregate() - auroc(u, e)) < 1e-3
 
+
+
+def test_a_pooled_auroc_sent_to_another_process_merges_to_the_same_histograms():
+    """A worker's PooledAUROC arrives as its occupied bins and is added in place (mcseg.evaluation.case_pool);
+    merged, or used as it is, it is the histogram it was, and the pooled one equals one process's."""
+    g = torch.Generator().manual_seed(5)
+    cases = [(torch.rand(500, generator=g) ** k, torch.rand(500, generator=g) < 0.3) for k in (1, 2, 3)]
+    one, pooled = PooledAUROC(), PooledAUROC()
+    for i, (u, e) in enumerate(cases):
+        one.update(u, e)
+        part = PooledAUROC()
+        part.update(u, e)
+        sent = pickle.dumps(part)
+        assert len(sent) < 500 * 2 * 16 + 2000  # the occupied bins, not 2 x 2^16 float64
+        if i == 0:
+            pooled.merge(pickle.loads(sent))
+            continue
+        arrived = pickle.loads(sent)
+        pooled.merge(arrived)
+        if i == 2:  # an arrived histogram used as it is: dense, equal, merged again the same
+            assert torch.equal(arrived.errors, part.errors) and torch.equal(arrived.correct, part.correct)
+            assert arrived.aggregate() == part.aggregate()
+            again = PooledAUROC()
+            again.merge(arrived)
+            assert torch.equal(again.errors, part.errors)
+    assert torch.equal(pooled.errors, one.errors) and torch.equal(pooled.correct, one.correct)
+    assert pooled.aggregate() == one.aggregate()
+    arrived.reset()
+    assert arrived.errors.sum() == 0 and "_occupied" not in vars(arrived)
 
 # ------------------------------------------------------------------------------------------------- UEO
 def test_ue_dice_by_hand_and_ueo_takes_the_dataset_mean_maximum():
