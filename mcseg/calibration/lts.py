@@ -190,6 +190,7 @@ class LTSConfig:
     slice_axis: int = -1
     use_image: bool = False
     lr: float = 1e-2  # the paper (and its code) use 1e-4, which barely moves T on a small validation set
+    lr_schedule: str = "constant"  # or "cosine": lr * (1 + cos(pi t / (max_epochs x steps_per_epoch))) / 2 at step t
     steps_per_epoch: int | None = None
     max_epochs: int | None = None
     patience: int = 10  # epochs without a better held-out NLL before stopping
@@ -204,8 +205,20 @@ class LTSConfig:
         for key in ("batch_size", "steps_per_epoch", "max_epochs", "patience", "chunk"):
             if getattr(self, key) is not None and getattr(self, key) < 1:
                 raise ValueError(f"LTS: {key}={getattr(self, key)}: expected >= 1")
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"LTS: lr_schedule={self.lr_schedule!r}: expected one of {', '.join(LR_SCHEDULES)}")
         if not 0 < self.holdout < 1 or not self.lr > 0:
             raise ValueError(f"LTS: holdout={self.holdout} must lie in (0, 1) and lr={self.lr} be > 0")
+
+
+#: the learning-rate schedules of :class:`LTSConfig` (``lr_schedule``)
+LR_SCHEDULES = ("constant", "cosine")
+
+
+def lr_factor(schedule: str, step: int, total: int) -> float:
+    """The factor of ``lr`` at (0-based) ``step`` of ``total``: 1 (``constant``), or the cosine decay of
+    Loshchilov & Hutter (SGDR, ICLR 2017) without restarts, ``(1 + cos(pi step / total)) / 2`` (``cosine``)."""
+    return 1.0 if schedule == "constant" else 0.5 * (1.0 + math.cos(math.pi * min(step, total) / total))
 
 
 #: the patch side LTS takes where ``patch_size`` is unset (3D; 2D slices: 256), cut to the largest fit case
@@ -330,6 +343,8 @@ def fit_lts(cases: Sequence[CaseLogits], cfg: LTSConfig, link: Callable | None =
     sampler = PatchDataset(stacked.cases, cfg.dims, cfg.patch_size, cfg.steps_per_epoch * cfg.batch_size,
                            cfg.foreground_ratio, slice_axis=cfg.slice_axis, seed=cfg.seed)
     optimizer = torch.optim.Adam(net.param_groups(cfg.lr))
+    total = cfg.max_epochs * cfg.steps_per_epoch  # early stopping may end sooner; the schedule spans the budget
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: lr_factor(cfg.lr_schedule, t, total))
     best = before = heldout_nll(None, held_cases, link, multilabel)
     best_state, best_epoch, stale, epoch = copy.deepcopy(net.state_dict()), -1, 0, 0
     n = cfg.steps_per_epoch * cfg.batch_size
@@ -349,6 +364,7 @@ def fit_lts(cases: Sequence[CaseLogits], cfg: LTSConfig, link: Callable | None =
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
+            schedule.step()
             bar.update()
         net.eval()
         score = heldout_nll(net, held_cases, link, multilabel, cfg.slice_axis, cfg.chunk)
