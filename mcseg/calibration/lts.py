@@ -176,12 +176,13 @@ class LTSNet(nn.Module):
 
 @dataclass
 class LTSConfig:
-    """Fitting settings (the config node ``posthoc.lts``). Adam at 1e-2 (the paper: 1e-4); the rest is ours.
+    """Fitting settings (the config node ``posthoc.lts``). Adam (the paper: at 1e-4); the rest is ours.
 
     ``patch_size``, ``steps_per_epoch`` and ``max_epochs`` left ``None`` are chosen from the fit cases' size and
     the device (:func:`resolve_config`): patches of :data:`PATCH` voxels a side cut to the largest case, epochs of
     50 steps, and on a CPU as many epochs (at least 1, at most 200) as :data:`CPU_VOXEL_BUDGET` voxel passes allow;
-    on a GPU 200."""
+    on a GPU 200. ``lr`` and ``lr_schedule`` left ``None``: 0.1 decayed by a cosine to 0 at the budget's end where
+    the CPU budget sets the epochs (:data:`BUDGET_LR`), else 0.01 constant (:data:`LR`)."""
 
     dims: int = 3
     patch_size: list[int] | None = None
@@ -189,8 +190,8 @@ class LTSConfig:
     foreground_ratio: float = 0.33
     slice_axis: int = -1
     use_image: bool = False
-    lr: float = 1e-2  # the paper (and its code) use 1e-4, which barely moves T on a small validation set
-    lr_schedule: str = "constant"  # or "cosine": lr * (1 + cos(pi t / (max_epochs x steps_per_epoch))) / 2 at step t
+    lr: float | None = None  # the paper (and its code) use 1e-4, which barely moves T on a small validation set
+    lr_schedule: str | None = None  # constant, or cosine: lr (1 + cos(pi t / (max_epochs x steps_per_epoch))) / 2
     steps_per_epoch: int | None = None
     max_epochs: int | None = None
     patience: int = 10  # epochs without a better held-out NLL before stopping
@@ -205,9 +206,9 @@ class LTSConfig:
         for key in ("batch_size", "steps_per_epoch", "max_epochs", "patience", "chunk"):
             if getattr(self, key) is not None and getattr(self, key) < 1:
                 raise ValueError(f"LTS: {key}={getattr(self, key)}: expected >= 1")
-        if self.lr_schedule not in LR_SCHEDULES:
+        if self.lr_schedule is not None and self.lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"LTS: lr_schedule={self.lr_schedule!r}: expected one of {', '.join(LR_SCHEDULES)}")
-        if not 0 < self.holdout < 1 or not self.lr > 0:
+        if not 0 < self.holdout < 1 or not (self.lr is None or self.lr > 0):
             raise ValueError(f"LTS: holdout={self.holdout} must lie in (0, 1) and lr={self.lr} be > 0")
 
 
@@ -228,12 +229,17 @@ PATCH = {3: 64, 2: 256}
 #: settings before #58 on 2 hippocampus cases (docs/posthoc.md, "LTS on a folder")
 CPU_VOXEL_BUDGET = 1 << 27
 _STEPS, _MAX_EPOCHS = 50, 200
+#: ``(lr, lr_schedule)`` where the CPU budget sets the epochs: at 0.01 constant the fit still improved at the budget's
+#: end; 0.1 decayed to 0 gave a lower NLL on the 2 and the 31 hippocampus cases (docs/posthoc.md, "LTS on a folder")
+BUDGET_LR = (0.1, "cosine")
+#: ``(lr, lr_schedule)`` otherwise (GPU, or ``max_epochs`` set): the settings before #58, not re-measured
+LR = (0.01, "constant")
 
 
 def resolve_config(cfg: LTSConfig, shapes: Sequence[Sequence[int]], device: str | torch.device = "cpu"
                    ) -> tuple[LTSConfig, dict]:
-    """``cfg`` with its unset (``None``) sizes chosen from the spatial ``shapes`` of the training cases and the
-    ``device`` (:class:`LTSConfig`), and what was chosen: ``{key: value}`` of the keys chosen here."""
+    """``cfg`` with its unset (``None``) sizes and learning rate chosen from the spatial ``shapes`` of the training
+    cases and the ``device`` (:class:`LTSConfig`), and what was chosen: ``{key: value}`` of the keys chosen here."""
     chosen: dict = {}
     patch = cfg.patch_size
     if patch is None:
@@ -245,12 +251,19 @@ def resolve_config(cfg: LTSConfig, shapes: Sequence[Sequence[int]], device: str 
     steps = cfg.steps_per_epoch
     if steps is None:  # not fewer on small data: early stopping's patience counts epochs
         steps = chosen["steps_per_epoch"] = _STEPS
-    epochs = cfg.max_epochs
+    epochs, budgeted = cfg.max_epochs, False
     if epochs is None:
-        cpu = torch.device(device).type == "cpu"
-        budget = CPU_VOXEL_BUDGET // (steps * per_step) if cpu else _MAX_EPOCHS
+        budgeted = torch.device(device).type == "cpu"
+        budget = CPU_VOXEL_BUDGET // (steps * per_step) if budgeted else _MAX_EPOCHS
         epochs = chosen["max_epochs"] = int(min(_MAX_EPOCHS, max(1, budget)))
-    return LTSConfig(**{**asdict(cfg), "patch_size": list(patch), "steps_per_epoch": steps, "max_epochs": epochs}), chosen
+    lr, schedule = BUDGET_LR if budgeted else LR
+    if cfg.lr is None:
+        chosen["lr"] = lr
+    if cfg.lr_schedule is None:
+        chosen["lr_schedule"] = schedule
+    sizes = {"patch_size": list(patch), "steps_per_epoch": steps, "max_epochs": epochs,
+             "lr": cfg.lr if cfg.lr is not None else lr, "lr_schedule": cfg.lr_schedule or schedule}
+    return LTSConfig(**{**asdict(cfg), **sizes}), chosen
 
 
 @dataclass
