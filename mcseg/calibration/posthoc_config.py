@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from mcseg.calibration.lts_config import LTSConfig
-from mcseg.calibration.scaler_names import FIDUCIO_SETTINGS, SCALER_FACTS, softmax_only_message
+from mcseg.calibration.scaler_names import FIDUCIO_SETTINGS, scaler_facts, softmax_only_message
 from mcseg.errors import ConfigError
 
 __all__ = ["LTS_GEOMETRY", "OBJECTIVES", "PosthocConfig", "VOXEL_SAMPLES"]
@@ -46,27 +46,28 @@ class PosthocConfig:
     def __post_init__(self) -> None:
         if self.pool not in ("before", "after"):
             raise ConfigError(f"config key 'posthoc.pool': expected before or after, got {self.pool!r}")
+        facts = scaler_facts([*self.fit, *self.apply])
         for key in ("fit", "apply"):
-            bad = [s for s in getattr(self, key) if s not in SCALER_FACTS]
+            bad = [s for s in getattr(self, key) if s not in facts]
             if bad:
                 raise ConfigError(f"config key 'posthoc.{key}': unknown scaler {bad[0]!r} "
-                                  f"(expected {', '.join(SCALER_FACTS)})")
+                                  f"(expected {', '.join(facts)})")
         if self.voxels not in VOXEL_SAMPLES:
             raise ConfigError(f"config key 'posthoc.voxels': expected one of {', '.join(VOXEL_SAMPLES)}, "
                               f"got {self.voxels!r}")
         if self.objective not in OBJECTIVES:
             raise ConfigError(f"config key 'posthoc.objective': expected one of {', '.join(OBJECTIVES)}, "
                               f"got {self.objective!r}")
-        unable = [s for s in self.fit if self.objective not in SCALER_FACTS[s].objectives]
+        unable = [s for s in self.fit if self.objective not in facts[s].objectives]
         if unable:
             raise ConfigError(f"config key 'posthoc.objective'={self.objective}: scaler {unable[0]!r} is fitted by "
-                              f"{' or '.join(SCALER_FACTS[unable[0]].objectives)} only; remove it from posthoc.fit "
+                              f"{' or '.join(facts[unable[0]].objectives)} only; remove it from posthoc.fit "
                               f"or set posthoc.objective=nll")
         # The region is picked with the model's own prediction; a scaler that moves the arg-max moves the
         # region, and everything outside it (never seen by the fit) can change class: in the study of
         # docs/results.md vector scaling fitted there took the mean test Dice of 15 runs from 0.843 to 0.554.
-        moving = [s for s in self.fit if self.voxels == "region" and not SCALER_FACTS[s].preserves_argmax
-                  and SCALER_FACTS[s].fitted_on == "voxels"]
+        moving = [s for s in self.fit if self.voxels == "region" and not facts[s].preserves_argmax
+                  and facts[s].fitted_on == "voxels"]
         if moving:
             raise ConfigError(f"config key 'posthoc.voxels'=region: {moving[0]!r} scaling can change the arg-max, "
                               f"so the region it would be fitted on is not where it is scored and voxels outside it "
@@ -78,7 +79,7 @@ class PosthocConfig:
         if unknown:
             raise ConfigError(f"config key 'posthoc.fiducio.{unknown[0]}': not a Fiducio fit setting (expected "
                               f"{', '.join(FIDUCIO_SETTINGS)})")
-        fiducio = [s for s in self.fit if SCALER_FACTS[s].fiducio]
+        fiducio = [s for s in self.fit if facts[s].fiducio]
         if self.fiducio and fiducio:  # their values, by the calibrators' own constructors (Fiducio imports torch)
             from mcseg.calibration.fiducio_adapters import check_fiducio_settings
 
@@ -92,7 +93,8 @@ class PosthocConfig:
     def check_outputs(self, multilabel: bool) -> None:
         """Refuse, before any work, a scaler of ``fit`` that a model of these outputs cannot take (the binning
         scalers calibrate a softmax's classes, not independent sigmoid regions)."""
-        unable = [s for s in self.fit if multilabel and SCALER_FACTS[s].softmax_only]
+        facts = scaler_facts(self.fit)
+        unable = [s for s in self.fit if multilabel and facts[s].softmax_only]
         if unable:
             raise ConfigError(softmax_only_message(unable[0], f"config key 'posthoc.fit'={self.fit}"))
 
