@@ -7,19 +7,40 @@ fit does with it: :mod:`mcseg.calibration.posthoc`.
 """
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from mcseg.calibration.lts_config import LTSConfig
-from mcseg.calibration.scaler_names import FIDUCIO_SETTINGS, scaler_facts, softmax_only_message
+from mcseg.calibration.scaler_names import FIDUCIO_SETTINGS, SCALER_FACTS, ScalerFacts, softmax_only_message
 from mcseg.errors import ConfigError
 
-__all__ = ["LTS_GEOMETRY", "OBJECTIVES", "PosthocConfig", "VOXEL_SAMPLES"]
+__all__ = ["LTS_GEOMETRY", "OBJECTIVES", "PosthocConfig", "VOXEL_SAMPLES", "facts_of", "scaler_facts"]
 
 VOXEL_SAMPLES = ("balanced", "all", "region")
 OBJECTIVES = ("nll", "ece")
 # posthoc.lts keys taken from the model's sampling geometry (dataset.sampling) when not set
 LTS_GEOMETRY = ("dims", "patch_size", "slice_axis")
+
+
+def facts_of(cls) -> ScalerFacts:
+    """What the config checks read of the scaler class ``cls``."""
+    return ScalerFacts(cls.preserves_argmax, cls.fitted_on, tuple(cls.objectives), cls.softmax_only,
+                       hasattr(cls, "calibrator_class"))
+
+
+def scaler_facts(names: Iterable[str]) -> dict[str, ScalerFacts]:
+    """Name -> facts of every scaler, enough to check ``names``: :data:`SCALER_FACTS` (no torch) when each of
+    ``names`` has a line there and the registry is not imported; else the registry's own classes (imported here:
+    a scaler added as one class and one entry of ``SCALER_TYPES``, or registered at run time, is known; a misspelt
+    name is refused after that import)."""
+    if all(name in SCALER_FACTS for name in names) and "mcseg.calibration.scaler_registry" not in sys.modules:
+        return SCALER_FACTS
+    from mcseg.calibration.scaler_registry import SCALER_TYPES
+
+    return {name: facts_of(cls) for name, cls in SCALER_TYPES.items()}
+
 
 
 @dataclass

@@ -8,16 +8,15 @@ calibrator (fitted with ``posthoc.fiducio``). The classes import torch (and Fidu
 with this table ``train.py`` and ``evaluate.py`` refuse a misspelt scaler right after Hydra composes
 (docs/benchmarks.md, "Start-up"). tests/test_startup.py checks that each line equals what its class says. A
 new scaler is still one class and its entry in the registry (README, "Extending mcseg"): a name without a line here
-is looked up in the registry itself (:func:`scaler_facts`, which imports it then), as is every name once the
+is looked up in the registry itself (:func:`mcseg.calibration.posthoc_config.scaler_facts`, which imports it
+then), as is every name once the
 registry is imported (a scaler registered at run time).
 """
 from __future__ import annotations
 
-import sys
-from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["FIDUCIO_SETTINGS", "SCALER_FACTS", "ScalerFacts", "facts_of", "scaler_facts", "softmax_only_message"]
+__all__ = ["FIDUCIO_SETTINGS", "SCALER_FACTS", "ScalerFacts", "softmax_only_message"]
 
 
 @dataclass(frozen=True)
@@ -48,24 +47,6 @@ SCALER_FACTS: dict[str, ScalerFacts] = {
     "ets": _fiducio(True), "ms": _fiducio(False), "msc": _fiducio(False), "dirichlet": _fiducio(False),
     "cms": _fiducio(False), "cmsap": _fiducio(True), "cmsop": _fiducio(True),
 }
-
-def facts_of(cls) -> ScalerFacts:
-    """What the config checks read of the scaler class ``cls``."""
-    return ScalerFacts(cls.preserves_argmax, cls.fitted_on, tuple(cls.objectives), cls.softmax_only,
-                       hasattr(cls, "calibrator_class"))
-
-
-def scaler_facts(names: Iterable[str]) -> dict[str, ScalerFacts]:
-    """Name -> facts of every scaler, enough to check ``names``: :data:`SCALER_FACTS` (no torch) when each of
-    ``names`` has a line there and the registry is not imported; else the registry's own classes (imported here:
-    a scaler added as one class and one entry of ``SCALER_TYPES``, or registered at run time, is known; a misspelt
-    name is refused after that import)."""
-    if all(name in SCALER_FACTS for name in names) and "mcseg.calibration.scaler_registry" not in sys.modules:
-        return SCALER_FACTS
-    from mcseg.calibration.scaler_registry import SCALER_TYPES
-
-    return {name: facts_of(cls) for name, cls in SCALER_TYPES.items()}
-
 
 #: the fit settings ``posthoc.fiducio`` may set (keyword arguments of Fiducio's constructors)
 FIDUCIO_SETTINGS = ("optimizer", "lr", "max_iter", "lambda_reg", "mu_reg")
