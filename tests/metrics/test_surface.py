@@ -178,3 +178,62 @@ def test_surface_points_on_both_surfaces_are_zero_without_a_query_and_change_no_
         d_pl, d_lp = directed_distances(p_all[k], y_all[k]), directed_distances(y_all[k], p_all[k])
         assert out.hd[k].item() == max(np.percentile(d_pl, 95), np.percentile(d_lp, 95))
         assert out.assd[k].item() == (d_pl.sum() + d_lp.sum()) / (d_pl.size + d_lp.size)
+
+
+@pytest.mark.parametrize("dims", [2, 3])
+def test_direct_distances_have_the_k_d_tree_bits(dims):
+    """nearest_direct (every pair computed, what a small query gets) returns the very bits of scipy's k-d tree on
+    grid points with anisotropic spacings, in chunks of rows (a target larger than a chunk's row) and not."""
+    from scipy.spatial import cKDTree
+
+    from mcseg.metrics.surface import nearest_direct
+
+    rng = np.random.default_rng(7)
+    for n_source, n_target in [(1, 1), (37, 5), (400, 900), (3, 70_000)]:
+        for spacing in (np.ones(dims), rng.uniform(0.3, 3.0, dims), np.array([0.7, 0.7, 2.5][:dims])):
+            source = rng.integers(0, 64, (n_source, dims)) * spacing
+            target = rng.integers(0, 64, (n_target, dims)) * spacing
+            expected = cKDTree(target, leafsize=32).query(source, k=1)[0]
+            assert np.array_equal(nearest_direct(source, target), expected)
+
+
+def test_directed_distances_are_the_same_whichever_way_answers(monkeypatch):
+    """A small query is answered directly while the process's budget lasts, then by the k-d tree: the same
+    distances; a query larger than DIRECT_MAX_PAIRS always goes to the tree."""
+    import mcseg.metrics.surface as surface
+
+    label = blobs((24, 20, 16), 3, seed=5)
+    pred = blobs((24, 20, 16), 3, seed=6)
+    spacing = (0.8, 0.7, 2.5)
+    p, y = surface_points(pred, 3, spacing)[1], surface_points(label, 3, spacing)[1]
+    monkeypatch.setattr(surface, "_direct_left", surface.DIRECT_BUDGET)
+    direct = directed_distances(p, y)
+    assert surface._direct_left == surface.DIRECT_BUDGET - len(p) * len(y)
+    monkeypatch.setattr(surface, "_direct_left", 0)
+    assert np.array_equal(directed_distances(p, y), direct)
+    monkeypatch.setattr(surface, "_direct_left", surface.DIRECT_BUDGET)
+    monkeypatch.setattr(surface, "DIRECT_MAX_PAIRS", len(p) * len(y) - 1)
+    assert np.array_equal(directed_distances(p, y), direct)
+    assert surface._direct_left == surface.DIRECT_BUDGET
+
+
+def test_scoring_small_cases_does_not_import_scipy_spatial():
+    """Importing scipy.spatial costs a process more than the surface distances of a folder of small cases
+    (#58): HD95 and ASSD of a hippocampus-sized case leave it unimported (before: imported at the first case)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import sys, torch
+        from mcseg.metrics.surface import surface_distances
+        z, y, x = torch.meshgrid(*(torch.arange(n) for n in (36, 50, 35)), indexing="ij")
+        label = ((z - 18) ** 2 + (y - 25) ** 2 + (x - 17) ** 2 < 100).long()  # a hippocampus-sized structure
+        label[(z - 18) ** 2 + (y - 32) ** 2 + (x - 17) ** 2 < 16] = 2
+        pred = label.roll((1, 2), (0, 1))
+        out = surface_distances(pred, label, 3, (1.0, 1.0, 1.0))
+        assert torch.isfinite(out.hd[1:]).all()
+        print("scipy.spatial" in sys.modules)
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"
