@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -382,15 +382,18 @@ class Evaluator:
                              **{key: case[key][k] for key in self.class_columns}, **shared})
         return rows
 
-    def write(self, out_dir: Path, extra: dict | None = None) -> dict:
+    def write(self, out_dir: Path, extra: dict | Callable[[], dict] | None = None) -> dict:
         """Write per_case.csv, summary.json (plus ``extra`` keys), reliability.png and reliability.csv, and the
         dataset reliability histogram reliability_histogram.png and .csv (atomically); with several raters
-        also per_case_raters.csv, per_rater.csv and reliability_raters.csv."""
+        also per_case_raters.csv, per_rater.csv and reliability_raters.csv. ``extra`` may be a function that
+        returns the keys: it is called once the figures' processes are drawing (work that can run beside them)."""
         out_dir = Path(out_dir)
+        sums, names = self.reliability_sums()
+        hist, hist_names, voxels = self.histogram_panels()
         with FigureProcesses() as drawing:  # drawn beside the summary and the tables (figure_processes)
             if self.protocol.figures:
-                self._start_figures(drawing, out_dir)
-            summary = {**self.summary(), **_json_safe(extra or {})}
+                self._start_figures(drawing, out_dir, (sums, names), (hist, hist_names, voxels))
+            summary = {**self.summary(), **_json_safe((extra() if callable(extra) else extra) or {})}
             _write_csv(out_dir / "per_case.csv", self.per_case_rows(), self.columns)
             if self._raters is not None and self._raters.cases:
                 _write_csv(out_dir / "per_case_raters.csv", self._raters.rows(), ("case", "class_name",
@@ -399,26 +402,24 @@ class Evaluator:
                 _write_csv(out_dir / RELIABILITY_FILE, self._raters.reliability_rows(), RELIABILITY_COLUMNS)
             atomic_write(out_dir / "summary.json",
                          lambda tmp: tmp.write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n"))
-            sums, names = self.reliability_sums()
             _write_csv(out_dir / "reliability.csv", reliability_table(sums, names), TABLE_COLUMNS)
-            hist, names, _ = self.histogram_panels()
-            _write_csv(out_dir / "reliability_histogram.csv", histogram_table(hist, names), HISTOGRAM_COLUMNS)
+            _write_csv(out_dir / "reliability_histogram.csv", histogram_table(hist, hist_names), HISTOGRAM_COLUMNS)
             drawing.wait()
         return summary
 
-    def _start_figures(self, drawing: FigureProcesses, out_dir: Path) -> None:
-        """reliability.png and reliability_histogram.png, each drawn by its own process."""
+    def _start_figures(self, drawing: FigureProcesses, out_dir: Path, reliability: tuple, histogram: tuple) -> None:
+        """reliability.png and reliability_histogram.png (from :meth:`reliability_sums` and
+        :meth:`histogram_panels`), each drawn by its own process from its numbers (a module-level function and its
+        arguments: they may be sent to a drawer, figure_processes)."""
         cases = plural(self.n_cases, "case")
-        drawing.start(out_dir / "reliability.png", lambda: reliability_figure(self, title=f"{out_dir.name}: {cases} "
-                                                                                             "pooled"))
-
-        def histogram():
-            hist, names, voxels = self.histogram_panels()
-            return histogram_figure(hist, names, voxels=voxels,
-                                    total="all regions" if self.multilabel else "all foreground",
-                                    title=f"{out_dir.name}: dataset reliability histogram, {cases}; "
-                                          f"region {self.protocol.region}")
-        drawing.start(out_dir / "reliability_histogram.png", histogram)
+        sums, names = reliability
+        p = self.protocol
+        drawing.start(out_dir / "reliability.png", _figure, sums, names,
+                      f"{out_dir.name}: {cases} pooled; region {p.region}, {p.n_bins} bins")
+        hist, names, voxels = histogram
+        drawing.start(out_dir / "reliability_histogram.png", histogram_figure, hist, names, voxels=voxels,
+                      total="all regions" if self.multilabel else "all foreground",
+                      title=f"{out_dir.name}: dataset reliability histogram, {cases}; region {p.region}")
 
 
 def _same_case(view: CaseView, label: torch.Tensor, prediction: torch.Tensor, spacing) -> bool:

@@ -20,7 +20,7 @@ from mcseg.evaluation.cases import detect_failure, failure_detection, write_unce
 from mcseg.config import EvalProtocol
 from mcseg.evaluation.case_pool import check_workers, map_cases
 from mcseg.evaluation.evaluator import Evaluator
-from mcseg.evaluation.figure_processes import preload
+from mcseg.evaluation.figure_processes import preload, release
 from mcseg.evaluation.folder_outputs import EVALUATE_TOOL, EVALUATION_FILES, claim_output, folder_status, writing
 from mcseg.evaluation.formats import PredictionFormat, prediction_files
 from mcseg.evaluation.provenance import file_sha256
@@ -209,13 +209,18 @@ def _evaluate(folders: Sequence[PredictionFormat], reference: Reference, protoco
     inputs = [*reference.files, *(f for folder in folders for f in folder.config_files())]
     hashes = {str(p.resolve()): file_sha256(p) for p in dict.fromkeys(inputs)}
     job = partial(score_case, folders, reference, protocol, uncertainty_dir, with_probs)
-    # matplotlib imported beside the cases, once, for the figures' processes (figure_processes.preload)
-    for part in map_cases(job, chosen, workers, desc="evaluating", when_running=preload if protocol.figures else None):
-        evaluator.merge(part.evaluator)
-        if failure is not None:
-            failure.merge(part.failure)
-        for path, digest in part.hashes:
-            hashes.setdefault(path, digest)
+    # the figures' drawer forked as the cases start: it imports matplotlib beside them (figure_processes.preload)
+    try:
+        for part in map_cases(job, chosen, workers, desc="evaluating",
+                              when_running=preload if protocol.figures else None):
+            evaluator.merge(part.evaluator)
+            if failure is not None:
+                failure.merge(part.failure)
+            for path, digest in part.hashes:
+                hashes.setdefault(path, digest)
+    except BaseException:
+        release()  # no figures will come
+        raise
     identities = [folder.identity() for folder in folders]
     provenance = {
         "predictions": identities,
@@ -235,9 +240,12 @@ def _evaluate(folders: Sequence[PredictionFormat], reference: Reference, protoco
         extra["predictor"] = {"members": len(folders), "pooled": "probabilities",
                               "note": "the folders' saved probabilities averaged (nnU-Net's own fold ensemble "
                                       "averages logits inside one predictor)"}
-    if failure is not None:
-        extra["failure_detection"] = failure.summary()
-    summary = evaluator.write(out, extra=extra)
+
+    def with_failure_detection() -> dict:  # its bootstrap runs beside the figures' drawing (Evaluator.write)
+        if failure is not None:
+            extra["failure_detection"] = failure.summary()
+        return extra
+    summary = evaluator.write(out, extra=with_failure_detection)
     if failure is not None and failure.rows:
         write_csv(out / FAILURE_FILE, failure.rows)
     write_json(out / PROVENANCE_FILE, provenance)
