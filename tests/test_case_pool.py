@@ -113,3 +113,23 @@ def test_the_pools_worker_handler_sleeps_while_results_arrive(monkeypatch):
     results = list(map_cases(_megabyte, [f"c{i}" for i in range(12)], workers=2))
     assert len(results) == 12
     assert len(calls) < 12  # one at the start, one per change of the pool (no worker exits here)
+
+
+def _who(case: str) -> tuple[str, int]:
+    import os
+
+    time.sleep(0.02)  # a case's work: long enough for the two processes to share the cases
+    return case, os.getpid()
+
+
+def test_the_calling_process_scores_cases_beside_its_children():
+    """With N workers the caller is one of them: while the next result in order is a child's and not ready, it
+    scores the next case itself (before, it only merged, leaving a core's share idle). Results stay in order."""
+    import os
+
+    cases = [f"c{i:02d}" for i in range(40)]
+    results = list(map_cases(_who, cases, workers=2))
+    assert [case for case, _ in results] == cases
+    here = [case for case, pid in results if pid == os.getpid()]
+    assert here[0] == "c00"  # the first case always runs here, before the fork
+    assert 5 < len(here) < 35  # the rest shared with the child

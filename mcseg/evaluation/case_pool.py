@@ -3,9 +3,11 @@
 ``map_cases(job, cases, workers)`` yields ``job(case)`` for every case, in the order of ``cases``, whatever the
 order in which the workers finish: a caller that merges each case's partial result as it comes (per-case rows,
 bin sums) adds the same numbers in the same order as one process does, so its outputs are the same to the last
-byte. Memory stays bounded: a worker holds one case at a time, and at most :data:`AHEAD` cases per worker are
-handed out beyond the one the caller waits for, so results that are volumes (a fit's log-probabilities) wait for
-the caller a few at a time, never a whole folder's; the caller keeps what it merges.
+byte. The N workers are the calling process and N - 1 children: the caller scores a case itself whenever the
+next result in order is not ready (it merges every case, so as a bystander it took a core's share from the
+children). Memory stays bounded: a worker holds one case at a time, and at most :data:`AHEAD` cases per worker
+are handed out beyond the one the caller waits for, so results that are volumes (a fit's log-probabilities) wait
+for the caller a few at a time, never a whole folder's; the caller keeps what it merges.
 
 Workers are forked where the platform can (Linux: no second import of torch and mcseg, the job's folders and
 reference inherited as they are), spawned elsewhere (then ``job`` must pickle: a :func:`functools.partial` of a
@@ -22,9 +24,7 @@ import multiprocessing.pool
 import pickle
 import signal
 import sys
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from itertools import islice
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -46,7 +46,8 @@ def map_cases(job: Callable[[str], T], cases: Sequence[str], workers: int = 1, d
               when_running: Callable[[], None] | None = None) -> Iterator[T]:
     """``job(case)`` for each of ``cases``, in order; in ``workers`` processes when more than one (module
     docstring). An error of a case is raised here, as it would be by ``job`` itself. ``when_running()`` is called
-    once the workers are forked (with one worker: at the start), e.g. to start a thread that no fork may copy."""
+    once the workers are forked (with one worker: at the start), e.g. to fork a process the workers should not
+    copy (figure_processes.preload)."""
     from tqdm import tqdm
 
     workers = min(check_workers(workers), max(1, len(cases)))
@@ -63,21 +64,58 @@ def map_cases(job: Callable[[str], T], cases: Sequence[str], workers: int = 1, d
         # memory are then paid once, and the forked workers inherit them, instead of once in every worker
         yield job(cases[0])
         bar.update()
-        cases = cases[1:]
         methods = multiprocessing.get_all_start_methods()
         context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-        with _Pool(workers, initializer=_start, initargs=(job,), context=context) as pool:  # leaving it terminates them
+        import torch
+
+        threads = torch.get_num_threads()
+        with _Pool(workers - 1, initializer=_start, initargs=(job,), context=context) as pool:  # leaving: terminated
             if when_running is not None:
                 when_running()
-            waiting = iter(cases)
-            pending = deque(pool.apply_async(_run, (case,)) for case in islice(waiting, AHEAD * workers))
-            while pending:
-                result = pending.popleft().get()
-                for case in waiting:  # the next case goes out before the caller works on this one
-                    pending.append(pool.apply_async(_run, (case,)))
-                    break
-                yield pickle.loads(result)
-                bar.update()
+            torch.set_num_threads(1)  # this process scores cases beside the children: one thread each, as they
+            try:
+                for result in _in_order(pool, workers - 1, job, cases[1:]):
+                    yield result
+                    bar.update()
+            finally:
+                torch.set_num_threads(threads)
+
+
+def _in_order(pool: multiprocessing.pool.Pool, children: int, job: Callable[[str], T],
+              cases: Sequence[str]) -> Iterator[T]:
+    """``job(case)`` for each case in order, scored by the pool's ``children`` or by this process: each child is
+    handed up to :data:`AHEAD` cases beyond the one awaited; while the next result in order is a child's and not
+    ready, this process scores the next case itself (at most :data:`AHEAD` such results wait here). A case scored
+    here is neither pickled nor copied, so this process, which merges every case, is one of the ``workers``
+    instead of a bystander: 2 workers are this process and one child."""
+    waiting: dict[int, object] = {}  # index -> a child's AsyncResult, or the result scored here (_Here)
+    handed = children_busy = here_waiting = 0
+    for index in range(len(cases)):
+        while True:
+            while handed < len(cases) and children_busy < AHEAD * children:  # children first: they stay busy
+                waiting[handed] = pool.apply_async(_run, (cases[handed],))
+                handed, children_busy = handed + 1, children_busy + 1
+            next_one = waiting[index]
+            if isinstance(next_one, _Here) or next_one.ready() or handed == len(cases) or here_waiting >= AHEAD:
+                break
+            waiting[handed] = _Here(job(cases[handed]))
+            handed, here_waiting = handed + 1, here_waiting + 1
+        next_one = waiting.pop(index)
+        if isinstance(next_one, _Here):
+            here_waiting -= 1
+            yield next_one.result
+        else:
+            children_busy -= 1
+            yield pickle.loads(next_one.get())
+
+
+class _Here:
+    """A case's result scored by the calling process (told apart from a child's AsyncResult)."""
+
+    __slots__ = ("result",)
+
+    def __init__(self, result) -> None:
+        self.result = result
 
 
 class _Pool(multiprocessing.pool.Pool):
