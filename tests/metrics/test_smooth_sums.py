@@ -63,3 +63,50 @@ def test_sums_of_other_float_types_and_at_0_and_1_are_the_float64_ones(n, dtype)
     f[::7], f[::11] = 1.0, 0.0
     y = torch.rand(n, generator=g) < 0.7
     assert _equal(smooth_sums(f, y), _dense(f, y))
+
+
+def test_the_transform_length_is_scipys_next_fast_len():
+    """The smooth ECE pads its transforms as scipy.signal.fftconvolve does (scipy.fft.next_fast_len, real)."""
+    from scipy.fft import next_fast_len
+
+    from mcseg.metrics.smooth_ece import five_smooth_at_least
+
+    assert [five_smooth_at_least(n) for n in range(1, 20_001)] == [next_fast_len(n, True) for n in range(1, 20_001)]
+    for n in (65_537, 1_000_003, 4 * 2**20 - 3):
+        assert five_smooth_at_least(n) == next_fast_len(n, True)
+
+
+@pytest.mark.parametrize("n_nodes", [12, 129, 1025, 4097])
+def test_numpys_transforms_have_scipys_bits(n_nodes):
+    """NumPy's rfft / irfft (pocketfft) give scipy.fft's values to the last bit at the smooth ECE's lengths, so
+    the smooth ECE stays that of fftconvolve (and of relplot) without importing scipy."""
+    import numpy as np
+    from scipy import fft as scipy_fft
+
+    from mcseg.metrics.smooth_ece import _fft_size
+
+    size = _fft_size(n_nodes)
+    rows = np.random.default_rng(n_nodes).random((4, 3 * n_nodes - 2))
+    spectrum = np.fft.rfft(rows, size, axis=-1)
+    assert np.array_equal(spectrum, scipy_fft.rfft(rows, size, axis=-1))
+    assert np.array_equal(np.fft.irfft(spectrum, size, axis=-1), scipy_fft.irfft(spectrum, size, axis=-1))
+
+
+def test_a_smooth_ece_imports_no_scipy():
+    """scipy.fft cost a folder evaluation 0.3-0.4 s of imports (#58); the transforms are NumPy's now."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import sys, torch
+        from mcseg.metrics.smooth_ece import smooth_ece, smooth_sums
+        g = torch.Generator().manual_seed(0)
+        f = torch.rand(5000, generator=g, dtype=torch.float64)
+        value = smooth_ece(smooth_sums(f, torch.rand(5000, generator=g, dtype=torch.float64) < f))
+        assert 0 <= value < 0.1, value
+        print(sorted(m for m in sys.modules if m.split(".")[0] == "scipy")[:3])
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
