@@ -31,7 +31,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from mcseg.metrics.risk_coverage import achievable_aurc, area_ci, augrc, aurc, eaugrc, eaurc
+from mcseg.metrics.risk_coverage import achievable_aurc, area_cis, augrc, aurc, eaugrc, eaurc
 
 UEO_THRESHOLDS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
 #: a case's risk: 1 - its macro (mean over foreground classes) or micro (over foreground voxels) Dice
@@ -312,9 +312,9 @@ class FailureDetection:
                 conf = -np.asarray(self.scores[name][method])[defined]
                 if conf.size:
                     r = risks[defined]
+                    intervals = area_cis(conf, r, self.bootstrap_samples, self.seed)  # both from one resampling
                     entry[method] = {"aurc": aurc(conf, r), "eaurc": eaurc(conf, r), "augrc": augrc(conf, r),
                                      "aurc_achievable": achievable_aurc(conf, r), "eaugrc": eaugrc(conf, r),
-                                     **{f"{area}_ci95": list(area_ci(conf, r, area, self.bootstrap_samples, self.seed))
-                                        for area in ("aurc", "augrc")}}
+                                     **{f"{area}_ci95": list(intervals[area]) for area in ("aurc", "augrc")}}
             out[name] = entry
         return out

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 import numpy as np
 
 __all__ = ["risk_coverage", "aurc", "augrc", "optimal_aurc", "optimal_augrc", "eaurc", "eaugrc",
-           "achievable_aurc", "area_ci"]
+           "achievable_aurc", "area_ci", "area_cis"]
 
 
 def risk_coverage(confidence: Sequence[float], risk: Sequence[float]) -> dict[str, np.ndarray]:
@@ -172,9 +172,16 @@ _AREAS = ("aurc", "augrc")
 
 
 def _resampled_areas(kappa: np.ndarray, r: np.ndarray, draws: np.ndarray, generalized: bool) -> np.ndarray:
-    """:func:`aurc` (or :func:`augrc`) of every row of case indices ``draws`` (B x n) at once: each row sorted by
+    """:func:`aurc` (or :func:`augrc`) of every row of case indices ``draws`` (B x n) at once
+    (:func:`_resampled_both`)."""
+    return _resampled_both(kappa, r, draws)["augrc" if generalized else "aurc"]
+
+
+def _resampled_both(kappa: np.ndarray, r: np.ndarray, draws: np.ndarray) -> dict[str, np.ndarray]:
+    """:func:`aurc` and :func:`augrc` of every row of case indices ``draws`` (B x n) at once: each row sorted by
     falling confidence, a point at the end of each group of equal confidence (a case drawn twice is tied with
-    itself), the trapezoid between consecutive points and the last one down to coverage 0."""
+    itself), the trapezoid between consecutive points and the last one down to coverage 0. The two areas share
+    the sort and the groups (one pass: half the time of two, the same values)."""
     n = r.size
     order = np.argsort(-kappa, kind="stable")
     rank = np.empty(n, dtype=np.int64)
@@ -183,7 +190,6 @@ def _resampled_areas(kappa: np.ndarray, r: np.ndarray, draws: np.ndarray, genera
     conf, risk = kappa[order][sorted_pos], r[order][sorted_pos]
     kept = np.cumsum(risk, axis=1)
     count = np.arange(1, n + 1, dtype=np.float64)
-    value = kept / n if generalized else kept / count
     is_end = np.ones_like(conf, dtype=bool)
     is_end[:, :-1] = conf[:, 1:] != conf[:, :-1]
     positions = np.where(is_end, np.arange(n), -1)
@@ -192,10 +198,14 @@ def _resampled_areas(kappa: np.ndarray, r: np.ndarray, draws: np.ndarray, genera
     has_previous = previous >= 0
     prev_index = np.where(has_previous, previous, 0)
     prev_count = np.where(has_previous, prev_index + 1, 0) / n
-    prev_value = np.take_along_axis(value, prev_index, axis=1)
-    step = (count / n - prev_count) * (value + prev_value) / 2
-    last = count / n * (value / 2 if generalized else value)  # the first group's point down to coverage 0
-    return np.where(is_end, np.where(has_previous, step, last), 0.0).sum(axis=1)
+    areas = {}
+    for area, generalized in (("aurc", False), ("augrc", True)):
+        value = kept / n if generalized else kept / count
+        prev_value = np.take_along_axis(value, prev_index, axis=1)
+        step = (count / n - prev_count) * (value + prev_value) / 2
+        last = count / n * (value / 2 if generalized else value)  # the first group's point down to coverage 0
+        areas[area] = np.where(is_end, np.where(has_previous, step, last), 0.0).sum(axis=1)
+    return areas
 
 
 def area_ci(confidence: Sequence[float], risk: Sequence[float], area: str = "aurc", n_boot: int = 10_000,
@@ -204,14 +214,22 @@ def area_ci(confidence: Sequence[float], risk: Sequence[float], area: str = "aur
     (module docstring); NaN when ``n_boot`` is 0."""
     if area not in _AREAS:
         raise ValueError(f"area={area!r}: expected one of {list(_AREAS)}")
+    return area_cis(confidence, risk, n_boot, seed, level)[area]
+
+
+def area_cis(confidence: Sequence[float], risk: Sequence[float], n_boot: int = 10_000, seed: int = 0,
+             level: float = 0.95) -> dict[str, tuple[float, float]]:
+    """:func:`area_ci` of AURC and of AUGRC from the same resamples (the intervals each gives alone)."""
     if not 0 < level < 1:
         raise ValueError(f"level={level}: expected a value in (0, 1)")
     kappa, r = np.asarray(confidence, dtype=np.float64), np.asarray(risk, dtype=np.float64)
     risk_coverage(kappa, r)  # validates the inputs once
     if n_boot <= 0:
-        return math.nan, math.nan
+        return {area: (math.nan, math.nan) for area in _AREAS}
     draws = np.random.RandomState(seed).randint(0, r.size, size=(n_boot, r.size))
-    values = _resampled_areas(kappa, r, draws, generalized=area == "augrc")
     tail = 100 * (1 - level) / 2
-    lo, hi = np.percentile(values, [tail, 100 - tail])
-    return float(lo), float(hi)
+    out = {}
+    for area, values in _resampled_both(kappa, r, draws).items():
+        lo, hi = np.percentile(values, [tail, 100 - tail])
+        out[area] = (float(lo), float(hi))
+    return out

@@ -172,3 +172,19 @@ def test_resampled_areas_equal_the_curve_of_each_resample(kind):
     for generalized, area in ((False, aurc), (True, augrc)):
         fast = _resampled_areas(conf, risk, draws, generalized)
         assert np.allclose(fast, [area(conf[d], risk[d]) for d in draws], atol=1e-13, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["continuous", "continuous_ties", "binary_ties"])
+def test_both_intervals_from_one_resampling_equal_fd_shifts(kind):
+    """area_cis (AURC and AUGRC from one set of resamples, the sort shared: failure detection's summary) gives
+    each interval fd-shifts gives with the same seed, and area_ci's to the bit."""
+    from mcseg.metrics.risk_coverage import area_cis
+
+    conf, risk = _cases(kind, 20, 5)
+    both = area_cis(conf, risk, n_boot=400, seed=7)
+    for area in ("aurc", "augrc"):
+        np.random.seed(7)
+        theirs = fds.ci_bs(conf, risk, generalized=area == "augrc", n_bs=400)
+        assert np.allclose(np.array(both[area]) * 1000, theirs, atol=1e-9)
+        assert both[area] == area_ci(conf, risk, area=area, n_boot=400, seed=7)
+    assert all(math.isnan(v) for pair in area_cis(conf, risk, n_boot=0).values() for v in pair)
