@@ -18,6 +18,7 @@ follow :mod:`mcseg.metrics.empty` (worst case: the image diagonal in mm).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -117,7 +118,7 @@ def directed_distances(source: np.ndarray, target: np.ndarray, on_target: np.nda
         return distances
     global _direct_left
     pairs = len(source) * len(target)
-    if pairs <= DIRECT_MAX_PAIRS and pairs <= _direct_left:
+    if pairs <= DIRECT_MAX_PAIRS and pairs <= _direct_left and not _tree_imported():
         _direct_left -= pairs
         return nearest_direct(source, target)
     from scipy.spatial import cKDTree  # here: importing scipy.spatial costs 0.5-0.9 s (docs/benchmarks.md)
@@ -128,11 +129,16 @@ def directed_distances(source: np.ndarray, target: np.ndarray, on_target: np.nda
 
 # Why a second way to the same distances: importing scipy.spatial (it imports scipy.sparse) costs a process 0.5-0.9 s,
 # more than every surface distance of a folder of 31 hippocampus cases (0.1 s by k-d tree, 0.25 s directly). So a
-# process answers small queries directly until it has spent about that import on them, then imports the k-d tree.
+# process that has not imported it answers small queries directly until it has spent about that import on them,
+# then imports the k-d tree; once imported (by this or by anything else), the tree answers every query.
 DIRECT_MAX_PAIRS = 1 << 21  # source x target points: a larger query always goes to the k-d tree
 DIRECT_BUDGET = 1 << 26  # pairs answered directly in a process (about 0.3 s here) before the k-d tree is imported
 _direct_left = DIRECT_BUDGET
 _DIRECT_CHUNK = 1 << 16  # pairs a step: the squared distances of a step stay in the cache (512 KiB)
+
+
+def _tree_imported() -> bool:
+    return "scipy.spatial" in sys.modules
 
 
 def nearest_direct(source: np.ndarray, target: np.ndarray) -> np.ndarray:

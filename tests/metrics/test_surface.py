@@ -198,9 +198,11 @@ def test_direct_distances_have_the_k_d_tree_bits(dims):
 
 
 def test_directed_distances_are_the_same_whichever_way_answers(monkeypatch):
-    """A small query is answered directly while the process's budget lasts, then by the k-d tree: the same
-    distances; a query larger than DIRECT_MAX_PAIRS always goes to the tree."""
+    """A small query is answered directly while the process's budget lasts and scipy.spatial is not imported,
+    then by the k-d tree: the same distances; a query larger than DIRECT_MAX_PAIRS always goes to the tree."""
     import mcseg.metrics.surface as surface
+
+    monkeypatch.setattr(surface, "_tree_imported", lambda: False)
 
     label = blobs((24, 20, 16), 3, seed=5)
     pred = blobs((24, 20, 16), 3, seed=6)
@@ -213,6 +215,10 @@ def test_directed_distances_are_the_same_whichever_way_answers(monkeypatch):
     assert np.array_equal(directed_distances(p, y), direct)
     monkeypatch.setattr(surface, "_direct_left", surface.DIRECT_BUDGET)
     monkeypatch.setattr(surface, "DIRECT_MAX_PAIRS", len(p) * len(y) - 1)
+    assert np.array_equal(directed_distances(p, y), direct)
+    assert surface._direct_left == surface.DIRECT_BUDGET
+    monkeypatch.setattr(surface, "DIRECT_MAX_PAIRS", len(p) * len(y))
+    monkeypatch.setattr(surface, "_tree_imported", lambda: True)  # the import is paid: the tree answers
     assert np.array_equal(directed_distances(p, y), direct)
     assert surface._direct_left == surface.DIRECT_BUDGET
 
