@@ -25,14 +25,18 @@ def _write(out: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(out.iterdir())}
 
 
-def test_figures_drawn_by_children_are_the_bytes_drawn_in_the_process(tmp_path, monkeypatch):
-    parallel = _write(tmp_path / "parallel" / "eval")  # the folder name is in the titles
+def _same_as_drawn_here(files: dict[str, bytes], tmp_path: Path, monkeypatch) -> None:
+    """``files`` are every file, PNGs included, that the evaluation writes drawing its figures in its process."""
     monkeypatch.setattr(figure_processes, "_parallel", lambda: False)
-    here = _write(tmp_path / "here" / "eval")
-    assert {"reliability.png", "reliability_histogram.png"} <= set(parallel)
-    assert parallel.keys() == here.keys()
-    for name in parallel:
-        assert parallel[name] == here[name], name
+    here = _write(tmp_path / "here" / "eval")  # the folder name is in the titles: the same last part
+    assert {"reliability.png", "reliability_histogram.png"} <= set(files)
+    assert files.keys() == here.keys()
+    for name in files:
+        assert files[name] == here[name], name
+
+
+def test_figures_drawn_by_children_are_the_bytes_drawn_in_the_process(tmp_path, monkeypatch):
+    _same_as_drawn_here(_write(tmp_path / "parallel" / "eval"), tmp_path, monkeypatch)
 
 
 class _Broken:
@@ -87,12 +91,7 @@ def test_figures_sent_to_the_preloaded_drawer_are_the_bytes_drawn_in_the_process
     of its own from the numbers it is sent: the same PNGs as drawn in the evaluation's process."""
     drawn = _preloaded_write(tmp_path / "drawer" / "eval")
     assert figure_processes._DRAWER is None  # taken by the evaluation, ended by its wait()
-    monkeypatch.setattr(figure_processes, "_parallel", lambda: False)
-    here = _write(tmp_path / "here" / "eval")
-    assert {"reliability.png", "reliability_histogram.png"} <= set(drawn)
-    assert drawn.keys() == here.keys()
-    for name in drawn:
-        assert drawn[name] == here[name], name
+    _same_as_drawn_here(drawn, tmp_path, monkeypatch)
 
 
 def _broken_figure(message: str):
