@@ -173,3 +173,26 @@ def test_a_folder_evaluation_leaves_matplotlib_to_its_figures_processes(tmp_path
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parents[1])
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]"
+
+
+def test_a_folder_evaluation_that_fails_releases_its_drawer(tmp_path, monkeypatch):
+    """The drawer forked as the cases start is stopped when the evaluation ends before its figures."""
+    import mcseg.evaluation.folders as folders
+    from mcseg.config import EvalProtocol
+    from mcseg.evaluate_folder import evaluate_folder
+    from tests.test_monai_folders import _labels
+    from tests.tool_outputs import make_monai
+
+    labels = _labels(tmp_path / "labels", (11, 9, 6), n=2)
+    pred = make_monai(tmp_path / "pred", labels, noise=3.0)
+    drawers = []
+    monkeypatch.setattr(folders, "preload", lambda: (figure_processes.preload(),
+                                                     drawers.append(figure_processes._DRAWER.pid)))
+
+    def broken(*args):
+        raise ValueError("a case that cannot be scored")
+    monkeypatch.setattr(folders, "score_case", broken)
+    with pytest.raises(ValueError, match="cannot be scored"):
+        evaluate_folder(pred, labels, protocol=EvalProtocol(bootstrap_samples=5), output_dir=tmp_path / "out")
+    assert len(drawers) == 1 and figure_processes._DRAWER is None
+    assert _gone(drawers[0])

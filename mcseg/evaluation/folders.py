@@ -160,8 +160,11 @@ def evaluate_folders(folders: Sequence[PredictionFormat], reference: Reference, 
     earlier = claim_output(out, EVALUATE_TOOL, overwrite, lambda folder: prediction_files(folder, **options))
     record = {"predictions": [str(Path(f.path).resolve()) for f in folders], "reference": str(reference.root.resolve())}
     with writing(out, EVALUATE_TOOL, record, EVALUATION_FILES if earlier is not None else ()):
-        return _evaluate(folders, reference, protocol, out, chosen, uncertainty_dir, selection, with_probs,
-                         workers)
+        try:
+            return _evaluate(folders, reference, protocol, out, chosen, uncertainty_dir, selection, with_probs,
+                             workers)
+        finally:
+            release()  # a figures' drawer that the evaluation did not take (it stopped before its figures)
 
 
 @dataclass
@@ -210,17 +213,12 @@ def _evaluate(folders: Sequence[PredictionFormat], reference: Reference, protoco
     hashes = {str(p.resolve()): file_sha256(p) for p in dict.fromkeys(inputs)}
     job = partial(score_case, folders, reference, protocol, uncertainty_dir, with_probs)
     # the figures' drawer forked as the cases start: it imports matplotlib beside them (figure_processes.preload)
-    try:
-        for part in map_cases(job, chosen, workers, desc="evaluating",
-                              when_running=preload if protocol.figures else None):
-            evaluator.merge(part.evaluator)
-            if failure is not None:
-                failure.merge(part.failure)
-            for path, digest in part.hashes:
-                hashes.setdefault(path, digest)
-    except BaseException:
-        release()  # no figures will come
-        raise
+    for part in map_cases(job, chosen, workers, desc="evaluating", when_running=preload if protocol.figures else None):
+        evaluator.merge(part.evaluator)
+        if failure is not None:
+            failure.merge(part.failure)
+        for path, digest in part.hashes:
+            hashes.setdefault(path, digest)
     identities = [folder.identity() for folder in folders]
     provenance = {
         "predictions": identities,

@@ -108,7 +108,8 @@ def directed_distances(source: np.ndarray, target: np.ndarray, on_target: np.nda
     (cropped) volume, and both give the same exact Euclidean distances (checked in the tests).
     ``on_target`` (boolean, per source point): the points that are also target points, whose distance is
     exactly 0 without a query (where a prediction's surface follows the label's, most of them).
-    Small queries are answered by :func:`nearest_direct` while :data:`DIRECT_BUDGET` lasts (the same bits).
+    Small queries are answered by :func:`nearest_direct` (the same bits) while :data:`DIRECT_BUDGET` lasts and
+    scipy.spatial is not imported.
     """
     if on_target is not None:
         distances = np.zeros(len(source))
