@@ -152,7 +152,10 @@ def seed_everything(seed: int, deterministic: bool) -> None:
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
     torch.backends.cudnn.benchmark = not deterministic
-    torch.use_deterministic_algorithms(deterministic, warn_only=True)
+    # torch.use_deterministic_algorithms imports torch._inductor (1-2 s at every start, #58) to set its flag: called
+    # only where it changes something (on, or off after an earlier run of this process turned it on)
+    if deterministic or torch.are_deterministic_algorithms_enabled():
+        torch.use_deterministic_algorithms(deterministic, warn_only=True)
 
 
 def use_channels_last(setting: str | bool, device: torch.device, spatial_dims: int, model: torch.nn.Module) -> bool:

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,7 @@ from mcseg.inference.build import load_checkpoint
 from mcseg.runtime import AdaptiveThreads
 from mcseg.train import train
 
-from .conftest import TINY_2D, torch_threads
+from .conftest import ROOT, TINY_2D, torch_threads
 
 EXACT = TINY_2D + ["trainer.deterministic=true", "trainer.max_epochs=2", "dataset.sampling.samples_per_epoch=8",
                    "posthoc.fit=[]", "posthoc.apply=[]"]
@@ -123,3 +125,21 @@ def test_outside_a_checkout_the_commit_is_unknown(tmp_path, monkeypatch):
         assert environment.code_version()["git_dirty"] == "unknown"
     finally:
         environment.code_version.cache_clear()
+
+
+def test_seeding_without_determinism_leaves_torch_inductor_unimported_and_turns_an_earlier_setting_off():
+    """torch.use_deterministic_algorithms imports torch._inductor (1-2 s of every training's start, #58): a run
+    without determinism does not call it unless an earlier run of the process turned determinism on."""
+    script = ("import sys, torch\n"
+              "from mcseg.runtime import seed_everything\n"
+              "seed_everything(0, False)\n"
+              "assert 'torch._inductor' not in sys.modules, 'imported torch._inductor'\n"
+              "assert not torch.are_deterministic_algorithms_enabled()\n"
+              "seed_everything(0, True)\n"
+              "assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()\n"
+              "import torch._inductor.config as c\n"
+              "assert c.deterministic\n"
+              "seed_everything(0, False)\n"
+              "assert not torch.are_deterministic_algorithms_enabled() and not c.deterministic\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
