@@ -26,6 +26,7 @@ def test_missing_dataset_root(tmp_path):
     _fails_with(MSD_TINY + [f"dataset.root={tmp_path / 'nowhere'}"], tmp_path, "dataset.root", "nowhere")
 
 
+@pytest.mark.slow
 def test_image_label_shape_mismatch(tmp_path):
     root = write_msd(tmp_path / "msd")
     label = root / "labelsTr/case_002.nii.gz"
@@ -43,6 +44,7 @@ def test_label_value_out_of_range(tmp_path):
     _fails_with(MSD_TINY + [f"dataset.root={root}"], tmp_path, "case_001.nii.gz", "[7]", "num_classes=3")
 
 
+@pytest.mark.slow
 def test_truncated_nifti(tmp_path):
     root = write_msd(tmp_path / "msd")
     image = root / "imagesTr/case_003.nii.gz"
@@ -59,6 +61,7 @@ def test_added_unknown_key_is_named(tmp_path):
     _fails_with(TINY_2D + ["+dataset.sampling.batchsize=3"], tmp_path, "dataset.sampling.batchsize")
 
 
+@pytest.mark.slow
 def test_dataset_json_cannot_point_outside_root(tmp_path):
     import json
 

@@ -177,6 +177,7 @@ def _per_case(path) -> list[tuple]:
         return [(r["case"], r["class_name"], r["dice"], r["hd95_mm"]) for r in csv.DictReader(f)]
 
 
+@pytest.mark.slow
 def test_a_run_fits_applies_and_reports_every_fiducio_calibrator_and_evaluate_reuses_them(make_cfg, tmp_path,
                                                                                          one_thread):
     """posthoc.fit/apply of a training run (about 18 s of CPU, the training and evaluations; the fits are cheap):

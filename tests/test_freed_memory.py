@@ -34,6 +34,7 @@ def _probe(mode: str, **env) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc only")
 def test_freed_large_tensors_are_reused_not_faulted_in_again():
     pages = (48 << 20) // os.sysconf("SC_PAGE_SIZE")

@@ -21,6 +21,7 @@ class _Stop(Exception):
     pass
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:.*meta parameter:UserWarning")  # copying into the stand-in device
 def test_resume_on_an_accelerator_keeps_rng_states_and_step_counters_on_the_host(make_cfg, monkeypatch):
     """The checkpoint is read on the CPU: the RNG states reach ``torch.set_rng_state`` as CPU

@@ -178,6 +178,7 @@ def raters_cases(n=2):
                      (1.0,) * 3, np.eye(4), raters=rng.integers(0, 3, (2, 10, 10, 10))) for i in range(n)]
 
 
+@pytest.mark.slow
 def test_device_resident_training_resumes_bitwise(make_cfg, tmp_path, monkeypatch, one_thread):
     """Interrupted before its last epoch's checkpoint and resumed, a device-resident run ends where the straight
     run ends, bit for bit (its batches are the worker path's: test_every_path_delivers_the_in_process_batches)."""

@@ -343,6 +343,7 @@ def test_a_resume_keeps_the_original_record_and_appends_to_the_history(make_cfg,
     assert json.loads((run / "status.json").read_text())["status"] == "completed"
 
 
+@pytest.mark.slow
 def test_evaluate_does_not_write_into_a_run_another_process_holds(finished_run, make_cfg, tmp_path):
     from mcseg.evaluate import evaluate
 

@@ -117,6 +117,7 @@ def test_an_ensemble_is_evaluated_under_shift_in_its_own_folder(tiny_run, tmp_pa
     assert not (tiny_run / "eval/test/shift/noise").exists()  # never into a member's evaluation
 
 
+@pytest.mark.slow
 def test_the_suite_benchmark_times_plain_evaluations_and_the_corrupted_conditions(tiny_run):
     import sys
 

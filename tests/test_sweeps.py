@@ -188,6 +188,7 @@ def test_a_finished_job_is_skipped_when_its_sweep_runs_again(margin_sweep, make_
     assert snapshot(job) == before  # not trained, evaluated or recorded again
 
 
+@pytest.mark.slow
 def test_a_sweep_ended_by_an_exception_still_writes_its_summary(tmp_path):
     sweep = tmp_path / "multirun"
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "MCSEG_TRACEBACK": "1"}  # a failed job's exception ends the sweep

@@ -104,6 +104,7 @@ def test_synthetic_3d_run_uses_sliding_window(make_cfg, tmp_path):
     assert probs.sum(-1) == pytest.approx(1.0, abs=1e-4)
 
 
+@pytest.mark.slow
 def test_resume_continues_at_the_right_epoch_with_saved_optimizer(make_cfg, tmp_path, monkeypatch):
     common = TINY_2D + ["trainer.max_epochs=3", "scheduler=constant", "trainer.deterministic=true"]
     train(make_cfg(common, output_dir=tmp_path / "straight"))

@@ -322,6 +322,7 @@ def test_the_report_compares_predictors_and_draws_risk_coverage(runs, make_cfg, 
     assert not (out / "shift.csv").exists() and not list(out.glob("shift_severity*.png"))
 
 
+@pytest.mark.slow
 def test_pooled_after_each_network_is_scaled_by_its_own_fit_before_pooling(runs, make_cfg, tmp_path):
     torch.manual_seed(0)
     nets = [torch.nn.Conv2d(1, 3, 3, padding=1).eval() for _ in range(2)]
@@ -404,6 +405,7 @@ def test_the_uncertainty_study_script_tabulates_every_predictor_and_resumes(runs
     assert [r["Dice"] for r in again] == [r["Dice"] for r in rows] and all(float(r["seconds"]) == 0 for r in again)
 
 
+@pytest.mark.slow
 def test_a_shift_suite_runs_with_tta_and_mc_dropout_on_2d_runs_and_the_report_shows_them(runs, make_cfg, tmp_path):
     from mcseg.report import cli
 

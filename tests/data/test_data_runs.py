@@ -70,6 +70,7 @@ def test_evaluation_of_a_perfect_prediction_gives_dice_1_and_hd95_0(make_cfg, tm
         np.testing.assert_allclose(pred.affine, nib.load(str(ref.image_paths[0])).affine, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_a_second_run_reuses_the_cache(make_cfg, tmp_path, monkeypatch):
     import mcseg.data.base as base
     from mcseg.train import train

@@ -245,6 +245,7 @@ def test_ctrl_c_ends_in_one_line_and_marks_the_evaluation_interrupted_which_the_
     assert record.status == "completed" and record.evaluated and (out / "provenance.json").is_file()
 
 
+@pytest.mark.slow
 def test_a_real_sigint_ends_the_command_in_one_line_without_a_traceback(folders, tmp_path):
     """The same through a real SIGINT (what Ctrl-C sends) in a process of its own, while the first case is scored."""
     import os

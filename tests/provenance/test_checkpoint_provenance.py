@@ -228,6 +228,7 @@ def test_an_absurd_temperature_is_warned_about(tmp_path, caplog):
     assert record["warnings"] and "too small" in caplog.text
 
 
+@pytest.mark.slow
 def test_cli_evaluation_leaves_no_empty_job_directory(runs, tmp_path):
     """#12.15: `python evaluate.py ckpt=...` leaves no outputs/evaluate/runs/<time>/ behind; its log
     goes beside its results."""
