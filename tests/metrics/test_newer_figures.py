@@ -175,6 +175,22 @@ def test_resampled_areas_equal_the_curve_of_each_resample(kind):
 
 
 @pytest.mark.parametrize("kind", ["continuous", "continuous_ties", "binary_ties"])
+@pytest.mark.parametrize("elements", [1, 40, 10**9])  # a row at a time, a few rows and a part row, all at once
+def test_resamples_scored_a_few_rows_at_a_time_have_the_bits_of_all_at_once(kind, elements, monkeypatch):
+    """The resamples are scored ROWS_ELEMENTS entries at a time (the temporaries of a thousand resamples of a
+    thousand cases stay in the cache): every row's areas have the same bits as with every row at once."""
+    from mcseg.metrics import risk_coverage
+
+    conf, risk = _cases(kind, 17, 2)
+    draws = np.random.RandomState(3).randint(0, 17, size=(23, 17))
+    monkeypatch.setattr(risk_coverage, "ROWS_ELEMENTS", 10**9)
+    whole = risk_coverage._resampled_both(conf, risk, draws)
+    monkeypatch.setattr(risk_coverage, "ROWS_ELEMENTS", elements)
+    parts = risk_coverage._resampled_both(conf, risk, draws)
+    assert all(parts[area].tobytes() == whole[area].tobytes() for area in ("aurc", "augrc"))
+
+
+@pytest.mark.parametrize("kind", ["continuous", "continuous_ties", "binary_ties"])
 def test_both_intervals_from_one_resampling_equal_fd_shifts(kind):
     """area_cis (AURC and AUGRC from one set of resamples, the sort shared: failure detection's summary) gives
     each interval fd-shifts gives with the same seed, and area_ci's to the bit."""
