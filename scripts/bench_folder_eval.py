@@ -12,6 +12,10 @@ Each round times, as a user waits for it (the whole command, imports included, w
 * nnU-Net v2's ``compute_metrics_on_folder`` (Dice, IoU and counts from the label maps only; run with the python
   of nnU-Net's own environment) with ``num_processes=1`` and ``N``, on a folder of links to the same label maps.
 
+``--scaling-only`` times instead, after the imports, ``--workers 1`` and ``N`` against the plain alternative: the
+folder split by hand into N parts (nnU-Net's ``splits_final.json``, one fold a part) evaluated side by side by N
+processes with one worker each, and one part alone (how much N processes slow each other on this machine).
+
 The load average before and after each command goes into the JSON, with the machine's CPU count: on a shared
 machine a ratio measured side by side holds better than an absolute time.
 """
@@ -39,19 +43,47 @@ print(json.dumps({"inner_s": round(time.perf_counter() - start, 2)}))
 """
 
 # workers 1 and N alternately in one process that imported mcseg once: the scaling of the evaluation itself, each
-# timing beside the other under the same load; per timing also the CPU seconds of the process and its workers
+# timing beside the others under the same load; per timing also the CPU seconds of the process and its workers.
+# Two more arms, the plain alternative to --workers N: the folder split by hand into N parts (nnU-Net's
+# splits_final.json, one fold a part) and N forked processes evaluating one part each with one worker, started
+# together ("split"); and the first part evaluated alone ("part_alone": the split's parts slow each other by the
+# ratio of the two on this machine)
 SCALING = r"""
 import json, os, sys, time
 from pathlib import Path
 from mcseg.evaluate_folder import evaluate_folder
+pred, ref, scratch, n, rounds, splits = (Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4]),
+                                         int(sys.argv[5]), Path(sys.argv[6]))
+def whole(workers):
+    evaluate_folder(pred, ref, output_dir=scratch / f"w{workers}" / "eval", allow_missing=True, overwrite=True,
+                    workers=workers)
+def parts(folds):
+    pids = []
+    for k in folds:
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                evaluate_folder(pred, ref, output_dir=scratch / f"part{k}" / "eval", allow_missing=True,
+                                overwrite=True, splits=splits, fold=str(k), workers=1)
+                code = 0
+            finally:
+                os._exit(code)
+        pids.append(pid)
+    for pid in pids:
+        if os.waitpid(pid, 0)[1] != 0:
+            raise SystemExit(f"a part's evaluation failed (process {pid})")
+arms = {"workers1": lambda: whole(1), f"workers{n}": lambda: whole(n), "split": lambda: parts(range(n)),
+        "part_alone": lambda: parts([0])}
+names = list(arms)
 runs = []
-for r in range(int(sys.argv[5])):
-    for n in (1, int(sys.argv[4])) if r % 2 == 0 else (int(sys.argv[4]), 1):
+for r in range(rounds):
+    for name in names[r % len(names):] + names[:r % len(names)]:  # a rotating order
         start, cpu = time.perf_counter(), os.times()
-        evaluate_folder(Path(sys.argv[1]), Path(sys.argv[2]), output_dir=Path(sys.argv[3]) / f"w{n}" / "eval",
-                        allow_missing=True, overwrite=True, workers=n)
+        arms[name]()
         end = os.times()
-        runs.append({"workers": n, "inner_s": round(time.perf_counter() - start, 2), "load": os.getloadavg()[0],
+        runs.append({"arm": name, "round": r, "workers": 1 if name == "workers1" else n if name != "part_alone" else 1,
+                     "inner_s": round(time.perf_counter() - start, 2), "load": os.getloadavg()[0],
                      "cpu_s": round(sum(end[:4]) - sum(cpu[:4]), 2)})
         print(runs[-1], file=sys.stderr, flush=True)
 print(json.dumps({"scaling": runs}))
@@ -87,8 +119,9 @@ def main(argv=None) -> int:
     p.add_argument("--classes", type=int, default=3, help="K, background included (nnU-Net scores 1..K-1)")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--scaling-only", action="store_true", help="only workers 1 and N alternately in one process "
-                   "(--repeats rounds), after the imports")
+    p.add_argument("--scaling-only", action="store_true", help="only the scaling, after the imports, in one "
+                   "process (--repeats rounds, a rotating order): workers 1 and N, the folder split by hand into N "
+                   "parts evaluated side by side by N processes, and one part alone")
     p.add_argument("--copies", type=int, default=1, help="evaluate a folder of links holding each case this many "
                    "times under new names (case_0000, ...; its label linked beside): a thousand cases from 31")
     p.add_argument("--dataset-json", type=Path, help="with --copies: the dataset.json that names the classes")
@@ -172,22 +205,35 @@ def _scaling(args) -> int:
         _copies(args, scratch)
     n_cases = len([f for f in args.pred_dir.glob("*.nii.gz") if "_probs" not in f.name])
     try:
+        splits = scratch / "splits_by_hand.json"  # the split arm's parts: every N-th case from the k-th
+        names = sorted(f.name[:-len(".nii.gz")] for f in args.pred_dir.glob("*.nii.gz") if "_probs" not in f.name)
+        splits.write_text(json.dumps([{"train": [], "val": names[k::args.workers]} for k in range(args.workers)]))
         done = subprocess.run([sys.executable, "-c", SCALING, str(args.pred_dir), str(args.reference or args.labels),
-                               str(scratch), str(args.workers), str(args.repeats)], env=env, capture_output=True,
-                              text=True, check=True)
+                               str(scratch), str(args.workers), str(args.repeats), str(splits)], env=env,
+                              capture_output=True, text=True, check=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     runs = json.loads(done.stdout.strip().splitlines()[-1])["scaling"]
-    ones = [r["inner_s"] for r in runs if r["workers"] == 1]
-    many = [r["inner_s"] for r in runs if r["workers"] == args.workers]
-    pairs = [a / b for a, b in zip(ones, many)]  # each round's two timings, side by side
+    arm = {name: [r["inner_s"] for r in sorted(runs, key=lambda r: r["round"]) if r["arm"] == name]
+           for name in ("workers1", f"workers{args.workers}", "split", "part_alone")}
+    ones, many = arm["workers1"], arm[f"workers{args.workers}"]
+
+    def per_round(a, b):  # each round's timings, side by side
+        return [round(x / y, 3) for x, y in zip(a, b)]
+
     result = {"cpus": os.cpu_count(), "workers": args.workers, "rounds": args.repeats, "copies": args.copies,
               "cases": n_cases,
               "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "runs": runs,
-              "speedup_per_round": [round(x, 3) for x in pairs], "speedup_of_best": min(ones) / min(many)}
+              "speedup_per_round": per_round(ones, many), "speedup_of_best": min(ones) / min(many),
+              # the plain alternative: the folder split by hand into N parts evaluated side by side
+              "split_by_hand_speedup_per_round": per_round(ones, arm["split"]),
+              # the workers against the split by hand (> 1: --workers N is faster)
+              "workers_over_split_per_round": per_round(arm["split"], many),
+              # how much the parts slow each other side by side: the split's wall over one part alone
+              "side_by_side_slowdown_per_round": per_round(arm["split"], arm["part_alone"])}
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps({k: result[k] for k in ("speedup_per_round", "speedup_of_best")}))
+    print(json.dumps({k: v for k, v in result.items() if k.endswith("per_round") or k == "speedup_of_best"}))
     return 0
 
 
