@@ -106,6 +106,7 @@ def test_bad_scaler_names_and_shapes_are_clear_errors():
         fit_scaler("matrix", torch.zeros(4, 3), torch.zeros(4), softmax_link)
 
 
+@pytest.mark.slow
 def test_training_fits_on_validation_and_reports_pre_and_post_t(make_cfg, tmp_path, one_thread):
     from mcseg.evaluate import evaluate
     from mcseg.train import train

@@ -217,6 +217,7 @@ def test_a_toy_figure_reaches_the_shift_tables_where_it_is_directional(tmp_path,
     assert "## raw: toy_fraction (higher is better)" in shift_table({**result, "output_dir": str(tmp_path)})
 
 
+@pytest.mark.slow
 def test_an_untested_figure_gets_no_interval_nor_test_in_the_report(tmp_path, monkeypatch):
     from mcseg.report import cli
 

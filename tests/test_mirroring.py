@@ -100,6 +100,7 @@ def test_plain_is_the_same_predictor_without_flips():
     assert plain.plain() is plain
 
 
+@pytest.mark.slow
 def test_evaluate_mirrors_a_saved_checkpoint_as_asked(mirrored_run, make_cfg, tmp_path):
     """evaluate.py mirror_axes=[...]: another mirroring than the run's, without the run's scalers
     (fitted on the run's own mirroring), refused in one line if they are asked for."""

@@ -135,6 +135,7 @@ def test_the_suite_benchmark_times_plain_evaluations_and_the_corrupted_condition
         <= record["suite_seconds"] / (2 * max(plain - 0.005, 1e-3)) + 1e-3
     assert sorted(p for p in tiny_run.rglob("*") if p.is_file()) == before  # nothing written into the run
 
+@pytest.mark.slow
 def test_the_report_aggregates_shift_over_seeds_and_ensembles_and_draws_severity(tiny_run, tmp_path):
     import csv
 

@@ -141,6 +141,7 @@ def test_slurm_preset_composes_and_submitit_runs_locally(make_cfg, tmp_path):
     assert (sweep / ".submitit").is_dir()
 
 
+@pytest.mark.slow
 def test_report_evaluates_runs_missing_an_evaluation(margin_sweep, tmp_path):
     import shutil
 

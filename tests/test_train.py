@@ -147,6 +147,7 @@ def _tensorboard_steps(run: Path) -> dict[str, list[int]]:
     return {tag: [e.step for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
 
 
+@pytest.mark.slow
 def test_evaluate_reproduces_the_runs_own_evaluation(make_cfg, tmp_path):
     train(make_cfg(TINY_2D))
     run = tmp_path / "run"

@@ -116,6 +116,7 @@ def test_bad_invocations_fail_with_one_line(args, message, capsys):
     assert message in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_the_module_runs_as_a_command_and_prepares_the_cache(tmp_path):
     root, overrides = fake_download("prostate", tmp_path)
     cmd = [sys.executable, "-m", "mcseg.data.check"]

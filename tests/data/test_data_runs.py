@@ -103,6 +103,7 @@ def test_acdc_run_tests_on_the_testing_patients_and_validates_by_patient(make_cf
     assert len(split["val"]) == 4 and len(split["train"]) == 16
 
 
+@pytest.mark.slow
 def test_a_region_based_nnunet_run_is_evaluated_again(make_cfg, tmp_path):
     """Issue #34 section 3, region-based nnU-Net: training evaluated its test split, but evaluate.py refused the
     run ("the model takes 2 input channel(s) and predicts 3 classes, but dataset nnunet has 2 channel(s) and 3

@@ -165,7 +165,8 @@ def geometry_spy(monkeypatch):
     return seen
 
 
-@pytest.mark.parametrize("kind, expected", [("2d", (2, 0, (28, 20))), ("3d", (3, -1, (16, 16, 16)))])
+@pytest.mark.parametrize("kind, expected", [("2d", (2, 0, (28, 20))),
+                                            pytest.param("3d", (3, -1, (16, 16, 16)), marks=pytest.mark.slow)])
 def test_another_dataset_is_seen_with_the_checkpoints_geometry(runs, make_cfg, tmp_path, geometry_spy, kind,
                                                                expected):
     """#12.9: `dataset=msd dataset.root=<another folder>` keeps the model's dimensionality, slice axis
