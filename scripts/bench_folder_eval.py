@@ -73,18 +73,19 @@ def parts(folds):
     for pid in pids:
         if os.waitpid(pid, 0)[1] != 0:
             raise SystemExit(f"a part's evaluation failed (process {pid})")
-arms = {"workers1": lambda: whole(1), f"workers{n}": lambda: whole(n), "split": lambda: parts(range(n)),
-        "part_alone": lambda: parts([0])}
+# each arm: what it runs and how many processes score the cases
+arms = {"workers1": (lambda: whole(1), 1), f"workers{n}": (lambda: whole(n), n), "split": (lambda: parts(range(n)), n),
+        "part_alone": (lambda: parts([0]), 1)}
 names = list(arms)
 runs = []
 for r in range(rounds):
     for name in names[r % len(names):] + names[:r % len(names)]:  # a rotating order
         start, cpu = time.perf_counter(), os.times()
-        arms[name]()
+        run, processes = arms[name]
+        run()
         end = os.times()
-        runs.append({"arm": name, "round": r, "workers": 1 if name == "workers1" else n if name != "part_alone" else 1,
-                     "inner_s": round(time.perf_counter() - start, 2), "load": os.getloadavg()[0],
-                     "cpu_s": round(sum(end[:4]) - sum(cpu[:4]), 2)})
+        runs.append({"arm": name, "round": r, "workers": processes, "inner_s": round(time.perf_counter() - start, 2),
+                     "load": os.getloadavg()[0], "cpu_s": round(sum(end[:4]) - sum(cpu[:4]), 2)})
         print(runs[-1], file=sys.stderr, flush=True)
 print(json.dumps({"scaling": runs}))
 """
@@ -203,10 +204,10 @@ def _scaling(args) -> int:
     scratch = Path(tempfile.mkdtemp(prefix="bench_folder_scaling_"))
     if args.copies > 1:
         _copies(args, scratch)
-    n_cases = len([f for f in args.pred_dir.glob("*.nii.gz") if "_probs" not in f.name])
+    names = sorted(f.name[:-len(".nii.gz")] for f in args.pred_dir.glob("*.nii.gz") if "_probs" not in f.name)
+    n_cases = len(names)
     try:
         splits = scratch / "splits_by_hand.json"  # the split arm's parts: every N-th case from the k-th
-        names = sorted(f.name[:-len(".nii.gz")] for f in args.pred_dir.glob("*.nii.gz") if "_probs" not in f.name)
         splits.write_text(json.dumps([{"train": [], "val": names[k::args.workers]} for k in range(args.workers)]))
         done = subprocess.run([sys.executable, "-c", SCALING, str(args.pred_dir), str(args.reference or args.labels),
                                str(scratch), str(args.workers), str(args.repeats), str(splits)], env=env,
